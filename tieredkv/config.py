@@ -1,0 +1,192 @@
+"""Frozen configuration dataclasses, validated on construction.
+
+Every error names the field and the value. Derived values are properties, never stored twice.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tieredkv.errors import ConfigError
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a byte size: an integer with an optional binary unit (KiB, MiB, GiB, TiB, or K, M,
+    G, T with the same meaning), or none (bytes)."""
+    if isinstance(text, int):
+        if text < 0:
+            raise ConfigError(f"size must be >= 0, got {text}")
+        return text
+    match = _SIZE_RE.match(text)
+    if match is None or (match.group(3) and match.group(3).lower() == "b" and match.group(2)):
+        # "10KB" is ambiguous (decimal or binary); we accept only the binary spellings.
+        raise ConfigError(f"invalid size {text!r}: use an integer with K/M/G/T or KiB/MiB/GiB/TiB")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+
+
+class WritePolicy(enum.Enum):
+    WRITE_BACK = "write_back"
+    WRITE_THROUGH = "write_through"
+
+
+class SchedulePolicy(enum.Enum):
+    LPM = "lpm"  # longest prefix match first, weighted by tier, with aging
+    FCFS = "fcfs"
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling that does not depend on the sequence length.
+
+    kind: "default", "linear", "llama3" or "yarn". Length-dependent variants (dynamic NTK,
+    longrope) are refused at load time because a page's KV must depend only on its prefix.
+    """
+
+    kind: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    original_max_position_embeddings: int = 0  # llama3, yarn
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: float | None = None  # yarn; None: 0.1 * ln(factor) + 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("default", "linear", "llama3", "yarn"):
+            raise ConfigError(f"RopeScaling.kind: unsupported {self.kind!r}")
+        if self.factor <= 0:
+            raise ConfigError(f"RopeScaling.factor must be > 0, got {self.factor}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture of a Llama-family decoder (Llama, Qwen2, Mistral, SmolLM)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2: q/k/v projections carry a bias
+    architecture: str = "llama"
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+
+    @property
+    def num_queries_per_kv(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+def _check_power_of_two(name: str, value: int) -> None:
+    if value <= 0 or value & (value - 1):
+        raise ConfigError(f"{name} must be a power of two, got {value}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Sizes and policies of the three KV tiers. Capacities are in bytes; 0 disables host/disk."""
+
+    page_size: int = 16
+    device_cache_bytes: int = 1 << 30
+    host_cache_bytes: int = 2 << 30
+    disk_cache_dir: Path | None = None
+    disk_cache_bytes: int = 0
+    write_policy: WritePolicy = WritePolicy.WRITE_BACK
+    enable_prefix_reuse: bool = True  # False is `--no-cache`: the recompute baseline
+    max_queued_device_share: float = 0.25  # share of device pages queued requests may pin
+
+    def __post_init__(self) -> None:
+        _check_power_of_two("CacheConfig.page_size", self.page_size)
+        for name in ("device_cache_bytes", "host_cache_bytes", "disk_cache_bytes"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"CacheConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.device_cache_bytes == 0:
+            raise ConfigError("CacheConfig.device_cache_bytes must be > 0")
+        if not 0.0 <= self.max_queued_device_share <= 1.0:
+            raise ConfigError(
+                "CacheConfig.max_queued_device_share must be in [0, 1], "
+                f"got {self.max_queued_device_share}"
+            )
+
+    @property
+    def host_enabled(self) -> bool:
+        return self.host_cache_bytes > 0
+
+    @property
+    def disk_enabled(self) -> bool:
+        return self.disk_cache_dir is not None and self.disk_cache_bytes > 0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Limits of the engine's step loop."""
+
+    max_model_len: int = 8192
+    max_batch_tokens: int = 2048  # tokens forwarded per step (prefill chunks + decodes)
+    max_num_seqs: int = 16
+    max_queue: int = 256
+    schedule_policy: SchedulePolicy = SchedulePolicy.LPM
+    dtype: str = "auto"  # auto | bfloat16 | float32
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "max_batch_tokens", "max_num_seqs", "max_queue"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"EngineConfig.{name} must be a positive int, got {value!r}")
+        if self.dtype not in ("auto", "bfloat16", "float32"):
+            raise ConfigError(
+                f"EngineConfig.dtype must be auto|bfloat16|float32, got {self.dtype!r}"
+            )
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP front end."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    api_key: str | None = None
+    max_request_bytes: int = 1 << 20
+    debug_endpoints: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"ServerConfig.port must be in [0, 65535], got {self.port}")
+        if self.max_request_bytes <= 0:
+            raise ConfigError(
+                f"ServerConfig.max_request_bytes must be > 0, got {self.max_request_bytes}"
+            )

@@ -1,0 +1,1 @@
+"""The engine: request state, scheduler, step loop and metrics."""

@@ -1,0 +1,1 @@
+"""Model side: loading, fingerprint, the paged forward pass, sampling, chat template."""
