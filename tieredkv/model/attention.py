@@ -1,0 +1,188 @@
+"""Attention over the paged device pool.
+
+Every backend writes a step's new K/V into the pool's pages (the tree reuses them later) and
+attends each new token to its sequence's whole KV: cached prefix + earlier chunks + itself,
+causal aligned bottom-right (query i of a chunk starting at `start` sees keys 0..start+i).
+
+- `WorkspaceAttention` is the CPU production path. Gathering a sequence's scattered pages every
+  step would copy its whole context per layer per token, so each running sequence keeps a
+  contiguous copy of its KV (its workspace), filled once from the pool when the sequence starts
+  and appended to as it grows. Memory cost: one extra copy of the running sequences' KV.
+- `PagedKernelAttention` attends to the pages in place through a kernel backend (Triton on CUDA;
+  the torch reference anywhere, which is how tests cross-check the workspace path).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+
+import torch
+import torch.nn.functional as F
+
+from tieredkv.cache.device_pool import DevicePool
+from tieredkv.model.forward_batch import ForwardBatch
+
+_WORKSPACE_ROUNDING = 256  # tokens; workspaces grow in these steps at least, doubling beyond
+
+
+class AttentionBackend(ABC):
+    """Stores new K/V into the pool and attends; one instance per model runner."""
+
+    def __init__(self, pool: DevicePool) -> None:
+        self.pool = pool
+        self.page_size = pool.layout.page_size
+
+    def store_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> None:
+        """Write new tokens' K/V (T, kv_heads, head_dim) into their pool slots."""
+        kv_heads, head_dim = k.shape[1], k.shape[2]
+        self.pool.kv[layer, 0].view(-1, kv_heads, head_dim).index_copy_(0, batch.slot_mapping, k)
+        self.pool.kv[layer, 1].view(-1, kv_heads, head_dim).index_copy_(0, batch.slot_mapping, v)
+
+    @abstractmethod
+    def begin_step(self, batch: ForwardBatch) -> None:
+        """Prepare per-step state once, before the first layer."""
+
+    @abstractmethod
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """q (T, heads, head_dim), k/v (T, kv_heads, head_dim) -> (T, heads, head_dim)."""
+
+    def release(self, seq_id: int) -> None:  # noqa: B027 - optional hook
+        """Forget per-sequence state (finished, aborted or preempted sequence)."""
+
+
+class _Workspace:
+    """A running sequence's KV, contiguous: (layers, 2, kv_heads, capacity, head_dim)."""
+
+    def __init__(self, pool: DevicePool, capacity: int) -> None:
+        layout = pool.layout
+        self.kv = torch.empty(
+            (layout.num_layers, 2, layout.num_kv_heads, capacity, layout.head_dim),
+            dtype=layout.dtype,
+            device=pool.device,
+        )
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.shape[3]
+
+    def grow(self, needed: int) -> None:
+        capacity = max(needed, 2 * self.capacity)
+        capacity = -(-capacity // _WORKSPACE_ROUNDING) * _WORKSPACE_ROUNDING
+        bigger = self.kv.new_empty((*self.kv.shape[:3], capacity, self.kv.shape[4]))
+        bigger[:, :, :, : self.length] = self.kv[:, :, :, : self.length]
+        self.kv = bigger
+
+
+class WorkspaceAttention(AttentionBackend):
+    """CPU production path: per-sequence contiguous KV, filled from the pool once."""
+
+    def __init__(self, pool: DevicePool) -> None:
+        super().__init__(pool)
+        self._workspaces: dict[int, _Workspace] = {}
+
+    def begin_step(self, batch: ForwardBatch) -> None:
+        for chunk in batch.chunks:
+            workspace = self._workspaces.get(chunk.seq_id)
+            if workspace is None:
+                capacity = -(-chunk.end // _WORKSPACE_ROUNDING) * _WORKSPACE_ROUNDING
+                workspace = self._workspaces[chunk.seq_id] = _Workspace(self.pool, capacity)
+            if workspace.length > chunk.start:  # the caller rolled the sequence back
+                workspace.length = chunk.start
+            if workspace.length < chunk.start:  # a cached prefix: copy it in once
+                self._fill_from_pool(workspace, chunk.page_ids, chunk.start)
+            if chunk.end > workspace.capacity:
+                workspace.grow(chunk.end)
+            workspace.length = chunk.end  # the layers fill start..end during this step
+
+    def _fill_from_pool(self, workspace: _Workspace, page_ids: list[int], length: int) -> None:
+        if length > workspace.capacity:
+            workspace.grow(length)
+        num_pages = -(-length // self.page_size)
+        pages = torch.as_tensor(page_ids[:num_pages], dtype=torch.int64, device=self.pool.device)
+        kv = self.pool.kv.index_select(2, pages)  # (layers, 2, n, page_size, kv_heads, head_dim)
+        kv = kv.flatten(2, 3)[:, :, :length]  # (layers, 2, length, kv_heads, head_dim)
+        workspace.kv[:, :, :, :length] = kv.transpose(2, 3)
+        workspace.length = length
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        self.store_kv(layer, k, v, batch)
+        out = torch.empty_like(q)
+        offsets = batch.query_start.tolist()
+        for i, chunk in enumerate(batch.chunks):
+            lo, hi = offsets[i], offsets[i + 1]
+            kv = self._workspaces[chunk.seq_id].kv[layer]  # (2, kv_heads, capacity, head_dim)
+            kv[0, :, chunk.start : chunk.end] = k[lo:hi].transpose(0, 1)
+            kv[1, :, chunk.start : chunk.end] = v[lo:hi].transpose(0, 1)
+            out[lo:hi] = attend_one(q[lo:hi], kv[0, :, : chunk.end], kv[1, :, : chunk.end])
+        return out
+
+    def release(self, seq_id: int) -> None:
+        self._workspaces.pop(seq_id, None)
+
+    @property
+    def num_workspaces(self) -> int:
+        return len(self._workspaces)
+
+
+def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """One sequence: q (n, heads, head_dim) are the last n of the keys (kv_heads, kv_len, dim).
+
+    GQA without copying K/V: the `group` query heads of one kv head are folded into the query
+    axis, so SDPA sees (kv_heads, group * n, head_dim) queries against unexpanded keys.
+    """
+    n, heads, head_dim = q.shape
+    kv_heads, kv_len = keys.shape[0], keys.shape[1]
+    group = heads // kv_heads
+    # (n, heads, d) -> (kv_heads, group * n, d); row g * n + i is query i of head kv * group + g
+    folded = (
+        q.view(n, kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, -1, head_dim)
+    )
+    mask = None
+    if n > 1:
+        # bottom-right causal: query i sits at kv_len - n + i
+        query_pos = torch.arange(kv_len - n, kv_len, device=q.device).unsqueeze(1)
+        mask = torch.arange(kv_len, device=q.device).unsqueeze(0) <= query_pos  # (n, kv_len)
+        mask = mask.repeat(group, 1)  # (group * n, kv_len)
+    out = F.scaled_dot_product_attention(
+        folded.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask
+    )  # (1, kv_heads, group * n, d)
+    return out.view(kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, heads, head_dim)
+
+
+class PagedKernelAttention(AttentionBackend):
+    """Attends to the pool's pages in place through a `tieredkv.kernels` backend."""
+
+    def __init__(self, pool: DevicePool, kernels: object) -> None:
+        super().__init__(pool)
+        self.kernels = kernels
+        self._page_table: torch.Tensor | None = None
+        self._kv_lens: torch.Tensor | None = None
+
+    def begin_step(self, batch: ForwardBatch) -> None:
+        width = max(len(chunk.page_ids) for chunk in batch.chunks)
+        table = torch.zeros((len(batch.chunks), width), dtype=torch.int32)
+        for i, chunk in enumerate(batch.chunks):
+            table[i, : len(chunk.page_ids)] = torch.as_tensor(chunk.page_ids, dtype=torch.int32)
+        self._page_table = table.to(self.pool.device)
+        kv_lens = [chunk.end for chunk in batch.chunks]
+        self._kv_lens = torch.tensor(kv_lens, dtype=torch.int32, device=self.pool.device)
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        self.store_kv(layer, k, v, batch)
+        k_pages, v_pages = self.pool.kv[layer, 0], self.pool.kv[layer, 1]
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        if batch.is_decode_only:
+            return self.kernels.paged_decode_attention(
+                q, k_pages, v_pages, self._page_table, self._kv_lens, scale
+            )
+        return self.kernels.paged_prefill_attention(
+            q, k_pages, v_pages, self._page_table, batch.query_start, self._kv_lens, scale
+        )

@@ -1,0 +1,114 @@
+"""The Llama-family forward pass (Llama, Qwen2, Mistral, SmolLM) over the paged KV pool.
+
+Plain PyTorch: embedding, RMSNorm, RoPE, GQA attention through an `AttentionBackend`, SwiGLU MLP,
+head. q/k/v and gate/up projections are fused into one matmul each; the head runs only on each
+sequence's last new token. Numerics follow Hugging Face transformers (RMSNorm in fp32, RoPE in
+the model dtype) so fp32 greedy outputs match it token for token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tieredkv.config import ModelConfig
+from tieredkv.errors import ModelLoadError
+from tieredkv.model.attention import AttentionBackend
+from tieredkv.model.forward_batch import ForwardBatch
+from tieredkv.model.rope import apply_rope, build_rope_cache
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    input_norm: torch.Tensor  # (hidden,)
+    qkv: torch.Tensor  # ((heads + 2 * kv_heads) * head_dim, hidden)
+    qkv_bias: torch.Tensor | None  # ((heads + 2 * kv_heads) * head_dim,) Qwen2 only
+    o: torch.Tensor  # (hidden, heads * head_dim)
+    post_norm: torch.Tensor  # (hidden,)
+    gate_up: torch.Tensor  # (2 * intermediate, hidden)
+    down: torch.Tensor  # (hidden, intermediate)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in fp32 and cast back before the weight, as transformers does."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def _take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    try:
+        return weights[name]
+    except KeyError:
+        raise ModelLoadError(f"missing tensor {name!r} in the model weights") from None
+
+
+def _layer_weights(weights: dict[str, torch.Tensor], i: int) -> LayerWeights:
+    prefix = f"model.layers.{i}."
+    attn, mlp = prefix + "self_attn.", prefix + "mlp."
+    qkv = torch.cat([_take(weights, f"{attn}{p}_proj.weight") for p in "qkv"])
+    bias = None
+    if f"{attn}q_proj.bias" in weights:
+        bias = torch.cat([_take(weights, f"{attn}{p}_proj.bias") for p in "qkv"])
+    return LayerWeights(
+        input_norm=_take(weights, prefix + "input_layernorm.weight"),
+        qkv=qkv,
+        qkv_bias=bias,
+        o=_take(weights, attn + "o_proj.weight"),
+        post_norm=_take(weights, prefix + "post_attention_layernorm.weight"),
+        gate_up=torch.cat(
+            [_take(weights, mlp + "gate_proj.weight"), _take(weights, mlp + "up_proj.weight")]
+        ),
+        down=_take(weights, mlp + "down_proj.weight"),
+    )
+
+
+class LlamaModel:
+    """Stateless apart from its weights: the KV lives in the pool behind `attention`."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        attention: AttentionBackend,
+        max_len: int,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.config = config
+        self.attention = attention
+        self.device = torch.device(device)
+        to_device = {name: tensor.to(self.device) for name, tensor in weights.items()}
+        self.embed = _take(to_device, "model.embed_tokens.weight")  # (vocab, hidden)
+        self.dtype = self.embed.dtype
+        self.final_norm = _take(to_device, "model.norm.weight")
+        self.lm_head = to_device.get("lm_head.weight", self.embed)  # tied when absent
+        self.layers = [_layer_weights(to_device, i) for i in range(config.num_layers)]
+        # (max_len, head_dim) fp32: RoPE is applied in fp32 whatever the model dtype
+        self.cos, self.sin = build_rope_cache(config, max_len, self.device)
+        self.max_len = max_len
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Forward the batch's new tokens; returns fp32 logits (B, vocab) of each chunk's last."""
+        cfg = self.config
+        num_tokens = batch.num_tokens
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.attention.begin_step(batch)
+        cos, sin = self.cos[batch.positions], self.sin[batch.positions]  # (T, head_dim)
+        x = self.embed[batch.token_ids]  # (T, hidden)
+        for layer, w in enumerate(self.layers):
+            h = rms_norm(x, w.input_norm, cfg.rms_norm_eps)
+            qkv = F.linear(h, w.qkv, w.qkv_bias)  # (T, q_size + 2 * kv_size)
+            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            q = apply_rope(q.view(num_tokens, cfg.num_heads, cfg.head_dim), cos, sin)
+            k = apply_rope(k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+            v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            attn = self.attention.attend(layer, q, k, v, batch)  # (T, heads, head_dim)
+            x = x + F.linear(attn.reshape(num_tokens, q_size), w.o)
+            h = rms_norm(x, w.post_norm, cfg.rms_norm_eps)
+            gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)  # (T, intermediate) each
+            x = x + F.linear(F.silu(gate) * up, w.down)
+        last = rms_norm(x[batch.logits_indices], self.final_norm, cfg.rms_norm_eps)  # (B, hidden)
+        return F.linear(last, self.lm_head).float()  # (B, vocab)

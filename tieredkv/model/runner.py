@@ -1,0 +1,126 @@
+"""The model runner: a loaded model, its device pool and attention backend, chosen once.
+
+`ModelRunner.forward` runs one step for a list of `SequenceChunk`s. `PagedSequence` and
+`generate` give a cache-free way to drive it (tests, benchmarks); the engine drives the same
+runner with pages from the tiered cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from tieredkv.cache.device_pool import DevicePool, PageLayout
+from tieredkv.config import ModelConfig
+from tieredkv.model.attention import AttentionBackend, PagedKernelAttention, WorkspaceAttention
+from tieredkv.model.forward_batch import ForwardBatch, SequenceChunk
+from tieredkv.model.llama import LlamaModel
+
+
+def make_attention(pool: DevicePool, backend: str = "auto") -> AttentionBackend:
+    """ "auto": Triton kernels on CUDA, the workspace path on CPU. "reference": the torch
+    reference kernels over pages in place (slow; for cross-checking)."""
+    if backend == "auto":
+        backend = "triton" if pool.device.type == "cuda" else "workspace"
+    if backend == "workspace":
+        return WorkspaceAttention(pool)
+    from tieredkv.kernels.backend import select_backend
+
+    return PagedKernelAttention(pool, select_backend(pool.device, prefer=backend))
+
+
+class ModelRunner:
+    """Runs forward steps; owns nothing but the model, the pool and the attention state."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        pool: DevicePool,
+        max_model_len: int,
+        attention_backend: str = "auto",
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.page_size = pool.layout.page_size
+        self.max_model_len = max_model_len
+        self.attention = make_attention(pool, attention_backend)
+        self.model = LlamaModel(config, weights, self.attention, max_model_len, pool.device)
+
+    @classmethod
+    def create(
+        cls,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        num_pages: int,
+        page_size: int = 16,
+        max_model_len: int = 4096,
+        device: torch.device | str = "cpu",
+        attention_backend: str = "auto",
+    ) -> ModelRunner:
+        dtype = weights["model.embed_tokens.weight"].dtype
+        pool = DevicePool(PageLayout.for_model(config, page_size, dtype), num_pages, device)
+        return cls(config, weights, pool, max_model_len, attention_backend)
+
+    def forward(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
+        """Logits (B, vocab) fp32 of each chunk's last token."""
+        batch = ForwardBatch.build(chunks, self.page_size, self.pool.device)
+        return self.model.forward(batch)
+
+    def release(self, seq_id: int) -> None:
+        self.attention.release(seq_id)
+
+
+@dataclass
+class PagedSequence:
+    """A sequence that takes pages from the pool as it grows (no sharing, no tree)."""
+
+    seq_id: int
+    token_ids: list[int]
+    kv_len: int = 0  # tokens whose K/V are in the pages
+    page_ids: list[int] = field(default_factory=list)
+
+    def next_chunk(self, pool: DevicePool, max_tokens: int | None = None) -> SequenceChunk:
+        """The tokens not yet forwarded (at most `max_tokens`), with pages allocated for them."""
+        end = len(self.token_ids) if max_tokens is None else self.kv_len + max_tokens
+        end = min(end, len(self.token_ids))
+        needed = -(-end // pool.layout.page_size) - len(self.page_ids)
+        if needed > 0:
+            self.page_ids.extend(pool.alloc(needed))
+        chunk = SequenceChunk(
+            self.seq_id, self.token_ids[self.kv_len : end], self.kv_len, self.page_ids
+        )
+        self.kv_len = end
+        return chunk
+
+    def free(self, pool: DevicePool) -> None:
+        pool.free(self.page_ids)
+        self.page_ids = []
+
+
+def generate_greedy(
+    runner: ModelRunner,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    stop_token_ids: frozenset[int] = frozenset(),
+    prefill_chunk: int | None = None,
+    seq_id: int = 0,
+) -> list[int]:
+    """Greedy generation of one sequence, without the cache (tests and benchmarks)."""
+    seq = PagedSequence(seq_id, list(prompt_ids))
+    output: list[int] = []
+    try:
+        while True:
+            logits = runner.forward([seq.next_chunk(runner.pool, prefill_chunk)])
+            if seq.kv_len < len(seq.token_ids):
+                continue  # more prefill chunks to go
+            token = int(logits[0].argmax())
+            output.append(token)
+            if token in stop_token_ids or len(output) >= max_new_tokens:
+                return output
+            seq.token_ids.append(token)
+    finally:
+        runner.release(seq_id)
+        seq.free(runner.pool)

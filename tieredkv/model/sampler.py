@@ -1,0 +1,104 @@
+"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, seeded.
+
+Greedy rows of a batch take one argmax together; sampled rows each draw from their own
+generator, so a seeded request yields the same tokens whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from tieredkv.errors import RequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to sample and when to stop. Validated: a bad value is a RequestError (HTTP 400)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise RequestError(f"max_tokens must be >= 1, got {self.max_tokens}", "max_tokens")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise RequestError(
+                f"temperature must be in [0, 100], got {self.temperature}", "temperature"
+            )
+        if not 0.0 < self.top_p <= 1.0:
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
+        if self.top_k < 0:
+            raise RequestError(f"top_k must be >= 0 (0 disables it), got {self.top_k}", "top_k")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise RequestError(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}",
+                "min_tokens",
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class Sampler:
+    """Turns a batch of fp32 logits into token ids, one `SamplingParams` per row."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._unseeded = torch.Generator()
+        if seed is not None:
+            self._unseeded.manual_seed(seed)
+        else:
+            self._unseeded.seed()
+
+    def new_generator(self, params: SamplingParams) -> torch.Generator | None:
+        """A request's own generator (seeded) or None to share the sampler's unseeded one."""
+        if params.greedy or params.seed is None:
+            return None
+        generator = torch.Generator()
+        generator.manual_seed(params.seed)
+        return generator
+
+    def sample(
+        self,
+        logits: torch.Tensor,  # (B, vocab) fp32
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+        banned: Sequence[frozenset[int]] | None = None,
+    ) -> list[int]:
+        """One token per row. `banned[i]` token ids get no probability (min_tokens)."""
+        logits = logits.float()
+        if banned is not None:
+            for row, ids in enumerate(banned):
+                if ids:
+                    logits[row, list(ids)] = float("-inf")
+        tokens = logits.argmax(dim=-1).tolist()
+        for row, p in enumerate(params):
+            if not p.greedy:
+                tokens[row] = self._draw(logits[row], p, generators[row] or self._unseeded)
+        return tokens
+
+    @staticmethod
+    def _draw(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
+        logits = logits / p.temperature  # (vocab,)
+        if p.top_k:
+            k = min(p.top_k, logits.shape[-1])
+            kth = torch.topk(logits, k).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if p.top_p < 1.0:
+            sorted_logits, order = torch.sort(logits, descending=True)
+            probs = sorted_logits.softmax(-1)
+            # drop a token when the tokens before it already cover top_p; the first always stays
+            drop = probs.cumsum(-1) - probs >= p.top_p
+            logits = logits.index_put((order[drop],), torch.tensor(float("-inf")))
+        probs = logits.softmax(-1)
+        return int(torch.multinomial(probs, 1, generator=generator).item())
