@@ -1,0 +1,159 @@
+"""Opening the disk store's directory and file: lock, validate or set aside, preallocate.
+
+Directory contents (anything else is logged and left alone):
+
+    tieredkv.lock                     the flock that makes one process own the directory
+    pages-0.tkv                       the store file (see disk_format)
+    pages-0.tkv.setaside-<reason>     the last file set aside for <reason> (replaced by the next)
+
+Keeping one set-aside file per reason bounds the disk use of repeated mismatches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tieredkv.cache.disk_format import (
+    SUPERBLOCK_BYTES,
+    Superblock,
+    SuperblockError,
+    decode_superblock,
+)
+from tieredkv.cache.disk_io import DiskIOBackend, aligned_empty
+from tieredkv.errors import DiskStoreError
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = "tieredkv.lock"
+STORE_FILE = "pages-0.tkv"
+SET_ASIDE_INFIX = ".setaside-"
+
+
+@dataclass(frozen=True)
+class OpenedFile:
+    """An open, validated store file."""
+
+    handle: int
+    superblock: Superblock
+    intact_bytes: int  # file length found at open; records beyond it were lost to truncation
+
+
+def prepare_directory(directory: Path) -> None:
+    """Create the directory (mode 0o700) if needed; log files that are not ours."""
+    try:
+        if not directory.exists():
+            directory.mkdir(mode=0o700, parents=True)
+            os.chmod(directory, 0o700)  # exact mode whatever the umask
+        entries = sorted(path.name for path in directory.iterdir())
+    except OSError as error:
+        raise DiskStoreError(f"disk cache directory {directory}: {error}") from error
+    for name in entries:
+        if name not in (LOCK_FILE, STORE_FILE) and not name.startswith(
+            STORE_FILE + SET_ASIDE_INFIX
+        ):
+            logger.warning("disk cache directory %s: ignoring foreign file %r", directory, name)
+
+
+def lock_directory(io: DiskIOBackend, directory: Path) -> int:
+    """Take the directory's exclusive flock; DiskStoreError if another owner holds it."""
+    try:
+        return io.lock(directory / LOCK_FILE)
+    except BlockingIOError as error:
+        raise DiskStoreError(
+            f"disk cache directory {directory} is in use by another tieredkv process or store "
+            f"(exclusive flock on {directory / LOCK_FILE}); give each server its own directory"
+        ) from error
+    except OSError as error:
+        raise DiskStoreError(f"cannot lock disk cache directory {directory}: {error}") from error
+
+
+def _mismatch(found: Superblock, wanted: Superblock) -> str | None:
+    for name in ("fingerprint_digest", "page_size", "dtype", "layout", "header_bytes"):
+        if getattr(found, name) != getattr(wanted, name):
+            return f"{name} differs"
+    if found.record_bytes != wanted.record_bytes:
+        return f"record size {found.record_bytes}, want {wanted.record_bytes}"
+    if found.num_slots > wanted.num_slots:
+        return f"holds {found.num_slots} pages, more than the configured {wanted.num_slots}"
+    return None
+
+
+def open_store_file(
+    io: DiskIOBackend, directory: Path, wanted: Superblock, count_error: Callable[[str], None]
+) -> OpenedFile:
+    """Reopen a compatible store file or set it aside, else create a fresh one.
+
+    A compatible file with fewer pages than configured (e.g. shrunk earlier for lack of space)
+    is kept as it is. A fresh file that cannot be preallocated halves until it fits."""
+    path = directory / STORE_FILE
+    if path.exists():
+        opened = _reopen(io, path, wanted, count_error)
+        if opened is not None:
+            return opened
+    return _create(io, path, wanted)
+
+
+def _reopen(
+    io: DiskIOBackend, path: Path, wanted: Superblock, count_error: Callable[[str], None]
+) -> OpenedFile | None:
+    try:
+        handle = io.open(path, 0, create=False)
+    except OSError as error:
+        raise DiskStoreError(f"cannot open disk store {path}: {error}") from error
+    intact_bytes = io.size(handle)
+    block = aligned_empty(SUPERBLOCK_BYTES)
+    try:
+        io.pread(handle, 0, min(SUPERBLOCK_BYTES, intact_bytes), block)
+        found = decode_superblock(block.tobytes()[:intact_bytes])
+        reason, why = ("fingerprint", _mismatch(found, wanted))
+        if why is None and intact_bytes < found.file_bytes:
+            logger.warning("disk store %s is truncated to %d bytes; extending", path, intact_bytes)
+            io.preallocate(handle, found.file_bytes)
+    except SuperblockError as error:
+        reason, why = error.reason, str(error)
+    except OSError as error:
+        reason, why = "io", f"unreadable or not extendable: {error}"
+    if why is None:
+        return OpenedFile(handle, found, intact_bytes)
+    io.close(handle)
+    count_error(reason)
+    aside = path.with_name(path.name + SET_ASIDE_INFIX + reason)
+    os.replace(path, aside)
+    logger.warning("disk store %s set aside as %s (%s): %s", path, aside.name, reason, why)
+    return None
+
+
+def _create(io: DiskIOBackend, path: Path, wanted: Superblock) -> OpenedFile:
+    block = wanted
+    while True:
+        try:
+            handle = io.open(path, block.file_bytes, create=True)
+            break
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise DiskStoreError(f"cannot create disk store {path}: {error}") from error
+            if block.num_slots == 1:
+                raise DiskStoreError(f"no space for a disk store at {path}") from error
+            smaller = dataclasses.replace(block, num_slots=block.num_slots // 2)
+            logger.warning(
+                "no space for a %d-byte disk store at %s; trying %d bytes",
+                block.file_bytes,
+                path,
+                smaller.file_bytes,
+            )
+            block = smaller
+    try:
+        io.pwrite(handle, 0, block.encode())
+    except OSError as error:
+        io.close(handle)
+        raise DiskStoreError(f"cannot write the superblock of {path}: {error}") from error
+    logger.info(
+        "created disk store %s: %d pages, %d bytes", path, block.num_slots, block.file_bytes
+    )
+    return OpenedFile(handle, block, block.file_bytes)
