@@ -1,0 +1,143 @@
+"""Convert a GGUF file, once, into a cached fp32 safetensors directory.
+
+transformers + gguf dequantize the file (seconds to minutes); the result (config.json,
+model.safetensors, tokenizer files, a source stamp) is written to a temporary directory and
+renamed into place, so a crash mid-conversion never leaves a half directory. Later loads read
+the directory and never instantiate a transformers model. The weights stay fp32: dequantized
+values do not survive a round trip through bf16.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from tieredkv.errors import ModelLoadError, UnsupportedModelError
+from tieredkv.model.hf_config import SUPPORTED_ARCHITECTURES
+
+log = logging.getLogger(__name__)
+
+SOURCE_STAMP = "tieredkv-source.json"
+_CONVERTER_VERSION = 1  # bump to reconvert every cached directory
+
+
+def gguf_cache_dir(gguf_path: Path, root: Path) -> Path:
+    """Where a user's GGUF file is converted: keyed by its absolute path, named by its stem."""
+    key = hashlib.blake2b(str(gguf_path.resolve()).encode(), digest_size=6).hexdigest()
+    return root / "gguf" / key / gguf_path.stem
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
+    """`out_dir`, converted from `gguf_path` unless it already holds this file's conversion
+    (same path, size, mtime and converter version). Concurrent callers convert once: they take
+    an exclusive lock beside `out_dir`."""
+    stamp = _source_stamp(gguf_path)
+    if _stamp_matches(out_dir, stamp):
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # SYNC: another process may be converting this file
+        if not _stamp_matches(out_dir, stamp):
+            check_gguf(gguf_path)
+            _convert_atomically(gguf_path, out_dir, stamp)
+    return out_dir
+
+
+def check_gguf(path: Path) -> None:
+    """ModelLoadError if `path` is not a complete GGUF file; UnsupportedModelError if its
+    architecture is not one tieredkv serves."""
+    import gguf  # lazy: only conversion needs it
+
+    try:
+        reader = gguf.GGUFReader(path)
+        field = reader.fields["general.architecture"]
+        architecture = bytes(field.parts[field.data[0]]).decode()
+        end = max((t.data_offset + int(t.n_bytes) for t in reader.tensors), default=0)
+    except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({exc})") from exc
+    if end > path.stat().st_size:
+        raise ModelLoadError(
+            f"{path}: truncated GGUF file (tensor data ends at byte {end}, "
+            f"the file has {path.stat().st_size})"
+        )
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{path}: unsupported GGUF architecture {architecture!r}; "
+            f"tieredkv serves {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+
+
+def _source_stamp(gguf_path: Path) -> dict[str, object]:
+    stat = gguf_path.stat()
+    return {
+        "source": str(gguf_path.resolve()),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "converter_version": _CONVERTER_VERSION,
+    }
+
+
+def _stamp_matches(out_dir: Path, stamp: dict[str, object]) -> bool:
+    try:
+        return json.loads((out_dir / SOURCE_STAMP).read_text()) == stamp
+    except (OSError, ValueError):
+        return False
+
+
+def _convert_atomically(gguf_path: Path, out_dir: Path, stamp: dict[str, object]) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is as readable as any other
+    try:
+        log.info("converting %s to %s (once)", gguf_path, out_dir)
+        _write_safetensors_dir(gguf_path, tmp)
+        (tmp / SOURCE_STAMP).write_text(json.dumps(stamp, indent=2))
+        for path in tmp.iterdir():
+            _fsync(path)
+        if out_dir.exists():  # a stale conversion: move it aside, then swap the new one in
+            stale = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+            os.rename(out_dir, stale / "dir")
+            os.rename(tmp, out_dir)
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            os.rename(tmp, out_dir)
+        _fsync(out_dir.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_safetensors_dir(gguf_path: Path, out: Path) -> None:
+    """Dequantize with transformers and write config.json, model.safetensors, tokenizer files."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where, name = gguf_path.parent, gguf_path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
+    except (ValueError, OSError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"{gguf_path}: transformers could not read this GGUF ({exc})") from exc
+    tensors = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)  # one storage, saved once
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)  # the weights are plain fp32 now
+    config["dtype"] = "float32"
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    model.generation_config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
