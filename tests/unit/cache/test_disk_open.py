@@ -1,0 +1,199 @@
+"""Opening a disk store directory: mismatches set aside, truncation, foreign files, space,
+locking across processes, O_DIRECT fallback."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from disk_cases import (
+    CAPACITY,
+    LAYOUT,
+    chain,
+    flip_byte,
+    open_store,
+    random_pages,
+    read_superblock,
+    same_bytes,
+)
+
+from tieredkv.cache.device_pool import PageLayout
+from tieredkv.cache.disk_file import SET_ASIDE_INFIX, STORE_FILE
+from tieredkv.cache.disk_io import DiskIOBackend, FaultInjectingIO
+from tieredkv.errors import DiskStoreError
+
+TESTS_DIR = Path(__file__).parent
+
+
+def _write_three(directory: Path, **kwargs) -> None:
+    store = open_store(directory, **kwargs)
+    store.write_pages(store.alloc(3), chain(3), random_pages(3))
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"fingerprint": b"another-model"},
+        {"layout": PageLayout(2, 1, 8, 8, torch.bfloat16)},  # page size 8
+        {"layout": PageLayout(2, 1, 8, 4, torch.float32)},  # dtype
+        {"layout": PageLayout(3, 1, 8, 4, torch.bfloat16)},  # layers
+        {"capacity": CAPACITY // 2},  # fewer pages than the file holds
+    ],
+)
+def test_foreign_store_is_set_aside(tmp_path: Path, change: dict) -> None:
+    _write_three(tmp_path)
+    original = (tmp_path / STORE_FILE).read_bytes()
+    store = open_store(tmp_path, **change)
+    assert store.error_counts == {"checksum": 0, "fingerprint": 1, "io": 0}
+    assert store.scan() == []
+    aside = tmp_path / (STORE_FILE + SET_ASIDE_INFIX + "fingerprint")
+    assert aside.read_bytes() == original  # renamed, not deleted, not modified
+    store.close()
+
+
+def test_larger_capacity_keeps_the_existing_store(tmp_path: Path) -> None:
+    _write_three(tmp_path)
+    store = open_store(tmp_path, capacity=CAPACITY * 4)
+    assert store.num_slots == 14  # kept as it was; nothing set aside
+    assert [slot for slot, _ in store.scan()] == [0, 1, 2]
+    assert store.error_counts["fingerprint"] == 0
+    store.close()
+
+
+def test_corrupt_superblock_is_set_aside_as_checksum(tmp_path: Path, caplog) -> None:
+    _write_three(tmp_path)
+    flip_byte(tmp_path / STORE_FILE, 30)
+    with caplog.at_level(logging.WARNING):
+        store = open_store(tmp_path)
+    assert store.error_counts["checksum"] == 1 and store.error_counts["fingerprint"] == 0
+    assert (tmp_path / (STORE_FILE + SET_ASIDE_INFIX + "checksum")).exists()
+    assert "set aside" in caplog.text
+    assert store.scan() == []
+    store.close()
+
+
+def test_truncated_store_loses_only_the_cut_records(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    slots = store.alloc(5)
+    records, pages = chain(5), random_pages(5)
+    store.write_pages(slots, records, pages)
+    store.close()
+    block = read_superblock(tmp_path / STORE_FILE)
+    block_end = block.payload_offset + 2 * block.record_bytes + 100
+    os.truncate(tmp_path / STORE_FILE, block_end)  # record 2's payload is cut short
+    reopened = open_store(tmp_path)
+    found = reopened.scan()
+    assert found == [(slots[0], records[0]), (slots[1], records[1])]
+    assert reopened.error_counts["checksum"] == 3
+    out = torch.empty_like(pages[:2])
+    assert reopened.read_pages(slots[:2], records[:2], out) == [True, True]
+    assert same_bytes(out, pages[:2])
+    reopened.close()
+
+
+def test_store_truncated_inside_the_superblock_is_set_aside(tmp_path: Path) -> None:
+    _write_three(tmp_path)
+    os.truncate(tmp_path / STORE_FILE, 100)
+    store = open_store(tmp_path)
+    assert store.error_counts["checksum"] == 1
+    assert store.scan() == []
+    store.close()
+
+
+def test_foreign_file_is_logged_and_left_alone(tmp_path: Path, caplog) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with caplog.at_level(logging.WARNING):
+        open_store(tmp_path).close()
+    assert "notes.txt" in caplog.text
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_no_space_at_start_shrinks_the_store(tmp_path: Path, caplog) -> None:
+    io = FaultInjectingIO(max_file_bytes=20 << 10)
+    with caplog.at_level(logging.WARNING):
+        store = open_store(tmp_path, io=io)
+    assert 0 < store.num_slots < 14 and store.capacity_bytes <= 20 << 10
+    assert "no space" in caplog.text
+    store.write_pages(store.alloc(1), chain(1), random_pages(1))
+    store.close()
+
+
+def test_no_space_for_any_page_raises(tmp_path: Path) -> None:
+    with pytest.raises(DiskStoreError, match="no space"):
+        open_store(tmp_path, io=FaultInjectingIO(max_file_bytes=4096))
+    assert not (tmp_path / STORE_FILE).exists()
+
+
+@pytest.mark.parametrize("io", [FaultInjectingIO(refuse_direct=True), DiskIOBackend(False)])
+def test_buffered_fallback_when_o_direct_is_refused(tmp_path: Path, io: DiskIOBackend) -> None:
+    store = open_store(tmp_path, io=io)
+    assert not store.direct_io
+    records, pages = chain(4), random_pages(4)
+    slots = store.alloc(4)
+    store.write_pages(slots, records, pages)
+    out = torch.empty_like(pages)
+    assert store.read_pages(slots, records, out) == [True] * 4
+    assert same_bytes(out, pages)
+    store.close()
+
+
+def test_o_direct_is_reported_where_the_filesystem_allows_it(tmp_path: Path) -> None:
+    probe = DiskIOBackend()
+    handle = probe.open(tmp_path / "probe", 4096, create=True)
+    allowed = probe.is_direct(handle)
+    probe.close(handle)
+    (tmp_path / "probe").unlink()
+    store = open_store(tmp_path)
+    assert store.direct_io == allowed
+    store.close()
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), *sys.path])}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env
+    )
+
+
+def test_lock_holds_against_another_process_and_a_killed_owner_releases_it(
+    tmp_path: Path,
+) -> None:
+    store = open_store(tmp_path)
+    refused = _python(
+        f"""
+        from pathlib import Path
+        from disk_cases import open_store
+        from tieredkv.errors import DiskStoreError
+        try:
+            open_store(Path({str(tmp_path)!r}))
+        except DiskStoreError as error:
+            print("refused:", error)
+        """
+    )
+    assert "refused:" in refused.stdout and "in use" in refused.stdout, refused.stderr
+    store.close()
+    killed = _python(
+        f"""
+        import os, signal
+        from pathlib import Path
+        from disk_cases import chain, open_store, random_pages
+        store = open_store(Path({str(tmp_path)!r}))
+        store.write_pages(store.alloc(4), chain(4), random_pages(4))
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    reopened = open_store(tmp_path)  # the dead owner's lock is gone; its records survive
+    assert [record for _, record in reopened.scan()] == chain(4)
+    out = torch.empty((4, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
+    assert reopened.read_pages([0, 1, 2, 3], chain(4), out) == [True] * 4
+    assert same_bytes(out, random_pages(4))
+    reopened.close()
