@@ -174,6 +174,6 @@ def paged_decode_attention(
     )  # fmt: skip
     _decode_merge_kernel[(dims.batch, dims.num_heads)](
         part_out, part_lse, out, num_splits, out.stride(0), out.stride(1),
-        HEAD_DIM=dims.head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+        HEAD_DIM=dims.head_dim, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
     )  # fmt: skip
     return out
