@@ -152,6 +152,7 @@ class RecordHeader:
     parent_key: bytes
     tokens: tuple[int, ...]
     record_checksum: int
+    fields: bytes  # the stored header bytes the record checksum starts with
 
 
 def _fields(codec: int, payload_len: int, key: bytes, parent: bytes, tokens: np.ndarray) -> bytes:
@@ -194,14 +195,12 @@ def decode_header(data: bytes | memoryview, page_size: int) -> RecordHeader | No
         return None
     tokens = tuple(np.frombuffer(data, dtype="<i4", count=page_size, offset=48).tolist())
     (checksum,) = struct.unpack_from("<Q", data, end - 8)
-    return RecordHeader(codec, payload_len, key, parent, tokens, checksum)
+    return RecordHeader(codec, payload_len, key, parent, tokens, checksum, data[: end - 8])
 
 
 def payload_ok(header: RecordHeader, payload: memoryview) -> bool:
     """True when `payload` (exactly payload_len stored bytes) matches the record checksum."""
-    tokens = np.asarray(header.tokens, dtype="<i4")
-    fields = _fields(header.codec, header.payload_len, header.key, header.parent_key, tokens)
-    return record_checksum(fields, payload) == header.record_checksum
+    return record_checksum(header.fields, payload) == header.record_checksum
 
 
 def chain_ok(header: RecordHeader) -> bool:

@@ -8,8 +8,8 @@ the stored form and aligned for O_DIRECT; otherwise through a per-thread aligned
 from __future__ import annotations
 
 import threading
+from types import ModuleType
 
-import lz4.block
 import numpy as np
 
 from tieredkv.cache.disk_format import (
@@ -21,10 +21,22 @@ from tieredkv.cache.disk_format import (
     payload_ok,
 )
 from tieredkv.cache.disk_io import DiskIOBackend, aligned_empty
+from tieredkv.errors import DiskStoreError
 
 BOUNCE_BYTES = 8 << 20  # per thread; a chunk of records moves through it at a time
 RAW = CODECS["raw"]
 LZ4 = CODECS["lz4"]
+
+
+def lz4_block() -> ModuleType:
+    """The lz4 block codec, imported on first use (only the "lz4" codec needs it)."""
+    try:
+        import lz4.block
+    except ImportError as error:
+        raise DiskStoreError(
+            'the disk store codec "lz4" needs the lz4 package: pip install lz4'
+        ) from error
+    return lz4.block
 
 
 def slot_runs(slots: list[int]) -> list[tuple[int, int]]:
@@ -80,7 +92,7 @@ class PageFile:
         """The stored form of one page: (codec, bytes). Falls back to raw when lz4 does not
         shrink the page, so a stored payload always fits the fixed record."""
         if codec == LZ4:
-            packed = lz4.block.compress(row, store_size=False)
+            packed = lz4_block().compress(row, store_size=False)
             if len(packed) < self.page_bytes:
                 return LZ4, memoryview(packed)
         return RAW, memoryview(row)
@@ -140,9 +152,10 @@ class PageFile:
                 return False
             row[:] = stored
             return True
+        codec = lz4_block()
         try:
-            page = lz4.block.decompress(stored, uncompressed_size=self.page_bytes)
-        except lz4.block.LZ4BlockError:
+            page = codec.decompress(stored, uncompressed_size=self.page_bytes)
+        except codec.LZ4BlockError:
             return False
         if len(page) != self.page_bytes:
             return False

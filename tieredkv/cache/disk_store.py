@@ -36,7 +36,7 @@ from tieredkv.cache.disk_format import (
     header_bytes_for,
 )
 from tieredkv.cache.disk_io import DiskIOBackend
-from tieredkv.cache.disk_pages import PageFile, slot_runs
+from tieredkv.cache.disk_pages import PageFile, lz4_block, slot_runs
 from tieredkv.cache.page_key import KEY_BYTES
 from tieredkv.errors import DiskStoreError, OutOfPagesError
 
@@ -96,6 +96,8 @@ class DiskStore:
     ) -> None:
         if codec not in CODECS:
             raise DiskStoreError(f"disk store codec must be one of {sorted(CODECS)}, got {codec!r}")
+        if codec == "lz4":
+            lz4_block()  # fail at start, with the fix in the message, if the package is missing
         self.directory = Path(directory)
         self.layout = layout
         self.codec = CODECS[codec]
