@@ -1,0 +1,89 @@
+import pytest
+
+from tieredkv.cache.page_key import chain_keys, namespace_root_key
+from tieredkv.cache.radix_tree import RadixTree
+from tieredkv.cache.tier import Tier
+
+PS = 4
+
+
+def _tree_with(tokens: list[int]) -> tuple[RadixTree, bytes]:
+    tree = RadixTree(PS)
+    key = namespace_root_key(b"fp", "ns")
+    root = tree.root(key, create=True)
+    node = tree.add_child(root, tokens)
+    node.copies[Tier.DEVICE] = list(range(len(tokens) // PS))
+    node.copies[Tier.DISK] = [10 + i for i in range(len(tokens) // PS)]
+    return tree, key
+
+
+def test_walk_reports_a_partial_node_and_split_cuts_every_copy() -> None:
+    tokens = list(range(12))
+    tree, key = _tree_with(tokens)
+    root = tree.root(key, create=False)
+    probe = [*tokens[:8], 99, 99, 99, 99]
+    ((node, matched),) = tree.walk(root, probe, max_pages=3)
+    assert matched == 2 and node.num_pages == 3
+    head = tree.split(node, 2)
+    assert head.parent is root and node.parent is head
+    assert head.copies == {Tier.DEVICE: [0, 1], Tier.DISK: [10, 11]}
+    assert node.copies == {Tier.DEVICE: [2], Tier.DISK: [12]}
+    assert head.keys + node.keys == chain_keys(key, tokens, PS)
+    assert node.parent_key == head.keys[-1]
+    assert [n for n, _ in tree.walk(root, tokens, 3)] == [head, node]
+    assert tree.num_nodes == 2
+
+
+def test_walk_stops_at_max_pages() -> None:
+    tree, key = _tree_with(list(range(12)))
+    ((node, matched),) = tree.walk(tree.root(key, create=False), list(range(12)), max_pages=1)
+    assert matched == 1 and node.num_pages == 3
+
+
+def test_merge_only_same_copies_without_locks() -> None:
+    tokens = list(range(12))
+    tree, key = _tree_with(tokens)
+    root = tree.root(key, create=False)
+    tail = root.children[tuple(range(4))]
+    head = tree.split(tail, 1)
+    tree.lock_path(tail, +1)
+    assert not tree.can_merge(head)  # locked
+    tree.lock_path(tail, -1)
+    tail.copies.pop(Tier.DISK)
+    assert not tree.can_merge(head)  # different tiers
+    tail.copies[Tier.DISK] = [11, 12]
+    merged = tree.merge(head)
+    assert merged is tail and not head.attached and tail.parent is root
+    assert tail.copies == {Tier.DEVICE: [0, 1, 2], Tier.DISK: [10, 11, 12]}
+    assert tail.keys == chain_keys(key, tokens, PS) and tree.num_nodes == 1
+
+
+def test_lock_counts_run_up_the_path() -> None:
+    tree, key = _tree_with(list(range(12)))
+    root = tree.root(key, create=False)
+    tail = root.children[tuple(range(4))]
+    head = tree.split(tail, 2)
+    changed = tree.lock_path(tail, +1)
+    assert changed == [tail, head] and head.lock_count == tail.lock_count == 1
+    assert tree.lock_path(tail, +1) == []
+    tree.lock_path(tail, -1)
+    assert tree.lock_path(tail, -1) == [tail, head] and head.lock_count == 0
+    with pytest.raises(AssertionError):
+        tree.lock_path(tail, -1)
+
+
+def test_namespaces_never_share_nodes_or_keys() -> None:
+    tree = RadixTree(PS)
+    tokens = list(range(8))
+    a = tree.add_child(tree.root(namespace_root_key(b"fp", "a"), create=True), tokens)
+    b = tree.add_child(tree.root(namespace_root_key(b"fp", "b"), create=True), tokens)
+    assert a is not b and not set(a.keys) & set(b.keys)
+
+
+def test_remove_detaches_a_leaf() -> None:
+    tree, key = _tree_with(list(range(8)))
+    node = tree.root(key, create=False).children[tuple(range(4))]
+    node.copies.clear()
+    tree.remove(node)
+    assert not node.attached and tree.num_nodes == 0
+    assert tree.walk(tree.root(key, create=False), list(range(8)), 2) == []
