@@ -90,3 +90,17 @@ def test_prefill_of_single_tokens_equals_decode(triton_kernels, device):
     prefill = triton_kernels.paged_prefill_attention(*case.prefill_args(), block_n=16)
     decode = triton_kernels.paged_decode_attention(*case.decode_args(), block_n=16)
     torch.testing.assert_close(prefill, decode, atol=2e-2, rtol=2e-2)
+
+
+def test_int64_metadata_gives_the_same_result(triton_kernels, device):
+    case = make_case(Q_LENS, KV_LENS, num_heads=6, num_kv_heads=2, head_dim=16, page_size=8,
+                     device=device)  # fmt: skip
+    q, k, v, table, starts, lens, scale = case.prefill_args()
+    wide = (q, k, v, table.long(), starts.long(), lens.long(), scale)
+    out = triton_kernels.paged_prefill_attention(*wide, block_m=16, block_n=16)
+    torch.testing.assert_close(out, reference.paged_prefill_attention(*case.prefill_args()))
+    decode = make_case([1, 1], [7, 30], num_heads=6, num_kv_heads=2, head_dim=16, page_size=8,
+                       device=device)  # fmt: skip
+    q, k, v, table, lens, scale = decode.decode_args()
+    out = triton_kernels.paged_decode_attention(q, k, v, table.long(), lens.long(), scale)
+    torch.testing.assert_close(out, reference.paged_decode_attention(*decode.decode_args()))
