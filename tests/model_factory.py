@@ -18,7 +18,8 @@ bias or ignores a norm weight gives visibly different logits. Typical parity tes
 The default tokenizer is a tiny byte-level BPE (vocab TINY_VOCAB_SIZE = 320: 3 specials, 256
 bytes, 61 merges) built in milliseconds with no download; `tokenizer="default"` copies the
 converted default model's tokenizer instead (vocab 49152; converts the default model once if
-needed). The model's vocab_size always equals the tokenizer's.
+needed, in the cache the environment names); a Path copies that directory's tokenizer files.
+The model's vocab_size always equals the tokenizer's.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def make_tiny_model_dir(
     rope_theta: float = 10000.0,
     rms_norm_eps: float = 1e-5,
     init_std: float = 0.1,
-    tokenizer: str = "tiny",
+    tokenizer: str | Path = "tiny",
     max_shard_size: str | None = None,
     seed: int = 0,
     name: str | None = None,
@@ -71,9 +72,11 @@ def make_tiny_model_dir(
     arch: "llama", "qwen2" (q/k/v biases) or "mistral". rope_scaling: a Hugging Face
     `rope_scaling` dict such as {"rope_type": "yarn", "factor": 4.0,
     "original_max_position_embeddings": 128}, or None. max_shard_size (e.g. "100KB") writes
-    sharded safetensors with an index. config_overrides go into the transformers config as is
-    (e.g. sliding_window=...). The directory is named `name` or f"tiny-{arch}"; the same
-    arguments always give the same bytes of weights.
+    sharded safetensors with an index. tokenizer: "tiny", "default" (the converted default
+    model's tokenizer files) or the Path of a model directory whose tokenizer files to copy.
+    config_overrides go into the transformers config as is (e.g. sliding_window=...). The
+    directory is named `name` or f"tiny-{arch}"; the same arguments always give the same bytes
+    of weights.
     """
     import transformers
 
@@ -119,17 +122,20 @@ def _randomize(model: torch.nn.Module, init_std: float, seed: int) -> None:
                 param.copy_(init_std * noise)
 
 
-def _write_tokenizer(model_dir: Path, kind: str) -> int:
+def _write_tokenizer(model_dir: Path, kind: str | Path) -> int:
     """Write tokenizer files into model_dir; return the vocabulary size."""
-    if kind == "default":
+    if kind != "tiny":
+        from tokenizers import Tokenizer
+
         from tieredkv.model.default_model import default_model_dir
         from tieredkv.model.tokenizer import TOKENIZER_FILES
 
-        source = default_model_dir()
+        source = default_model_dir() if kind == "default" else Path(kind)
         for file_name in TOKENIZER_FILES:
             if file_name != "generation_config.json" and (source / file_name).is_file():
                 shutil.copy(source / file_name, model_dir / file_name)
-        return json.loads((source / "config.json").read_text())["vocab_size"]
+        copied = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        return copied.get_vocab_size(with_added_tokens=True)
     assert kind == "tiny", kind
     tokenizer = build_tiny_tokenizer()
     tokenizer.save(str(model_dir / "tokenizer.json"))
