@@ -18,6 +18,7 @@ logger = logging.getLogger(__name__)
 
 # "reference" is another name for "torch": the reference kernels are the torch backend.
 _BACKEND_NAMES = ("torch", "reference", "triton")
+_MIN_CAPABILITY = (8, 0)  # Ampere: bf16 tensor-core dots
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,10 @@ def triton_backend() -> KernelBackend:
 def select_backend(device: torch.device, prefer: str | None = None) -> KernelBackend:
     """The kernels to use for tensors on `device`.
 
-    prefer=None: Triton on CUDA when triton imports, else torch (logged). prefer="torch" (alias
-    "reference") or "triton" forces that backend; "triton" on a non-CUDA device is allowed only
-    when the Triton interpreter is on (TRITON_INTERPRET=1), for tests.
+    prefer=None: Triton on CUDA (compute capability >= 8.0) when triton imports, else torch
+    (logged). prefer="torch" (alias "reference") or "triton" forces that backend; "triton" on a
+    non-CUDA device is allowed only when the Triton interpreter is on (TRITON_INTERPRET=1), for
+    tests.
     """
     device = torch.device(device)
     if prefer is not None and prefer not in _BACKEND_NAMES:
@@ -86,10 +88,21 @@ def select_backend(device: torch.device, prefer: str | None = None) -> KernelBac
         _require_runnable(device)
         return backend
     try:
-        return triton_backend()
+        backend = triton_backend()
     except ImportError as error:
         logger.warning("kernels: using the torch reference on %s: %s", device, error)
         return torch_backend()
+    capability = torch.cuda.get_device_capability(device)
+    if capability < _MIN_CAPABILITY:
+        logger.warning(
+            "kernels: using the torch reference on %s: compute capability %s is below the %s "
+            "the Triton kernels need (bf16 dots)",
+            device,
+            capability,
+            _MIN_CAPABILITY,
+        )
+        return torch_backend()
+    return backend
 
 
 def _require_runnable(device: torch.device) -> None:

@@ -71,3 +71,9 @@ def test_import_is_lazy_and_cuda_without_triton_falls_back_to_torch():
     assert lines[0] == "torch"
     assert lines[1].startswith("ImportError") and "pip install" in lines[1]
     assert "using the torch reference" in result.stderr
+
+
+@pytest.mark.parametrize(("capability", "expected"), [((9, 0), "triton"), ((7, 5), "torch")])
+def test_cuda_picks_triton_from_ampere_on(triton_kernels, monkeypatch, capability, expected):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert select_backend(torch.device("cuda")).name == expected
