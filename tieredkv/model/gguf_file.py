@@ -98,6 +98,7 @@ def _convert_atomically(gguf_path: Path, out_dir: Path, stamp: dict[str, object]
         _write_safetensors_dir(gguf_path, tmp)
         (tmp / SOURCE_STAMP).write_text(json.dumps(stamp, indent=2))
         for path in tmp.iterdir():
+            path.chmod(0o644)  # some writers create private files; the cache is not secret
             _fsync(path)
         if out_dir.exists():  # a stale conversion: move it aside, then swap the new one in
             stale = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))

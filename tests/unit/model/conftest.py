@@ -3,8 +3,9 @@
 The default model is converted at most once per test session, into the cache the environment
 names (`$TIEREDKV_CACHE_DIR`, `$XDG_CACHE_HOME/tieredkv` or `~/.cache/tieredkv`), and reused
 as is when an earlier session or `tieredkv serve` already converted it. Every test then runs
-with `TIEREDKV_CACHE_DIR` pointing at its own empty directory, so nothing else is written to
-the user's cache.
+with `TIEREDKV_CACHE_DIR` pointing at its own directory, so nothing else (digest entries, GGUF
+conversions of test files) lands in the user's cache; that directory links to the converted
+default model when there is one, so `load_model()` still finds it without converting again.
 """
 
 from __future__ import annotations
@@ -14,12 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from tieredkv.model.default_model import default_model_dir
+from tieredkv.model.default_model import DEFAULT_MODEL_NAME, cache_root, default_model_dir
 from tieredkv.model.loader import LoadedModel, load_model
 
 
 @pytest.fixture(scope="session")
-def default_dir() -> Path:
+def user_cache_root() -> Path:
+    """The cache root the environment names, read before any test changes it."""
+    return cache_root()
+
+
+@pytest.fixture(scope="session")
+def default_dir(user_cache_root: Path) -> Path:
     """The converted default model directory (converts once, ~15 s, if not cached)."""
     return default_model_dir()
 
@@ -31,8 +38,12 @@ def default_model(default_dir: Path) -> LoadedModel:
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user_cache_root: Path) -> Path:
     """Each test's cache root is a fresh directory (set after the session fixtures ran)."""
     cache = tmp_path / "tieredkv-cache"
+    cache.mkdir()
+    converted = user_cache_root / DEFAULT_MODEL_NAME
+    if converted.is_dir():
+        (cache / DEFAULT_MODEL_NAME).symlink_to(converted, target_is_directory=True)
     monkeypatch.setenv("TIEREDKV_CACHE_DIR", str(cache))
     return cache
