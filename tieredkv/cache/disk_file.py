@@ -19,11 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tieredkv.cache.device_pool import PageLayout
 from tieredkv.cache.disk_format import (
     SUPERBLOCK_BYTES,
     Superblock,
     SuperblockError,
+    align_up,
     decode_superblock,
+    fingerprint_digest,
+    header_bytes_for,
 )
 from tieredkv.cache.disk_io import DiskIOBackend, aligned_empty
 from tieredkv.errors import DiskStoreError
@@ -42,6 +46,27 @@ class OpenedFile:
     handle: int
     superblock: Superblock
     intact_bytes: int  # file length found at open; records beyond it were lost to truncation
+
+
+def superblock_for(layout: PageLayout, fingerprint: bytes, capacity_bytes: int) -> Superblock:
+    """The geometry of a store for `layout` that fits in `capacity_bytes`."""
+    header_bytes = header_bytes_for(layout.page_size)
+    record_bytes = align_up(layout.page_bytes)
+    num_slots = (capacity_bytes - SUPERBLOCK_BYTES) // (header_bytes + record_bytes)
+    block = Superblock(
+        header_bytes=header_bytes,
+        record_bytes=record_bytes,
+        num_slots=max(num_slots, 0),
+        page_size=layout.page_size,
+        dtype=str(layout.dtype).removeprefix("torch."),
+        fingerprint_digest=fingerprint_digest(fingerprint),
+        layout=layout.describe(),
+    )
+    while block.num_slots > 0 and block.file_bytes > capacity_bytes:  # header region padding
+        block = dataclasses.replace(block, num_slots=block.num_slots - 1)
+    if block.num_slots == 0:
+        raise DiskStoreError(f"disk cache size {capacity_bytes} B cannot hold one page record")
+    return block
 
 
 def prepare_directory(directory: Path) -> None:

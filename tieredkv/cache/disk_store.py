@@ -12,9 +12,10 @@ and a torn or half-written record fails its checksum: a miss, never served.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,18 +23,19 @@ import numpy as np
 import torch
 
 from tieredkv.cache.device_pool import PageLayout
-from tieredkv.cache.disk_file import OpenedFile, lock_directory, open_store_file, prepare_directory
+from tieredkv.cache.disk_file import (
+    OpenedFile,
+    lock_directory,
+    open_store_file,
+    prepare_directory,
+    superblock_for,
+)
 from tieredkv.cache.disk_format import (
     CODECS,
-    SUPERBLOCK_BYTES,
     RecordHeader,
-    Superblock,
-    align_up,
     chain_ok,
     decode_header,
     encode_header,
-    fingerprint_digest,
-    header_bytes_for,
 )
 from tieredkv.cache.disk_io import DiskIOBackend
 from tieredkv.cache.disk_pages import PageFile, lz4_block, slot_runs
@@ -44,6 +46,9 @@ logger = logging.getLogger(__name__)
 
 ERROR_REASONS = ("checksum", "fingerprint", "io")
 _SCAN_CHUNK_BYTES = 4 << 20
+# A run of slots moves as chunks of about this size, in parallel on the store's I/O threads, so
+# one chunk's checksums overlap another's transfer and several requests are in flight.
+CHUNK_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -62,26 +67,6 @@ def _page_rows(pages: torch.Tensor, layout: PageLayout) -> np.ndarray:
     return pages.view(torch.uint8).numpy().reshape(pages.shape[0], layout.page_bytes)
 
 
-def _superblock_for(layout: PageLayout, fingerprint: bytes, capacity_bytes: int) -> Superblock:
-    header_bytes = header_bytes_for(layout.page_size)
-    record_bytes = align_up(layout.page_bytes)
-    num_slots = (capacity_bytes - SUPERBLOCK_BYTES) // (header_bytes + record_bytes)
-    block = Superblock(
-        header_bytes=header_bytes,
-        record_bytes=record_bytes,
-        num_slots=max(num_slots, 0),
-        page_size=layout.page_size,
-        dtype=str(layout.dtype).removeprefix("torch."),
-        fingerprint_digest=fingerprint_digest(fingerprint),
-        layout=layout.describe(),
-    )
-    while block.num_slots > 0 and block.file_bytes > capacity_bytes:  # header region padding
-        block = dataclasses.replace(block, num_slots=block.num_slots - 1)
-    if block.num_slots == 0:
-        raise DiskStoreError(f"disk cache size {capacity_bytes} B cannot hold one page record")
-    return block
-
-
 class DiskStore:
     """Fixed-size page records under `directory`, owned by one process (exclusive flock)."""
 
@@ -93,6 +78,7 @@ class DiskStore:
         capacity_bytes: int,
         io: DiskIOBackend | None = None,
         codec: str = "raw",
+        io_threads: int = 4,
     ) -> None:
         if codec not in CODECS:
             raise DiskStoreError(f"disk store codec must be one of {sorted(CODECS)}, got {codec!r}")
@@ -105,7 +91,7 @@ class DiskStore:
         self.error_counts = dict.fromkeys(ERROR_REASONS, 0)
         self.degraded = False
         self._counts_lock = threading.Lock()
-        wanted = _superblock_for(layout, fingerprint, capacity_bytes)
+        wanted = superblock_for(layout, fingerprint, capacity_bytes)
         prepare_directory(self.directory)
         self._lock_handle: int | None = lock_directory(self.io, self.directory)
         try:
@@ -117,6 +103,8 @@ class DiskStore:
         self._file = PageFile(self.io, opened.handle, opened.superblock, layout.page_bytes)
         self.num_slots = opened.superblock.num_slots
         self.direct_io = self._file.direct_io
+        self._chunk_pages = max(CHUNK_BYTES // opened.superblock.record_bytes, 1)
+        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="tieredkv-disk-io")
         self._free = list(range(self.num_slots - 1, -1, -1))  # pop() hands out low ids first
         self._is_free = [True] * self.num_slots
         logger.info(
@@ -177,27 +165,44 @@ class DiskStore:
         self, slots: list[int], records: list[DiskRecord], payload: torch.Tensor
     ) -> None:
         """Write `payload` (n, num_layers, 2, page_size, kv_heads, head_dim), the layout's dtype,
-        page-major, CPU, one page per slot. Raises OSError (counted "io", store degraded); the
-        slots' records are then misses and every other record is untouched."""
+        page-major, CPU, one page per slot. Returns once every byte is written. Raises OSError
+        (counted "io", store degraded); the slots' records are then misses, all others intact."""
         assert len(slots) == len(records) == payload.shape[0], "one record and page per slot"
         rows = _page_rows(payload, self.layout)  # (n, page_bytes) uint8
-        header_bytes = self._file.block.header_bytes
         try:
             for start, length in slot_runs(slots):
-                run_rows = rows[start : start + length]
-                stored = [self._file.encode(row, self.codec) for row in run_rows]
-                headers = b"".join(
-                    encode_header(header_bytes, codec, r.key, r.parent_key, r.tokens, data)
-                    for r, (codec, data) in zip(
-                        records[start : start + length], stored, strict=True
-                    )
+                headers = self._in_chunks(
+                    start,
+                    length,
+                    lambda s, e: self._write_chunk(slots[s], records[s:e], rows[s:e]),
                 )
-                self._file.write_payloads(slots[start], run_rows, stored)
-                self._file.write_headers(slots[start], headers)
+                self._file.write_headers(slots[start], b"".join(headers))  # after the payloads
         except OSError:
             self._count_error("io")
             self.degraded = True
             raise
+
+    def _write_chunk(self, first_slot: int, records: list[DiskRecord], rows: np.ndarray) -> bytes:
+        """Encode, checksum and write one chunk's payloads; return its headers (unwritten)."""
+        stored = [self._file.encode(row, self.codec) for row in rows]
+        header_bytes = self._file.block.header_bytes
+        headers = b"".join(
+            encode_header(header_bytes, codec, r.key, r.parent_key, r.tokens, data)
+            for r, (codec, data) in zip(records, stored, strict=True)
+        )
+        self._file.write_payloads(first_slot, rows, stored)
+        return headers
+
+    def _in_chunks(self, start: int, length: int, work: Callable[[int, int], object]) -> list:
+        """Run work(chunk_start, chunk_end) over [start, start + length) on the I/O threads;
+        the results in order. Waits for every chunk before raising the first error, so no I/O
+        on these slots outlives the call."""
+        futures: list[Future] = [
+            self._pool.submit(work, chunk, min(chunk + self._chunk_pages, start + length))
+            for chunk in range(start, start + length, self._chunk_pages)
+        ]
+        wait(futures)  # SYNC: the caller's transfer is done only when all its chunks are
+        return [future.result() for future in futures]
 
     def read_pages(
         self, slots: list[int], expected: list[DiskRecord | bytes], out: torch.Tensor
@@ -211,9 +216,14 @@ class DiskStore:
         try:
             for start, length in slot_runs(slots):
                 headers = self._read_headers(slots[start], length)
-                run_ok = self._file.read_payloads(
-                    slots[start], headers, rows[start : start + length]
+                chunks = self._in_chunks(
+                    start,
+                    length,
+                    lambda s, e, h=headers, r=start: self._file.read_payloads(
+                        slots[s], h[s - r : e - r], rows[s:e]
+                    ),
                 )
+                run_ok = [ok for chunk in chunks for ok in chunk]
                 for index, (header, ok) in enumerate(zip(headers, run_ok, strict=True)):
                     want = expected[start + index]
                     want_key = want.key if isinstance(want, DiskRecord) else want
@@ -277,6 +287,7 @@ class DiskStore:
         """Close the file and release the directory lock. Data already written stays."""
         if self._lock_handle is None:
             return
+        self._pool.shutdown(wait=True)
         self.io.close(self._opened.handle)
         self.io.close(self._lock_handle)
         self._lock_handle = None

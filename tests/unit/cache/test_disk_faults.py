@@ -9,6 +9,7 @@ import pytest
 import torch
 from disk_cases import LAYOUT, chain, open_store, random_pages, same_bytes
 
+from tieredkv.cache import disk_store
 from tieredkv.cache.disk_io import FaultInjectingIO, SimulatedCrash
 
 
@@ -139,4 +140,27 @@ def test_failed_invalidation_on_free_is_counted_not_raised(tmp_path: Path) -> No
     store.free(slots[:1])
     assert store.error_counts["io"] == 1 and store.degraded
     assert store.num_free == store.num_slots - 1
+    store.close()
+
+
+def test_failed_chunk_of_a_long_run_leaves_no_record_of_that_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run moves as parallel chunks; its headers are written only once every chunk is."""
+    monkeypatch.setattr(disk_store, "CHUNK_BYTES", 3 * 4096)  # 3 records per chunk
+    io = FaultInjectingIO()
+    store = open_store(tmp_path, io=io)
+    slots = store.alloc(12)
+    records, pages = chain(12), random_pages(12)
+    store.write_pages(slots[:2], records[:2], pages[:2])
+    writes_before = io.num_writes
+    io.fail_write(errno.EIO, after=1)  # one of the 4 chunk writes of the next run
+    with pytest.raises(OSError):
+        store.write_pages(slots[2:12], records[2:12], pages[2:12])
+    assert io.num_writes == writes_before + 4  # every chunk was tried; no header write followed
+    out = torch.empty_like(pages)
+    assert store.read_pages(slots, records, out) == [True] * 2 + [False] * 10
+    store.write_pages(slots[2:12], records[2:12], pages[2:12])  # a retry succeeds
+    assert store.read_pages(slots, records, out) == [True] * 12
+    assert same_bytes(out, pages)
     store.close()
