@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import xxhash
 
 from tieredkv.cache.device_pool import PageLayout
 from tieredkv.cache.disk_file import STORE_FILE
@@ -57,6 +58,13 @@ def memcpy_gbps(num_bytes: int, reps: int, rng: np.random.Generator) -> float:
     src = rng.integers(0, 256, num_bytes, dtype=np.uint8)
     dst = np.empty_like(src)
     seconds = median_seconds(lambda: np.copyto(dst, src), reps, lambda: None)
+    return num_bytes / seconds / 1e9
+
+
+def xxh3_gbps(num_bytes: int, reps: int, rng: np.random.Generator) -> float:
+    """The record checksum's own speed on one core (the store hashes every byte it moves)."""
+    data = rng.integers(0, 256, num_bytes, dtype=np.uint8)
+    seconds = median_seconds(lambda: xxhash.xxh3_64(data).intdigest(), reps, lambda: None)
     return num_bytes / seconds / 1e9
 
 
@@ -164,15 +172,18 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="tieredkv-bench-") as tmp:
         directory = Path(tmp)
         memcpy = memcpy_gbps(args.memcpy_bytes, args.reps, rng)
+        xxh3 = xxh3_gbps(args.memcpy_bytes, args.reps, rng)
         raw_write, raw_read = raw_disk_gbps(directory / "raw.bin", args.raw_bytes, args.reps, rng)
         capacity = (max(batches) + 16) * (LAYOUT.page_bytes + 128) + (1 << 20)
         store = DiskStore(directory / "store", b"bench", LAYOUT, capacity)
         print(
-            f"page {LAYOUT.page_bytes:,} B, O_DIRECT {'on' if store.direct_io else 'off'}, "
+            f"{len(os.sched_getaffinity(0))} CPUs usable, page {LAYOUT.page_bytes:,} B, "
+            f"O_DIRECT {'on' if store.direct_io else 'off'}, "
             f"seed {args.seed}, medians of {args.reps} after 1 warm-up"
         )
         print(f"{'what':<34}{'write GB/s':>12}{'read GB/s':>12}{'w/raw':>8}{'r/raw':>8}")
         print(f"{'numpy memcpy':<34}{memcpy:>12.2f}{memcpy:>12.2f}")
+        print(f"{'xxh3_64, one core':<34}{xxh3:>12.2f}{xxh3:>12.2f}")
         print(f"{'raw O_DIRECT sequential':<34}{raw_write:>12.2f}{raw_read:>12.2f}")
         for threads in thread_counts:
             for batch in batches:
