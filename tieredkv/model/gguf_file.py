@@ -44,6 +44,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # SYNC: another process may be converting this file
         if not _stamp_matches(out_dir, stamp):
+            _remove_leftovers(out_dir)
             check_gguf(gguf_path)
             _convert_atomically(gguf_path, out_dir, stamp)
     return out_dir
@@ -110,6 +111,14 @@ def _convert_atomically(gguf_path: Path, out_dir: Path, stamp: dict[str, object]
         _fsync(out_dir.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_leftovers(out_dir: Path) -> None:
+    """Temp dirs of conversions killed midway (we hold the lock: nobody else is converting)."""
+    for pattern in (f".{out_dir.name}.tmp-*", f".{out_dir.name}.old-*"):
+        for leftover in out_dir.parent.glob(pattern):
+            log.info("removing %s, left by an interrupted conversion", leftover)
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _write_safetensors_dir(gguf_path: Path, out: Path) -> None:

@@ -180,3 +180,47 @@ def test_the_default_gguf_path_loads_the_default_directory(
     monkeypatch.setenv("TIEREDKV_CACHE_DIR", str(default_dir.parent))
     model = load_model(default_gguf_path())
     assert model.model_dir == default_dir and model.name == DEFAULT_MODEL_NAME
+
+
+_KILLED_CONVERSION = """
+import sys
+from pathlib import Path
+from tieredkv.model import gguf_file
+
+def write_then_hang(gguf_path, out):
+    (out / "model.safetensors").write_bytes(b"half a file")
+    print("ready", flush=True)
+    sys.stdin.read()  # blocks until the parent kills us
+
+gguf_file.check_gguf = lambda path: None
+gguf_file._write_safetensors_dir = write_then_hang
+gguf_file.convert_gguf(Path(sys.argv[1]), Path(sys.argv[2]))
+"""
+
+
+def test_conversion_killed_midway_leaves_no_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, out = _fake_source(tmp_path), tmp_path / "cache" / "m"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_CONVERSION, str(source), str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+    finally:
+        child.kill()  # SIGKILL: no cleanup handler runs
+        child.wait(timeout=60)
+    assert not out.exists()
+    assert any(p.name.startswith(".m.tmp-") for p in out.parent.iterdir())  # the half dir
+
+    def write(gguf_path: Path, out: Path) -> None:
+        (out / "model.safetensors").write_bytes(b"whole")
+
+    monkeypatch.setattr(gguf_file, "check_gguf", lambda path: None)
+    monkeypatch.setattr(gguf_file, "_write_safetensors_dir", write)
+    convert_gguf(source, out)  # the dead process's lock is gone; its temp dir is cleaned up
+    assert (out / "model.safetensors").read_bytes() == b"whole"
+    assert sorted(p.name for p in out.parent.iterdir()) == [".m.lock", "m"]
