@@ -84,8 +84,11 @@ def resolve_model_dir(path: str | Path | None) -> Path:
             names = [p.name for p in ggufs]
             raise ModelLoadError(f"{path}: several .gguf files {names}; pass one of them")
         raise ModelLoadError(f"{path}: config.json not found; a model directory needs one")
-    with open(path, "rb") as handle:
-        magic = handle.read(4)
+    try:
+        with open(path, "rb") as handle:
+            magic = handle.read(4)
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read ({exc.strerror})") from exc
     if path.suffix == ".gguf" or magic == _GGUF_MAGIC:
         return _converted(path)
     raise ModelLoadError(f"{path}: neither a model directory nor a .gguf file")
