@@ -83,8 +83,14 @@ class WorkspaceAttention(AttentionBackend):
     def __init__(self, pool: DevicePool) -> None:
         super().__init__(pool)
         self._workspaces: dict[int, _Workspace] = {}
+        self._masks: dict[int, torch.Tensor] = {}  # this step's masks, built once for all layers
 
     def begin_step(self, batch: ForwardBatch) -> None:
+        self._masks = {
+            chunk.seq_id: causal_mask(chunk.start, chunk.end, self.pool.device)
+            for chunk in batch.chunks
+            if chunk.num_new > 1 and chunk.start > 0
+        }
         for chunk in batch.chunks:
             workspace = self._workspaces.get(chunk.seq_id)
             if workspace is None:
@@ -119,7 +125,8 @@ class WorkspaceAttention(AttentionBackend):
             kv = self._workspaces[chunk.seq_id].kv[layer]  # (2, kv_heads, capacity, head_dim)
             kv[0, :, chunk.start : chunk.end] = k[lo:hi].transpose(0, 1)
             kv[1, :, chunk.start : chunk.end] = v[lo:hi].transpose(0, 1)
-            out[lo:hi] = attend_one(q[lo:hi], kv[0, :, : chunk.end], kv[1, :, : chunk.end])
+            mask = self._masks.get(chunk.seq_id)
+            out[lo:hi] = attend_one(q[lo:hi], kv[0, :, : chunk.end], kv[1, :, : chunk.end], mask)
         return out
 
     def release(self, seq_id: int) -> None:
@@ -130,29 +137,40 @@ class WorkspaceAttention(AttentionBackend):
         return len(self._workspaces)
 
 
-def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """One sequence: q (n, heads, head_dim) are the last n of the keys (kv_heads, kv_len, dim).
+def causal_mask(start: int, end: int, device: torch.device) -> torch.Tensor:
+    """(end - start, end) bool: query i (at position start + i) sees keys 0..start + i."""
+    query_pos = torch.arange(start, end, device=device).unsqueeze(1)
+    return torch.arange(end, device=device).unsqueeze(0) <= query_pos
 
-    GQA without copying K/V: the `group` query heads of one kv head are folded into the query
-    axis, so SDPA sees (kv_heads, group * n, head_dim) queries against unexpanded keys.
+
+def attend_one(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """One sequence: q (n, heads, head_dim) are the last n of keys/values (kv_heads, kv_len, d).
+
+    `mask` is `causal_mask(kv_len - n, kv_len)` when 1 < n < kv_len (a suffix after a prefix),
+    else None. Three shapes, each on SDPA's fastest CPU path:
+      n == 1          decode: the `group` query heads of a kv head fold into the query axis, so
+                      no K/V is expanded and no mask is needed
+      n == kv_len     fresh prefill: SDPA's own causal mask (aligned, and it skips blocks)
+      otherwise       suffix after a prefix: explicit bottom-right mask
     """
     n, heads, head_dim = q.shape
-    kv_heads, kv_len = keys.shape[0], keys.shape[1]
+    kv_heads = keys.shape[0]
     group = heads // kv_heads
-    # (n, heads, d) -> (kv_heads, group * n, d); row g * n + i is query i of head kv * group + g
-    folded = (
-        q.view(n, kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, -1, head_dim)
-    )
-    mask = None
-    if n > 1:
-        # bottom-right causal: query i sits at kv_len - n + i
-        query_pos = torch.arange(kv_len - n, kv_len, device=q.device).unsqueeze(1)
-        mask = torch.arange(kv_len, device=q.device).unsqueeze(0) <= query_pos  # (n, kv_len)
-        mask = mask.repeat(group, 1)  # (group * n, kv_len)
+    if n == 1:
+        folded = q.view(1, kv_heads, group, head_dim)  # (1, kv_heads, group, d)
+        out = F.scaled_dot_product_attention(folded, keys.unsqueeze(0), values.unsqueeze(0))
+        return out.reshape(1, heads, head_dim)
     out = F.scaled_dot_product_attention(
-        folded.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask
-    )  # (1, kv_heads, group * n, d)
-    return out.view(kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, heads, head_dim)
+        q.transpose(0, 1).unsqueeze(0),  # (1, heads, n, d)
+        keys.unsqueeze(0),
+        values.unsqueeze(0),
+        attn_mask=mask,
+        is_causal=mask is None,
+        enable_gqa=group > 1,
+    )  # (1, heads, n, d)
+    return out[0].transpose(0, 1)
 
 
 class PagedKernelAttention(AttentionBackend):

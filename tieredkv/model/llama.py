@@ -17,7 +17,7 @@ from tieredkv.config import ModelConfig
 from tieredkv.errors import ModelLoadError
 from tieredkv.model.attention import AttentionBackend
 from tieredkv.model.forward_batch import ForwardBatch
-from tieredkv.model.rope import apply_rope, build_rope_cache
+from tieredkv.model.rope import build_rope_cache
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,14 @@ class LayerWeights:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm computed in fp32 and cast back before the weight, as transformers does."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    """RMSNorm; torch's fused kernel accumulates in fp32 like transformers' upcast."""
+    return F.rms_norm(x, weight.shape, weight, eps)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in x's dtype, as transformers applies it: x (T, heads, d), cos/sin (T, 1, d)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def _take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -85,8 +89,8 @@ class LlamaModel:
         self.final_norm = _take(to_device, "model.norm.weight")
         self.lm_head = to_device.get("lm_head.weight", self.embed)  # tied when absent
         self.layers = [_layer_weights(to_device, i) for i in range(config.num_layers)]
-        # (max_len, head_dim) fp32: RoPE is applied in fp32 whatever the model dtype
-        self.cos, self.sin = build_rope_cache(config, max_len, self.device)
+        cos, sin = build_rope_cache(config, max_len, self.device)  # (max_len, head_dim) fp32
+        self.cos, self.sin = cos.to(self.dtype), sin.to(self.dtype)
         self.max_len = max_len
 
     @torch.inference_mode()
@@ -96,14 +100,15 @@ class LlamaModel:
         num_tokens = batch.num_tokens
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.attention.begin_step(batch)
-        cos, sin = self.cos[batch.positions], self.sin[batch.positions]  # (T, head_dim)
+        cos = self.cos[batch.positions].unsqueeze(1)  # (T, 1, head_dim)
+        sin = self.sin[batch.positions].unsqueeze(1)
         x = self.embed[batch.token_ids]  # (T, hidden)
         for layer, w in enumerate(self.layers):
             h = rms_norm(x, w.input_norm, cfg.rms_norm_eps)
             qkv = F.linear(h, w.qkv, w.qkv_bias)  # (T, q_size + 2 * kv_size)
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = apply_rope(q.view(num_tokens, cfg.num_heads, cfg.head_dim), cos, sin)
-            k = apply_rope(k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+            q = rotate(q.view(num_tokens, cfg.num_heads, cfg.head_dim), cos, sin)
+            k = rotate(k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim), cos, sin)
             v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = self.attention.attend(layer, q, k, v, batch)  # (T, heads, head_dim)
             x = x + F.linear(attn.reshape(num_tokens, q_size), w.o)
