@@ -1,0 +1,228 @@
+import errno
+from pathlib import Path
+
+import pytest
+import torch
+
+from tieredkv.cache.disk_store import DiskRecord
+from tieredkv.cache.executor import ManualTransferExecutor
+from tieredkv.cache.page_key import page_key
+from tieredkv.cache.testing import (
+    device_page,
+    expected_pages,
+    fill_device_pages,
+    make_cache,
+    tiny_layout,
+)
+from tieredkv.cache.tier import Tier
+from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.config import WritePolicy
+
+LAYOUT = tiny_layout(page_size=4)
+
+
+def ok(cache: TieredCache) -> None:
+    result = cache.check_integrity()
+    assert result.ok, result.problems
+
+
+def compute(cache: TieredCache, tokens: list[int], namespace: str = "default") -> None:
+    """A request that computes every full page of `tokens` and inserts them."""
+    pages = cache.allocate(len(tokens) // LAYOUT.page_size)
+    assert pages is not None
+    fill_device_pages(cache, tokens, namespace, pages)
+    result = cache.insert(tokens, namespace, pages)
+    cache.free([p for p in pages if p not in result.device_pages])
+    ok(cache)
+
+
+def settle(cache: TieredCache, executor: ManualTransferExecutor) -> None:
+    while executor.pending():
+        executor.complete_all()
+        cache.poll()
+    ok(cache)
+
+
+def assert_promoted(cache: TieredCache, tokens: list[int], namespace: str = "default") -> None:
+    """Match, promote, run the copies; every ready page holds the inserted bytes."""
+    match = cache.match(tokens, namespace)
+    ticket = cache.promote(match)
+    assert ticket is not None
+    ok(cache)
+    executor = cache.mover.memory_executor
+    assert isinstance(executor, ManualTransferExecutor)
+    settle(cache, executor)
+    assert ticket.done and ticket.num_ready_pages == match.num_pages
+    for page, want in zip(
+        ticket.device_pages, expected_pages(tokens, namespace, LAYOUT), strict=False
+    ):
+        assert torch.equal(device_page(cache, page), want)
+
+
+def test_match_reuses_at_most_len_minus_one_floored_to_pages() -> None:
+    cache, _ = make_cache(LAYOUT, device_pages=8)
+    tokens = list(range(12))
+    compute(cache, tokens)
+    assert cache.match(tokens).matched_len == 8  # 11 tokens may be reused -> 2 pages
+    assert cache.match([*tokens, 5]).matched_len == 12
+    assert cache.match(tokens[:5] + [99] * 8).matched_len == 4  # diverges in page 2
+    assert cache.match([1]).matched_len == 0
+    ok(cache)
+
+
+def test_namespaces_are_isolated() -> None:
+    cache, _ = make_cache(LAYOUT, device_pages=8)
+    tokens = list(range(9))
+    compute(cache, tokens, "alice")
+    assert cache.match(tokens, "alice").matched_len == 8
+    assert cache.match(tokens, "bob").matched_len == 0
+    assert cache.match(tokens).matched_len == 0
+
+
+def test_insert_reports_existing_pages_and_duplicates() -> None:
+    cache, _ = make_cache(LAYOUT, device_pages=8)
+    tokens = list(range(12))
+    compute(cache, tokens[:8])
+    pages = cache.allocate(3)
+    assert pages is not None
+    result = cache.insert(tokens, "default", pages)
+    assert result.num_existing_pages == 2 and result.num_pages == 3
+    assert result.duplicate_pages == tuple(pages[:2])
+    assert result.device_pages[2] == pages[2] and result.node is not None
+    cache.free(list(result.duplicate_pages))
+    ok(cache)
+
+
+def test_eviction_demotes_to_host_then_promotion_brings_bytes_back() -> None:
+    cache, executor = make_cache(LAYOUT, device_pages=4, host_pages=4)
+    first, second = list(range(9)), list(range(100, 109))
+    compute(cache, first)
+    compute(cache, second)
+    assert cache.allocate(4) is None  # demotions started; pages free once applied
+    assert cache.match(first).device.num_pages == 2  # a node being demoted hits its source
+    settle(cache, executor)
+    assert cache.counters.evicted_pages[Tier.DEVICE, "demoted"] == 4
+    assert cache.counters.transfer_bytes[Tier.DEVICE, Tier.HOST] == 4 * LAYOUT.page_bytes
+    pages = cache.allocate(4)
+    assert pages is not None
+    cache.free(pages)
+    match = cache.match(first)
+    assert match.host.num_pages == 2 and match.device.num_pages == 0
+    assert_promoted(cache, first)
+    assert cache.counters.hit_tokens[Tier.HOST] == 8
+    # the promoted page keeps its clean host copy: evicting it again costs no copy
+    before = cache.counters.transfer_bytes[Tier.DEVICE, Tier.HOST]
+    assert cache.evict(Tier.DEVICE, 4)
+    assert cache.counters.transfer_bytes[Tier.DEVICE, Tier.HOST] == before
+    ok(cache)
+
+
+def test_locked_path_is_never_evicted() -> None:
+    cache, _ = make_cache(LAYOUT, device_pages=4, host_pages=4)
+    tokens = list(range(17))
+    compute(cache, tokens)
+    match = cache.match(tokens)
+    cache.lock(match.last_node)
+    assert not cache.evict(Tier.DEVICE, 1)
+    assert cache.allocate(1) is None and cache.mover.in_flight == {}
+    cache.unlock(match.last_node)
+    assert cache.allocate(1) is None  # now it demotes
+    assert cache.mover.in_flight
+    ok(cache)
+
+
+def test_two_promotions_share_one_transfer() -> None:
+    cache, executor = make_cache(LAYOUT, device_pages=4, host_pages=4)
+    tokens = list(range(9))
+    compute(cache, tokens)
+    assert not cache.allocate(4)
+    settle(cache, executor)
+    assert cache.match(tokens).host.num_pages == 2
+    one = cache.promote(cache.match(tokens))
+    two = cache.promote(cache.match([*tokens, 1]))
+    assert one is not None and two is not None
+    assert len(executor.pending()) == 1 and one.transfers == two.transfers
+    settle(cache, executor)
+    assert one.done and two.done and one.device_pages == two.device_pages
+
+
+def test_write_through_makes_eviction_free() -> None:
+    cache, executor = make_cache(
+        LAYOUT, device_pages=4, host_pages=4, write_policy=WritePolicy.WRITE_THROUGH
+    )
+    tokens = list(range(17))
+    compute(cache, tokens)
+    assert [t.dst_tier for t in executor.pending()] == [Tier.HOST]
+    settle(cache, executor)
+    assert cache.allocate(4) is not None  # every device page had a clean host copy
+    assert cache.counters.evicted_pages[Tier.DEVICE, "demoted"] == 4
+    assert cache.match(tokens).host.num_pages == 4
+
+
+def test_failed_disk_read_shortens_the_match(tmp_path: Path) -> None:
+    cache, executor = make_cache(
+        LAYOUT, device_pages=4, host_pages=0, disk_pages=8, disk_dir=tmp_path
+    )
+    tokens = list(range(17))
+    compute(cache, tokens)
+    assert cache.allocate(4) is None
+    settle(cache, executor)
+    pages = cache.allocate(4)
+    assert pages is not None
+    cache.free(pages)
+    match = cache.match(tokens)
+    assert match.disk.num_pages == 4
+    cache.tree.split(match.disk.nodes[0], 2)  # a failure in the tail keeps the head
+    match = cache.match(tokens)
+    head, tail = match.disk.nodes
+    # overwrite the tail's records with pages of another chain: they fail verification
+    disk = cache.pools.disk
+    assert disk is not None
+    other = b"x" * 16
+    records = [
+        DiskRecord(page_key(other, tail.page_tokens(i, 4)), other, tail.page_tokens(i, 4))
+        for i in range(tail.num_pages)
+    ]
+    zeros = torch.zeros((tail.num_pages, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
+    disk.write_pages(tail.copies[Tier.DISK], records, zeros)
+    ticket = cache.promote(match)
+    assert ticket is not None
+    settle(cache, executor)
+    assert ticket.done and ticket.num_ready_pages == 2
+    assert cache.disk_page_errors()["checksum"] == 2
+    assert not tail.attached  # its bad records are freed, never served
+    assert cache.match(tokens).matched_len == 8
+    for page, want in zip(
+        ticket.device_pages, expected_pages(tokens, "default", LAYOUT), strict=False
+    ):
+        assert torch.equal(device_page(cache, page), want)
+    assert head.attached
+
+
+def test_failed_transfer_is_a_miss_not_an_error() -> None:
+    cache, executor = make_cache(LAYOUT, device_pages=4, host_pages=4)
+    tokens = list(range(17))
+    compute(cache, tokens)
+    cache.allocate(4)
+    settle(cache, executor)
+    match = cache.match(tokens)
+    assert match.host.num_pages == 4
+    ticket = cache.promote(match)
+    assert ticket is not None
+    executor.fail(executor.pending()[0], OSError(errno.EIO, "boom"))
+    assert cache.poll() == [ticket]
+    assert ticket.done and ticket.num_ready_pages == 0
+    ok(cache)
+    assert cache.match(tokens).host.num_pages == 4  # the source copy is untouched
+    assert_promoted(cache, tokens)
+
+
+@pytest.mark.parametrize("policy", list(WritePolicy))
+def test_counters_and_used_bytes(policy: WritePolicy) -> None:
+    cache, executor = make_cache(LAYOUT, device_pages=4, host_pages=2, write_policy=policy)
+    compute(cache, list(range(9)))
+    assert cache.tier_used_bytes(Tier.DEVICE) == 2 * LAYOUT.page_bytes
+    assert cache.tier_capacity_bytes(Tier.HOST) == 2 * LAYOUT.page_bytes
+    assert cache.tier_capacity_bytes(Tier.DISK) == 0
+    settle(cache, executor)
+    assert cache.disk_page_errors() == {"checksum": 0, "fingerprint": 0, "io": 0}

@@ -1,0 +1,109 @@
+"""What the cache hands back: a match, an insert's outcome, a promotion in progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tieredkv.cache.mover import TransferTicket
+from tieredkv.cache.radix_tree import RadixNode
+from tieredkv.cache.tier import Tier
+
+
+@dataclass(frozen=True)
+class MatchSegment:
+    """The consecutive matched nodes served by one tier and their page ids there."""
+
+    tier: Tier
+    nodes: tuple[RadixNode, ...] = ()
+    pages: tuple[int, ...] = ()
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.pages)
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """The longest cached prefix of a prompt: device pages, then host, then disk, then the miss.
+
+    A snapshot: lock `last_node` to keep its pages (locked nodes are never evicted, demoted or
+    merged); without a lock, use it before the next call that changes the cache.
+    """
+
+    namespace_key: bytes
+    num_tokens: int  # the prompt's length
+    page_size: int
+    device: MatchSegment
+    host: MatchSegment
+    disk: MatchSegment
+    last_node: RadixNode | None  # deepest matched node; None when nothing matched
+
+    @property
+    def segments(self) -> tuple[MatchSegment, MatchSegment, MatchSegment]:
+        return (self.device, self.host, self.disk)
+
+    @property
+    def num_pages(self) -> int:
+        return self.device.num_pages + self.host.num_pages + self.disk.num_pages
+
+    @property
+    def matched_len(self) -> int:
+        """Matched tokens: whole pages, at most `num_tokens - 1`."""
+        return self.num_pages * self.page_size
+
+    @property
+    def miss_len(self) -> int:
+        return self.num_tokens - self.matched_len
+
+    def tokens_by_tier(self) -> dict[Tier, int]:
+        return {s.tier: s.num_pages * self.page_size for s in self.segments}
+
+
+@dataclass(frozen=True)
+class InsertResult:
+    """The outcome of `TieredCache.insert`.
+
+    `device_pages` are the tree's device pages for the first `num_pages` pages of the tokens:
+    the caller's page table for them from now on. `duplicate_pages` are caller pages the tree
+    did not take (another request computed those pages first): still the caller's; free them
+    with `TieredCache.free` once nothing reads them. Caller pages past `num_pages` (the insert
+    stopped at a node whose device copy is still in flight) also stay the caller's.
+    """
+
+    num_existing_pages: int  # leading pages the tree already had
+    num_pages: int  # pages of the tokens now in the tree (existing + new)
+    node: RadixNode | None  # the deepest node of those pages: move the request's lock here
+    device_pages: tuple[int, ...]
+    duplicate_pages: tuple[int, ...]
+
+
+@dataclass(eq=False)
+class PromotionTicket:
+    """Bringing a match's host and disk pages to the device (see `TieredCache.promote`).
+
+    Done once every transfer it waits for was applied by `TieredCache.poll`. Then
+    `num_ready_pages` leading pages of the match are on the device (`device_pages`): fewer than
+    matched when a read failed (the rest is a miss, to prefill). `tokens_by_tier` credits each
+    ready token to the tier it was served or promoted from. Times come from the cache's clock.
+    """
+
+    match: MatchResult
+    created_at: float
+    transfers: list[TransferTicket] = field(default_factory=list)
+    source_tiers: list[Tier] = field(default_factory=list)  # per page of the match
+    done: bool = False
+    completed_at: float | None = None
+    num_ready_pages: int = 0
+    device_pages: tuple[int, ...] = ()
+    tokens_by_tier: dict[Tier, int] = field(default_factory=lambda: dict.fromkeys(Tier, 0))
+    waiting_on: set[int] = field(default_factory=set)  # transfer ticket ids not yet applied
+
+    @property
+    def ready_len(self) -> int:
+        """Tokens of the prompt whose KV is on the device once done."""
+        return self.num_ready_pages * self.match.page_size
+
+    @property
+    def seconds(self) -> float | None:
+        """Created to completed, for `promotion_seconds`."""
+        return None if self.completed_at is None else self.completed_at - self.created_at

@@ -1,0 +1,113 @@
+"""Making room in a tier: demote least recently used copies one tier down, drop only at the end.
+
+Evicting a copy from tier T, cheapest first:
+  1. it has a clean copy in a lower tier: free it now          (counted demoted)
+  2. it is a redundant copy of a node served from a faster tier: free it now  (dropped)
+  3. a lower enabled, healthy tier exists: copy it there and free the source when the copy is
+     applied (write-back); a disk copy writes the missing ancestors first (no drop yet)
+  4. otherwise: free it now; a node left with no copy leaves the tree  (dropped)
+Write-through copies new device pages down in the background, so that eviction is case 1.
+"""
+
+from __future__ import annotations
+
+from tieredkv.cache.radix_tree import RadixNode, RadixTree
+from tieredkv.cache.residency import Residency
+from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier_pools import TierPools
+
+
+class Demoter:
+    """Frees pages in a tier on demand (engine thread only)."""
+
+    def __init__(self, tree: RadixTree, pools: TierPools, residency: Residency) -> None:
+        self.tree = tree
+        self.pools = pools
+        self.residency = residency
+
+    def make_room(self, tier: Tier, count: int) -> bool:
+        """Try to have `count` free pages in `tier` now.
+
+        Copies that can leave at once do; copies that must first move down start moving (they
+        free their pages when applied, see `TieredCache.poll`). True if `count` are free now."""
+        pools, heap, pending = self.pools, self.residency.heaps[tier], self.residency.pending_free
+        while pools.num_free(tier) + pending[tier] < count:
+            node = heap.pop(self.residency.policy.evictable)
+            if node is None:
+                break
+            needed = count - pools.num_free(tier) - pending[tier]
+            if node.num_pages > needed:
+                head = self.tree.split(node, node.num_pages - needed)  # evict the tail only
+                self.residency.refresh(head)
+            if not self._evict(node, tier):
+                self.residency.refresh(node)
+                break
+        return pools.num_free(tier) >= count
+
+    def _evict(self, node: RadixNode, tier: Tier) -> bool:
+        if any(t > tier for t in node.copies):
+            self.residency.free_copy(node, tier, count_as=True)
+            self._after_free(node)
+            return True
+        lower = self.pools.lower(tier)
+        if lower is None or any(t < tier for t in node.copies):
+            self.residency.free_copy(node, tier, count_as=False)
+            self._after_free(node)
+            return True
+        return self.copy_down(node, lower, drop_source=True)
+
+    def _after_free(self, node: RadixNode) -> None:
+        parent = node.parent
+        self.residency.refresh(node)
+        self.residency.refresh(parent)
+        self.residency.remove_if_empty(node)
+
+    def copy_down(self, node: RadixNode, lower: Tier, drop_source: bool) -> bool:
+        """Start copying `node` to `lower`; for disk, its ancestors without a disk copy first.
+
+        False if `lower` has no room now (its own demotions may have started)."""
+        chain = [node]
+        if lower is Tier.DISK:
+            ancestor = node.parent
+            while ancestor is not None and not ancestor.has_disk_copy():
+                if not ancestor.copies:
+                    return False  # an ancestor with nothing to write (its read failed)
+                chain.append(ancestor)
+                ancestor = ancestor.parent
+            chain.reverse()
+        num_pages = sum(n.num_pages for n in chain)
+        if num_pages > self.pools.num_free(lower):
+            with self.residency.pinned(node):  # the chain's own lower copies must stay
+                if not self.make_room(lower, num_pages):
+                    return False
+        if len(chain) > 1:
+            self.residency.start_copy(chain[:-1], lower, drop_source=False)
+        self.residency.start_copy([node], lower, drop_source=drop_source)
+        return True
+
+    def write_through(self, node: RadixNode, tier: Tier) -> None:
+        """After `node` got a copy in `tier`, start a background copy to the next tier down
+        unless one exists or is on its way (write-through policy)."""
+        lower = self.pools.lower(tier)
+        if lower is None or not node.attached or lower in node.inflight:
+            return
+        if any(t >= lower for t in node.copies) or any(t >= lower for t in node.inflight):
+            return
+        self.copy_down(node, lower, drop_source=False)
+
+    def flush(self) -> int:
+        """Drop every copy that may leave its tier now (locked and in-flight ones stay).
+
+        Returns the number of pages dropped."""
+        dropped = 0
+        progress = True
+        while progress:
+            progress = False
+            for tier in Tier:
+                while node := self.residency.heaps[tier].pop(self.residency.policy.evictable):
+                    dropped += node.num_pages
+                    demoted = any(t > tier for t in node.copies)
+                    self.residency.free_copy(node, tier, count_as=demoted)
+                    self._after_free(node)
+                    progress = True
+        return dropped

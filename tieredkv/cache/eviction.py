@@ -1,0 +1,84 @@
+"""Which copies may leave a tier, and in what order: one lazy LRU heap per tier.
+
+A copy in tier T is evictable when its node is unlocked, has nothing in flight, and removing
+the copy keeps the closure invariants:
+  - T = disk: no child has a disk copy (disk copies are closed under "parent of");
+  - otherwise: the node keeps a faster copy (this one is a clean lower copy), or no child has a
+    copy in T or a faster tier.
+Clean lower copies go first (they cost nothing to drop), then least recently used.
+
+The heap is incremental: a node is pushed whenever it may have become evictable, and each push
+bumps the node's per-tier stamp, so older entries are skipped when popped (lazy deletion).
+Popping re-checks the predicate, so an entry made stale by a neighbour's change is harmless.
+No operation scans the tree.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+
+from tieredkv.cache.radix_tree import RadixNode
+from tieredkv.cache.tier import Tier
+
+Priority = tuple[int, int]
+_MIN_COMPACT_LEN = 1024
+
+
+class LruEvictionPolicy:
+    """The evictability predicate and the eviction order (see the module docstring)."""
+
+    @staticmethod
+    def evictable(node: RadixNode, tier: Tier) -> bool:
+        if not node.attached or node.parent is None or tier not in node.copies:
+            return False
+        if node.lock_count or node.inflight:
+            return False
+        children = node.children.values()
+        if tier is Tier.DISK:
+            return not any(child.has_disk_copy() for child in children)
+        if any(t < tier for t in node.copies):
+            return True
+        return not any(child.in_closure(tier) for child in children)
+
+    @staticmethod
+    def priority(node: RadixNode, tier: Tier) -> Priority:
+        redundant = any(t < tier for t in node.copies)
+        return (0 if redundant else 1, node.last_access)
+
+
+class TierHeap:
+    """Evictable copies of one tier, cheapest to evict first, with lazy deletion."""
+
+    def __init__(self, tier: Tier) -> None:
+        self.tier = tier
+        self._entries: list[tuple[Priority, int, int, RadixNode]] = []
+        self._seq = itertools.count()
+        self._compact_at = _MIN_COMPACT_LEN
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def push(self, node: RadixNode, priority: Priority) -> None:
+        """(Re)insert `node`; any older entry for it in this tier becomes stale."""
+        node.stamps[self.tier] += 1
+        heapq.heappush(self._entries, (priority, next(self._seq), node.stamps[self.tier], node))
+        if len(self._entries) > self._compact_at:
+            self._compact()
+
+    def pop(self, evictable: Callable[[RadixNode, Tier], bool]) -> RadixNode | None:
+        """Remove and return the first live entry whose node is still evictable."""
+        while self._entries:
+            _, _, stamp, node = heapq.heappop(self._entries)
+            if stamp == node.stamps[self.tier] and evictable(node, self.tier):
+                node.stamps[self.tier] += 1  # popped: no live entry remains
+                return node
+        return None
+
+    def _compact(self) -> None:
+        """Drop stale entries; amortised O(1) per push since the size at least halves."""
+        tier = self.tier
+        self._entries = [e for e in self._entries if e[2] == e[3].stamps[tier] and e[3].attached]
+        heapq.heapify(self._entries)
+        self._compact_at = max(_MIN_COMPACT_LEN, 2 * len(self._entries))

@@ -1,0 +1,127 @@
+"""Executors run copy jobs off the engine thread and report each outcome once.
+
+- `ThreadTransferExecutor`: a worker pool (CPU memory copies, disk I/O; positional I/O and torch
+  copies release the GIL).
+- `CudaStreamTransferExecutor`: a worker pool whose threads copy on dedicated CUDA streams,
+  ordered after the work the engine had queued when the transfer was submitted.
+- `ManualTransferExecutor`: for tests; a job runs only when the test completes its ticket, in
+  any order the test likes, or fails without running.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from tieredkv.cache.mover import TransferTicket
+
+CopyJob = Callable[[], list[bool]]  # copies the bytes; per page: arrived intact
+Report = Callable[["TransferTicket", "list[bool] | None", "BaseException | None"], None]
+
+
+class TransferExecutor(Protocol):
+    def submit(self, ticket: TransferTicket, job: CopyJob, report: Report) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def _run(ticket: TransferTicket, job: CopyJob, report: Report) -> None:
+    try:
+        page_ok = job()
+    except Exception as error:  # an I/O error becomes a failed ticket, never a dead worker
+        report(ticket, None, error)
+    else:
+        report(ticket, page_ok, None)
+
+
+class ThreadTransferExecutor:
+    """Runs each job on a pool of `num_workers` threads."""
+
+    def __init__(self, num_workers: int, name: str) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix=name)
+
+    def submit(self, ticket: TransferTicket, job: CopyJob, report: Report) -> None:
+        self._pool.submit(_run, ticket, job, report)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class CudaStreamTransferExecutor:
+    """Worker threads that each copy on their own CUDA stream.
+
+    The stream first waits for an event recorded on the submitting thread's current stream, so
+    a demotion never reads a page before the kernels that wrote it finished; the worker then
+    waits for its stream, so a reported ticket's bytes are in place.
+    """
+
+    def __init__(self, num_workers: int, device: torch.device) -> None:
+        self._device = device
+        self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="tkv-cuda")
+        self._local = threading.local()
+
+    def _stream(self) -> torch.cuda.Stream:
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = torch.cuda.Stream(device=self._device)
+            self._local.stream = stream
+        return stream
+
+    def submit(self, ticket: TransferTicket, job: CopyJob, report: Report) -> None:
+        ready = torch.cuda.current_stream(self._device).record_event()
+        self._pool.submit(self._run_on_stream, ticket, job, report, ready)
+
+    def _run_on_stream(
+        self, ticket: TransferTicket, job: CopyJob, report: Report, ready: torch.cuda.Event
+    ) -> None:
+        stream = self._stream()
+        stream.wait_event(ready)
+        with torch.cuda.stream(stream):
+            try:
+                page_ok = job()
+                # SYNC: the copy worker waits for its own stream before reporting the ticket.
+                stream.synchronize()
+            except Exception as error:
+                report(ticket, None, error)
+                return
+        report(ticket, page_ok, None)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class ManualTransferExecutor:
+    """Holds jobs until a test says `complete(ticket)` or `fail(ticket)`, in any order."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, tuple[TransferTicket, CopyJob, Report]] = {}
+
+    def submit(self, ticket: TransferTicket, job: CopyJob, report: Report) -> None:
+        self._pending[ticket.id] = (ticket, job, report)
+
+    def pending(self) -> list[TransferTicket]:
+        """Tickets submitted and neither completed nor failed yet, oldest first."""
+        return [ticket for ticket, _, _ in self._pending.values()]
+
+    def complete(self, ticket: TransferTicket) -> None:
+        """Run the copy now, on the calling thread, and report its outcome."""
+        ticket, job, report = self._pending.pop(ticket.id)
+        _run(ticket, job, report)
+
+    def fail(self, ticket: TransferTicket, error: BaseException | None = None) -> None:
+        """Report the transfer failed without copying anything."""
+        ticket, _, report = self._pending.pop(ticket.id)
+        report(ticket, None, error or OSError(errno.EIO, "injected transfer failure"))
+
+    def complete_all(self) -> None:
+        for ticket in self.pending():
+            self.complete(ticket)
+
+    def shutdown(self) -> None:
+        """Tests decide what happens to pending jobs; nothing runs here."""

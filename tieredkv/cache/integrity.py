@@ -1,0 +1,123 @@
+"""`check_integrity()`: reconcile the cache's bookkeeping with its pools.
+
+  - every used page of every tier has exactly one owner: a node's copy, a request's private
+    pages, or a ticket (a destination in flight, or a source it frees when applied);
+  - every lock count equals its live holders plus its children's counts;
+  - closure: for each tier T, nodes with a copy in T or faster (in flight counted) are closed
+    under "parent of"; so are nodes with a disk copy; committed copies likewise;
+  - each node's pages, keys and tokens agree (keys chain from the namespace root).
+It walks the whole tree: for tests and the debug endpoint, never the hot path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tieredkv.cache.mover import TransferPart
+from tieredkv.cache.page_key import page_key
+from tieredkv.cache.radix_tree import RadixNode
+from tieredkv.cache.residency import parent_committed
+from tieredkv.cache.tier import Tier
+
+if TYPE_CHECKING:
+    from tieredkv.cache.tiered_cache import TieredCache
+
+OWNERS = ("node", "request", "ticket")
+
+
+@dataclass(frozen=True)
+class IntegrityResult:
+    """`ok` iff `problems` is empty; `page_counts[tier][owner]` also counts "free" pages."""
+
+    ok: bool
+    problems: list[str] = field(default_factory=list)
+    page_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+class _Ledger:
+    def __init__(self) -> None:
+        self.owner: dict[Tier, dict[int, str]] = {tier: {} for tier in Tier}
+        self.problems: list[str] = []
+
+    def claim(self, tier: Tier, pages: list[int], owner: str, what: object) -> None:
+        for page in pages:
+            if page in self.owner[tier]:
+                self.problems.append(f"{tier.label} page {page} owned twice ({what})")
+            self.owner[tier][page] = owner
+
+
+def _live_parts(cache: TieredCache) -> list[TransferPart]:
+    parts = {id(p): p for node in cache.tree.iter_nodes() for p in node.inflight.values()}
+    for ticket in cache.mover.in_flight.values():
+        parts.update({id(p): p for p in ticket.parts if p.doomed})
+    return list(parts.values())
+
+
+def _check_node(cache: TieredCache, node: RadixNode, problems: list[str]) -> None:
+    ps, parent = cache.page_size, node.parent
+    assert parent is not None
+    if len(node.tokens) != node.num_pages * ps or node.num_pages == 0:
+        problems.append(f"{node}: {len(node.tokens)} tokens for {node.num_pages} pages")
+    if parent.children.get(node.page_tokens(0, ps)) is not node or not node.attached:
+        problems.append(f"{node}: not reachable from its parent")
+    keys = [parent.keys[-1] if parent.keys else parent.root_key, *node.keys]
+    for i in range(node.num_pages):
+        if keys[i + 1] != page_key(keys[i], node.page_tokens(i, ps)):
+            problems.append(f"{node}: page {i} key does not chain")
+    for tier, pages in node.copies.items():
+        if len(pages) != node.num_pages:
+            problems.append(f"{node}: {tier.label} copy has {len(pages)} pages")
+        if not parent_committed(node, tier):
+            problems.append(f"{node}: committed {tier.label} copy without the parent's")
+    for tier, part in node.inflight.items():
+        if part.node is not node or part.dst_tier is not tier or part.doomed:
+            problems.append(f"{node}: stale transfer part towards {tier.label}")
+        if len(part.dst_pages) != node.num_pages or tier in node.copies:
+            problems.append(f"{node}: transfer towards {tier.label} does not fit the node")
+    for tier in Tier:
+        if node.in_closure(tier) and not parent.in_closure(tier):
+            problems.append(f"{node}: in the {tier.label} closure, its parent is not")
+    if node.has_disk_copy() and not parent.has_disk_copy():
+        problems.append(f"{node}: has a disk copy, its parent has none")
+    if not (node.copies or node.inflight or node.lock_count):
+        problems.append(f"{node}: holds nothing and is not locked")
+    expected_locks = cache.lock_holders.get(node, 0) + sum(
+        child.lock_count for child in node.children.values()
+    )
+    if node.lock_count != expected_locks:
+        problems.append(f"{node}: lock count {node.lock_count}, holders say {expected_locks}")
+
+
+def check_integrity(cache: TieredCache) -> IntegrityResult:
+    ledger = _Ledger()
+    problems = ledger.problems
+    for node in cache.tree.iter_nodes():
+        _check_node(cache, node, problems)
+        for tier, pages in node.copies.items():
+            ledger.claim(tier, pages, "node", node)
+    ledger.claim(Tier.DEVICE, sorted(cache.private_pages), "request", "private")
+    for part in _live_parts(cache):
+        ledger.claim(part.dst_tier, part.dst_pages, "ticket", part.ticket)
+    for ticket in cache.mover.in_flight.values():
+        for tier, pages in ticket.release:
+            ledger.claim(tier, pages, "ticket", ticket)
+    for holder in cache.lock_holders:
+        if not holder.attached:
+            problems.append(f"lock held on detached {holder}")
+    page_counts = {}
+    for tier in Tier:
+        owned = ledger.owner[tier]
+        num_used = cache.pools.num_pages(tier) - cache.pools.num_free(tier)
+        if len(owned) != num_used:
+            problems.append(f"{tier.label}: {num_used} pages used, {len(owned)} owned")
+        if tier is not Tier.DISK:
+            pool = cache.pools.device if tier is Tier.DEVICE else cache.pools.host
+            freed = [page for page in owned if pool.is_free(page)]
+            problems.extend(f"{tier.label} page {page} owned but free" for page in freed)
+        counts = dict.fromkeys(OWNERS, 0)
+        for owner in owned.values():
+            counts[owner] += 1
+        counts["free"] = cache.pools.num_free(tier)
+        page_counts[tier.label] = counts
+    return IntegrityResult(not problems, problems, page_counts)

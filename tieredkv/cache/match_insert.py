@@ -1,0 +1,118 @@
+"""`TieredCache.match` and `TieredCache.insert`: walking the tree for a prompt.
+
+Both split a node where the prompt diverges inside it, so a match ends exactly at a node
+boundary (its `last_node` can be locked) and an insert can branch there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from tieredkv.cache.cache_results import InsertResult, MatchResult, MatchSegment
+from tieredkv.cache.page_key import namespace_root_key
+from tieredkv.cache.radix_tree import RadixNode
+from tieredkv.cache.residency import parent_committed
+from tieredkv.cache.tier import Tier
+
+if TYPE_CHECKING:
+    from tieredkv.cache.tiered_cache import TieredCache
+
+
+def _walk_exact(
+    cache: TieredCache, root: RadixNode, tokens: Sequence[int], max_pages: int
+) -> list[RadixNode]:
+    walked = cache.tree.walk(root, tokens, max_pages)
+    nodes = [node for node, _ in walked]
+    if walked and walked[-1][1] < walked[-1][0].num_pages:
+        node, count = walked[-1]
+        nodes[-1] = cache.tree.split(node, count)
+        cache.residency.refresh(nodes[-1])
+    return nodes
+
+
+def _touch(cache: TieredCache, nodes: list[RadixNode]) -> None:
+    cache.access_clock += 1
+    for node in nodes:
+        node.last_access = cache.access_clock
+        cache.residency.refresh(node)
+
+
+def match_prefix(cache: TieredCache, tokens: Sequence[int], namespace: str) -> MatchResult:
+    key = namespace_root_key(cache.fingerprint, namespace)
+    max_pages = max(len(tokens) - 1, 0) // cache.page_size
+    root = cache.tree.root(key, create=False)
+    nodes: list[RadixNode] = []
+    if cache.config.enable_prefix_reuse and root is not None and max_pages > 0:
+        for node in _walk_exact(cache, root, tokens, max_pages):
+            if not node.copies:
+                break  # emptied by a failed read, kept only by a lock: a miss from here
+            nodes.append(node)
+        _touch(cache, nodes)
+    by_tier: dict[Tier, tuple[list[RadixNode], list[int]]] = {t: ([], []) for t in Tier}
+    previous = Tier.DEVICE
+    for node in nodes:
+        tier = node.fastest_copy()
+        assert tier is not None and tier >= previous, f"match tiers out of order at {node}"
+        previous = tier
+        by_tier[tier][0].append(node)
+        by_tier[tier][1].extend(node.copies[tier])
+    segments = [MatchSegment(t, tuple(by_tier[t][0]), tuple(by_tier[t][1])) for t in Tier]
+    return MatchResult(
+        key,
+        len(tokens),
+        cache.page_size,
+        *segments,
+        last_node=nodes[-1] if nodes else None,
+    )
+
+
+def insert_pages(
+    cache: TieredCache, tokens: Sequence[int], namespace: str, device_pages: Sequence[int]
+) -> InsertResult:
+    ps = cache.page_size
+    num_pages = min(len(tokens) // ps, len(device_pages))
+    if not cache.config.enable_prefix_reuse or num_pages == 0:
+        return InsertResult(0, 0, None, (), ())
+    root = cache.tree.root(namespace_root_key(cache.fingerprint, namespace), create=True)
+    assert root is not None
+    existing = _walk_exact(cache, root, tokens, num_pages)
+    tree_pages: list[int] = []
+    duplicates: list[int] = []
+    covered = 0
+    touched: list[RadixNode] = []
+    for node in existing:
+        mine = list(device_pages[covered : covered + node.num_pages])
+        if Tier.DEVICE in node.copies:
+            theirs = node.copies[Tier.DEVICE]
+            duplicates.extend(a for a, b in zip(mine, theirs, strict=True) if a != b)
+        elif Tier.DEVICE not in node.inflight and parent_committed(node, Tier.DEVICE):
+            _take(cache, mine)  # the tree had these pages on host or disk only: adopt ours
+            node.copies[Tier.DEVICE] = mine
+            cache.residency.refresh(node.parent)
+        else:
+            break  # its device copy is still in flight: the caller keeps its pages from here
+        tree_pages.extend(node.copies[Tier.DEVICE])
+        covered += node.num_pages
+        touched.append(node)
+    num_existing = sum(node.num_pages for node in existing)
+    deepest = touched[-1] if touched else None
+    if covered == num_existing and covered < num_pages:
+        parent = deepest or root
+        new_pages = list(device_pages[covered:num_pages])
+        _take(cache, new_pages)
+        deepest = cache.tree.add_child(parent, tokens[covered * ps : num_pages * ps])
+        deepest.copies[Tier.DEVICE] = new_pages
+        tree_pages.extend(new_pages)
+        covered = num_pages
+        touched.append(deepest)
+        cache.residency.refresh(parent)
+    _touch(cache, touched)
+    return InsertResult(num_existing, covered, deepest, tuple(tree_pages), tuple(duplicates))
+
+
+def _take(cache: TieredCache, pages: list[int]) -> None:
+    """Move a request's private device pages into the tree."""
+    for page in pages:
+        assert page in cache.private_pages, f"device page {page} is not a request's to give"
+        cache.private_pages.remove(page)

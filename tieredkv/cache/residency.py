@@ -1,0 +1,253 @@
+"""Residency: which tiers hold each node's pages, and the transfers that change it.
+
+Rules kept here (engine thread only):
+  - A copy is committed only after its parent has a committed copy in the same or a faster
+    tier (disk: a committed disk copy). A copy that arrives early waits (`arrived`), so
+    completions apply parents before children whatever order the workers finish in.
+  - A failed copy frees its destination; whatever depended on it (children's copies in flight
+    towards that tier, or disk copies below a bad record) is detached and freed too, so the
+    closure invariants hold after every completion.
+  - A demotion frees its source only when applied, and only if the node could still leave
+    that tier (unlocked, no child needing it); otherwise the source stays as the serving copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from tieredkv.cache.cache_metrics import CacheCounters
+from tieredkv.cache.disk_store import DiskRecord
+from tieredkv.cache.eviction import LruEvictionPolicy, TierHeap
+from tieredkv.cache.mover import Mover, TicketState, TransferPart, TransferTicket
+from tieredkv.cache.page_copier import PageCopier
+from tieredkv.cache.radix_tree import RadixNode, RadixTree
+from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier_pools import TierPools
+
+
+def parent_committed(node: RadixNode, tier: Tier) -> bool:
+    """May `node` commit a copy in `tier` now (its parent's committed copies allow it)?"""
+    parent = node.parent
+    assert parent is not None
+    if parent.parent is None:
+        return True
+    if tier is Tier.DISK:
+        return Tier.DISK in parent.copies
+    return any(t <= tier for t in parent.copies)
+
+
+def page_records(node: RadixNode, page_size: int) -> list[DiskRecord]:
+    """The disk identity of each page of `node`: key, parent page's key, tokens."""
+    parents = [node.parent_key, *node.keys[:-1]]
+    return [
+        DiskRecord(key, parent_key, node.page_tokens(i, page_size))
+        for i, (key, parent_key) in enumerate(zip(node.keys, parents, strict=True))
+    ]
+
+
+class Residency:
+    """Starts transfers, applies their completions and keeps the per-tier heaps current."""
+
+    def __init__(
+        self,
+        tree: RadixTree,
+        pools: TierPools,
+        copier: PageCopier,
+        mover: Mover,
+        counters: CacheCounters,
+        clock: Callable[[], float],
+    ) -> None:
+        self.tree = tree
+        self.pools = pools
+        self.copier = copier
+        self.mover = mover
+        self.counters = counters
+        self.clock = clock
+        self.policy = LruEvictionPolicy()
+        self.heaps = {tier: TierHeap(tier) for tier in Tier}
+        self.pending_free = dict.fromkeys(Tier, 0)  # source pages in-flight demotions free
+        self.committed: list[tuple[RadixNode, Tier]] = []  # drained by the facade
+
+    # --- heaps -----------------------------------------------------------------------------
+
+    def refresh(self, node: RadixNode | None) -> None:
+        """Push `node` into the heap of every tier where it is evictable now."""
+        if node is None or node.parent is None or not node.attached:
+            return
+        for tier in node.copies:
+            if self.policy.evictable(node, tier):
+                self.heaps[tier].push(node, self.policy.priority(node, tier))
+
+    @contextmanager
+    def pinned(self, node: RadixNode) -> Iterator[None]:
+        """Keep `node`'s path out of eviction while room is made for its own transfer."""
+        self.tree.lock_path(node, +1)
+        try:
+            yield
+        finally:
+            for changed in self.tree.lock_path(node, -1):
+                self.refresh(changed)
+
+    # --- starting transfers ----------------------------------------------------------------
+
+    def start_copy(
+        self, nodes: list[RadixNode], dst: Tier, drop_source: bool
+    ) -> list[TransferTicket]:
+        """Copy each node's fastest committed copy to `dst` (room must already be free).
+
+        One ticket per source tier; nodes keep their order (parents first)."""
+        by_source: dict[Tier, list[RadixNode]] = {}
+        for node in nodes:
+            source = node.fastest_copy()
+            assert source is not None and source != dst and dst not in node.inflight, node
+            by_source.setdefault(source, []).append(node)
+        return [self._submit(src, dst, group, drop_source) for src, group in by_source.items()]
+
+    def _submit(
+        self, src: Tier, dst: Tier, nodes: list[RadixNode], drop_source: bool
+    ) -> TransferTicket:
+        num_pages = sum(node.num_pages for node in nodes)
+        ticket = self.mover.new_ticket(src, dst, num_pages)
+        dst_pages = self.pools.alloc(dst, num_pages)
+        src_pages: list[int] = []
+        records: list[DiskRecord] = []
+        for node in nodes:
+            offset = len(src_pages)
+            part_dst = dst_pages[offset : offset + node.num_pages]
+            part = TransferPart(
+                node, ticket, src, dst, list(node.copies[src]), part_dst, offset, drop_source
+            )
+            node.inflight[dst] = part
+            ticket.parts.append(part)
+            src_pages.extend(part.src_pages)
+            if Tier.DISK in (src, dst):
+                records.extend(page_records(node, self.tree.page_size))
+        if drop_source:
+            self.pending_free[src] += num_pages
+        self.mover.submit(ticket, self.copier.job(src, dst, src_pages, dst_pages, records))
+        return ticket
+
+    # --- applying completions --------------------------------------------------------------
+
+    def apply(self, ticket: TransferTicket) -> None:
+        """Commit or roll back every part of a ticket whose copy finished."""
+        failed = ticket.error is not None or ticket.page_ok is None
+        if failed and ticket.dst_tier is Tier.DISK:
+            self.pools.mark_degraded(f"write failed: {ticket.error}")
+        arrived_pages = 0
+        for part in list(ticket.parts):
+            if part.drop_source:
+                self.pending_free[part.src_tier] -= len(part.src_pages)
+            if part.doomed:
+                self.pools.free(part.dst_tier, part.dst_pages)
+                continue
+            end = part.offset + len(part.dst_pages)
+            if failed or not all(ticket.page_ok[part.offset : end]):  # type: ignore[index]
+                self._fail(part, bad_record=not failed and part.src_tier is Tier.DISK)
+                continue
+            arrived_pages += len(part.dst_pages)
+            part.arrived = True
+            self._try_commit(part)
+        ticket.state = TicketState.FAILED if failed else TicketState.DONE
+        ticket.completed_at = self.clock()
+        self.counters.transfer_bytes[ticket.src_tier, ticket.dst_tier] += (
+            arrived_pages * self.pools.layout.page_bytes
+        )
+        for tier, pages in ticket.release:
+            self.pools.free(tier, pages)
+        ticket.release.clear()
+        del self.mover.in_flight[ticket.id]
+
+    def _try_commit(self, part: TransferPart) -> None:
+        node, dst = part.node, part.dst_tier
+        if not parent_committed(node, dst):
+            return  # the parent's copy commits first and then commits this one
+        del node.inflight[dst]
+        node.copies[dst] = part.dst_pages
+        self.committed.append((node, dst))
+        if part.drop_source:
+            self._finish_demotion(node, part.src_tier)
+        self.refresh(node)
+        self.refresh(node.parent)
+        for child in list(node.children.values()):
+            for child_part in list(child.inflight.values()):
+                if child_part.arrived:
+                    self._try_commit(child_part)
+
+    def _finish_demotion(self, node: RadixNode, src: Tier) -> None:
+        """Free the demoted source if the node may still leave `src`; else keep it."""
+        if src not in node.copies or node.lock_count:
+            return
+        if any(part.src_tier == src for part in node.inflight.values()):
+            return
+        if any(child.in_closure(src) for child in node.children.values()):
+            return
+        self.counters.count_eviction(src, node.num_pages, demoted=True)
+        self.pools.free(src, node.copies.pop(src))
+        self.refresh(node.parent)
+
+    def _fail(self, part: TransferPart, bad_record: bool) -> None:
+        node = part.node
+        del node.inflight[part.dst_tier]
+        self.pools.free(part.dst_tier, part.dst_pages)
+        if bad_record and Tier.DISK in node.copies:
+            self.free_copy(node, Tier.DISK, count_as=None)
+        self.enforce_closure(node)
+        self.remove_if_empty(node)
+
+    def _doom(self, part: TransferPart) -> None:
+        """Detach a part from its node; its destination is freed now or when it is applied."""
+        del part.node.inflight[part.dst_tier]
+        if part.arrived:
+            self.pools.free(part.dst_tier, part.dst_pages)
+        else:
+            part.doomed = True
+
+    # --- dropping copies -------------------------------------------------------------------
+
+    def free_copy(self, node: RadixNode, tier: Tier, count_as: bool | None) -> None:
+        """Free `node`'s copy in `tier`; copies being read from it are detached first and the
+        pages freed only when those reads finish. `count_as`: demoted, dropped, or None."""
+        pages = node.copies.pop(tier)
+        readers = [part for part in node.inflight.values() if part.src_tier == tier]
+        for part in readers:
+            self._doom(part)
+        live = [part.ticket for part in readers if not part.arrived]
+        if live:
+            live[0].release.append((tier, pages))
+        else:
+            self.pools.free(tier, pages)
+        if count_as is not None:
+            self.counters.count_eviction(tier, len(pages), demoted=count_as)
+
+    def enforce_closure(self, node: RadixNode) -> None:
+        """Detach or free whatever below `node` the closure invariants no longer allow."""
+        for child in list(node.children.values()):
+            for tier, part in list(child.inflight.items()):
+                allowed = node.has_disk_copy() if tier is Tier.DISK else node.in_closure(tier)
+                if not allowed:
+                    self._doom(part)
+            for tier in list(child.copies):
+                allowed = Tier.DISK in node.copies if tier is Tier.DISK else node.in_closure(tier)
+                if not allowed:
+                    self.free_copy(child, tier, count_as=False)
+            self.enforce_closure(child)
+            self.remove_if_empty(child, cascade=False, merge=False)
+            self.refresh(child)
+
+    def remove_if_empty(self, node: RadixNode, cascade: bool = True, merge: bool = True) -> None:
+        """Detach a node left with no copy, no transfer, no child and no lock; then try its
+        parent (which may now be empty too, or mergeable with its last child)."""
+        while node.attached and node.parent is not None:
+            if node.copies or node.inflight or node.children or node.lock_count:
+                break
+            parent = node.parent
+            self.tree.remove(node)
+            if merge and parent.parent is not None and self.tree.can_merge(parent):
+                self.refresh(self.tree.merge(parent))
+            else:
+                self.refresh(parent)
+            if not cascade:
+                break
+            node = parent

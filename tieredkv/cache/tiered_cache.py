@@ -1,0 +1,262 @@
+"""The tiered KV cache facade: the one object the engine talks to.
+
+Threads: every method runs on the engine thread, the only writer of the tree, pools, locks and
+heaps. Mover threads copy bytes and report; `poll()` applies what they reported.
+
+A request's life against the cache:
+  match = cache.match(prompt, namespace)          # device, host, disk segments + the miss
+  cache.lock(match.last_node)                     # keep the path while queued
+  cache.prefetch(match)                           # disk -> host in the background (bounded)
+  promo = cache.promote(match)                    # at admission; None: no room now, retry
+  ... cache.poll() until promo.done; use promo.device_pages (promo.ready_len tokens)
+  pages = cache.allocate(n)                       # private device pages for the suffix
+  result = cache.insert(tokens, namespace, page_table)   # as full pages complete
+  cache.free(result.duplicate_pages); cache.lock(result.node); cache.unlock(old)
+  cache.unlock(node); cache.free(private pages no longer needed)   # finish / abort
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import torch
+
+from tieredkv.cache.cache_metrics import CacheCounters
+from tieredkv.cache.cache_results import InsertResult, MatchResult, PromotionTicket
+from tieredkv.cache.demotion import Demoter
+from tieredkv.cache.device_pool import DevicePool, PageLayout
+from tieredkv.cache.disk_io import DiskIOBackend
+from tieredkv.cache.disk_store import DiskStore
+from tieredkv.cache.executor import (
+    CudaStreamTransferExecutor,
+    ThreadTransferExecutor,
+    TransferExecutor,
+)
+from tieredkv.cache.host_pool import HostPool
+from tieredkv.cache.integrity import IntegrityResult, check_integrity
+from tieredkv.cache.match_insert import insert_pages, match_prefix
+from tieredkv.cache.mover import Mover, TransferTicket
+from tieredkv.cache.page_copier import PageCopier
+from tieredkv.cache.promotion import Promoter
+from tieredkv.cache.radix_tree import RadixNode, RadixTree
+from tieredkv.cache.residency import Residency
+from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier_pools import TierPools
+from tieredkv.cache.warm_restart import rebuild_from_disk
+from tieredkv.config import CacheConfig, WritePolicy
+
+DEFAULT_NAMESPACE = "default"
+DEFAULT_PREFETCH_PAGES = 256
+
+
+def _default_memory_executor(device: torch.device) -> TransferExecutor:
+    if device.type == "cuda":
+        return CudaStreamTransferExecutor(num_workers=2, device=device)
+    return ThreadTransferExecutor(num_workers=2, name="tkv-copy")
+
+
+class TieredCache:
+    """Device, host and disk KV pages indexed by one radix tree (see DESIGN "The KV cache").
+
+    `fingerprint` identifies the model (weights, tokenizer, dtype, layout, page size); it roots
+    every namespace's key chain. With `config.disk_enabled`, the disk store is opened (its
+    directory locked; DiskStoreError if it cannot be) and its records are indexed again, so
+    their prefixes match in the disk tier. Executors and the clock can be replaced (tests).
+    """
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        layout: PageLayout,
+        fingerprint: bytes,
+        device: torch.device | str = "cpu",
+        *,
+        disk_io: DiskIOBackend | None = None,
+        memory_executor: TransferExecutor | None = None,
+        disk_executor: TransferExecutor | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.layout = layout
+        self.page_size = layout.page_size
+        self.fingerprint = fingerprint
+        self.write_policy = config.write_policy
+        device = torch.device(device)
+        disk = None
+        if config.disk_enabled:
+            assert config.disk_cache_dir is not None
+            disk = DiskStore(
+                config.disk_cache_dir, fingerprint, layout, config.disk_cache_bytes, io=disk_io
+            )
+        self.pools = TierPools(
+            DevicePool.from_bytes(layout, config.device_cache_bytes, device),
+            HostPool.from_bytes(layout, config.host_cache_bytes),
+            disk,
+        )
+        self.tree = RadixTree(self.page_size)
+        self.counters = CacheCounters()
+        self.mover = Mover(
+            memory_executor or _default_memory_executor(device),
+            disk_executor or ThreadTransferExecutor(num_workers=4, name="tkv-disk"),
+            clock,
+        )
+        copier = PageCopier(self.pools.device, self.pools.host, disk)
+        self.residency = Residency(self.tree, self.pools, copier, self.mover, self.counters, clock)
+        self.demoter = Demoter(self.tree, self.pools, self.residency)
+        self.promoter = Promoter(
+            self.pools, self.residency, self.demoter, self.lock, self.unlock, clock
+        )
+        self.private_pages: set[int] = set()  # device pages allocated to requests
+        self.lock_holders: Counter[RadixNode] = Counter()
+        self.access_clock = 0
+        if disk is not None:
+            rebuild_from_disk(self.tree, disk, self.residency)
+
+    # --- matching and inserting ------------------------------------------------------------
+
+    def match(self, tokens: Sequence[int], namespace: str = DEFAULT_NAMESPACE) -> MatchResult:
+        """The longest cached prefix of `tokens` in `namespace`, in whole pages, reusing at most
+        `len(tokens) - 1` tokens. Marks the path recently used. A node being demoted is a hit in
+        its source tier; a node being promoted is a hit in its source tier too."""
+        return match_prefix(self, tokens, namespace)
+
+    def insert(
+        self, tokens: Sequence[int], namespace: str, device_pages: Sequence[int]
+    ) -> InsertResult:
+        """Index the full pages of `tokens` whose KV is in `device_pages` (the request's page
+        table, one device page per full page; pages already the tree's stay so). Leading pages
+        the tree already has are reported, not replaced: see `InsertResult`. Pages the tree
+        takes stop being the caller's. Does not lock: lock `result.node` next."""
+        result = insert_pages(self, tokens, namespace, device_pages)
+        if self.write_policy is WritePolicy.WRITE_THROUGH and result.node is not None:
+            self._write_through_path(result.node)
+        return result
+
+    def lock(self, node: RadixNode) -> None:
+        """Pin `node` and its ancestors: never evicted, demoted or merged until unlocked."""
+        self.lock_holders[node] += 1
+        self.tree.lock_path(node, +1)  # heap entries of locked nodes are skipped when popped
+
+    def unlock(self, node: RadixNode) -> None:
+        """Release one `lock(node)`."""
+        assert self.lock_holders[node] > 0, f"unlock of {node} without a lock"
+        self.lock_holders[node] -= 1
+        if not self.lock_holders[node]:
+            del self.lock_holders[node]
+        for changed in self.tree.lock_path(node, -1):
+            self.residency.refresh(changed)
+            self.residency.remove_if_empty(changed, cascade=False)
+
+    # --- device pages for requests ---------------------------------------------------------
+
+    def allocate(self, num_pages: int) -> list[int] | None:
+        """`num_pages` free device pages for a request, all or none. Demotes least recently
+        used pages to make room; None if they are not free yet (demotions started: retry after
+        `poll`) or cannot be (everything else locked)."""
+        if not self.demoter.make_room(Tier.DEVICE, num_pages):
+            return None
+        pages = self.pools.alloc(Tier.DEVICE, num_pages)
+        self.private_pages.update(pages)
+        return pages
+
+    def free(self, pages: Sequence[int]) -> None:
+        """Return a request's private device pages (never pages the tree owns)."""
+        for page in pages:
+            assert page in self.private_pages, f"device page {page} is not a request's"
+            self.private_pages.remove(page)
+        self.pools.free(Tier.DEVICE, list(pages))
+
+    # --- moving pages ----------------------------------------------------------------------
+
+    def promote(self, match: MatchResult) -> PromotionTicket | None:
+        """Bring the match's host and disk pages to the device; call once per admitted request
+        (it credits hit tokens per tier). Allocates every device page needed or none: None means
+        no room now (demotions may have started; retry after `poll`). The ticket locks the match
+        until done; an already-resident match gives a ticket that is done at once."""
+        return self.promoter.promote(match)
+
+    def prefetch(
+        self, match: MatchResult, max_pages: int = DEFAULT_PREFETCH_PAGES
+    ) -> list[TransferTicket]:
+        """Start moving up to `max_pages` of the match's disk pages to host (no wait)."""
+        return self.promoter.prefetch(match, max_pages)
+
+    def poll(self) -> list[PromotionTicket]:
+        """Apply every finished transfer (engine thread); return promotions now done."""
+        finished: list[PromotionTicket] = []
+        for ticket in self.mover.drain():
+            self.residency.apply(ticket)
+            finished.extend(self.promoter.transfer_applied(ticket))
+        committed, self.residency.committed = self.residency.committed, []
+        if self.write_policy is WritePolicy.WRITE_THROUGH:
+            for node, tier in committed:
+                if tier is not Tier.DEVICE:
+                    self.demoter.write_through(node, tier)
+        return finished
+
+    apply_completions = poll
+
+    def wait(self, timeout: float | None = None) -> list[PromotionTicket]:
+        """Block until a transfer finishes (or `timeout`), then `poll()`."""
+        if self.mover.in_flight:
+            self.mover.wait(timeout)
+        return self.poll()
+
+    def evict(self, tier: Tier, num_pages: int) -> bool:
+        """Make `num_pages` free in `tier` (demoting, or dropping at the last tier); True if
+        they are free now. Locked paths and copies in flight are never touched."""
+        return self.demoter.make_room(tier, num_pages)
+
+    def flush(self) -> int:
+        """Drop every cached page that is not locked or in flight, in every tier (the disk
+        records too). Returns the number of pages dropped."""
+        return self.demoter.flush()
+
+    def _write_through_path(self, node: RadixNode) -> None:
+        for path_node in node.path():
+            if Tier.DEVICE in path_node.copies:
+                self.demoter.write_through(path_node, Tier.DEVICE)
+
+    # --- inspection ------------------------------------------------------------------------
+
+    def check_integrity(self) -> IntegrityResult:
+        """Reconcile page ownership, lock counts and the closure invariants (engine thread)."""
+        return check_integrity(self)
+
+    def tier_enabled(self, tier: Tier) -> bool:
+        return self.pools.enabled(tier)
+
+    def tier_healthy(self, tier: Tier) -> bool:
+        """False for a disabled tier and for a degraded disk tier."""
+        return self.pools.healthy(tier)
+
+    def tier_used_bytes(self, tier: Tier) -> int:
+        """Allocated pages (copies, requests' pages, destinations in flight) in bytes."""
+        return self.pools.used_bytes(tier) if self.pools.enabled(tier) else 0
+
+    def tier_capacity_bytes(self, tier: Tier) -> int:
+        return self.pools.capacity_bytes(tier) if self.pools.enabled(tier) else 0
+
+    def disk_page_errors(self) -> dict[str, int]:
+        """Disk records or files refused, by reason (checksum, fingerprint, io)."""
+        disk = self.pools.disk
+        base = {"checksum": 0, "fingerprint": 0, "io": 0}
+        return base if disk is None else {**base, **disk.error_counts}
+
+    @property
+    def device_pool(self) -> DevicePool:
+        return self.pools.device
+
+    @property
+    def host_pool(self) -> HostPool:
+        return self.pools.host
+
+    def close(self) -> None:
+        """Let transfers in flight finish and apply them, then close the disk store (its
+        records stay for the next start)."""
+        self.mover.close()
+        self.poll()
+        if self.pools.disk is not None:
+            self.pools.disk.close()

@@ -1,0 +1,68 @@
+"""Warm restart: index the disk store's records again so their prefixes match in the disk tier.
+
+Records chain by parent key: a record whose parent key is no record's key hangs from that key
+as a namespace root (the namespace string is never stored; `match` recomputes the root key from
+(fingerprint, namespace), so a restarted server finds the same chain again). Duplicate keys and
+records no root reaches are freed. Single-child chains are merged back into runs.
+
+A chain whose parent page was lost is indistinguishable from one under a namespace root (both
+hang from a key no record has): it is kept, unmatched, with the oldest access time, so it is the
+first thing the disk tier drops.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from tieredkv.cache.tier import Tier
+
+if TYPE_CHECKING:
+    from tieredkv.cache.disk_store import DiskRecord, DiskStore
+    from tieredkv.cache.radix_tree import RadixNode, RadixTree
+    from tieredkv.cache.residency import Residency
+
+logger = logging.getLogger(__name__)
+
+
+def rebuild_from_disk(tree: RadixTree, disk: DiskStore, residency: Residency) -> int:
+    """Attach every reachable record of `disk.scan()` to `tree`; returns the pages indexed."""
+    by_key: dict[bytes, tuple[int, DiskRecord]] = {}
+    unusable: list[int] = []
+    for slot, record in disk.scan():
+        if record.key in by_key or len(record.tokens) != tree.page_size:
+            unusable.append(slot)  # a duplicate (or a page of another size): freed
+        else:
+            by_key[record.key] = (slot, record)
+    children: dict[bytes, list[tuple[int, DiskRecord]]] = {}
+    for slot, record in by_key.values():
+        children.setdefault(record.parent_key, []).append((slot, record))
+    stack: list[tuple[RadixNode, bytes]] = []
+    for parent_key in children:
+        if parent_key not in by_key:
+            root = tree.root(parent_key, create=True)
+            assert root is not None
+            stack.append((root, parent_key))
+    attached: list[RadixNode] = []
+    while stack:
+        parent, parent_key = stack.pop()
+        for slot, record in children.pop(parent_key, []):
+            node = tree.attach(parent, tuple(record.tokens), [record.key])
+            node.copies[Tier.DISK] = [slot]
+            attached.append(node)
+            stack.append((node, record.key))
+    unreached = [slot for group in children.values() for slot, _ in group]  # key cycles
+    if unusable or unreached:
+        disk.free(unusable + unreached)
+    for node in attached:  # parents before children
+        while node.attached and tree.can_merge(node):
+            node = tree.merge(node)
+    for node in attached:
+        residency.refresh(node)
+    logger.info(
+        "warm restart: %d disk pages indexed, %d duplicates and %d unreachable freed",
+        len(attached),
+        len(unusable),
+        len(unreached),
+    )
+    return len(attached)
