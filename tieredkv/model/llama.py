@@ -17,7 +17,7 @@ from tieredkv.config import ModelConfig
 from tieredkv.errors import ModelLoadError
 from tieredkv.model.attention import AttentionBackend
 from tieredkv.model.forward_batch import ForwardBatch
-from tieredkv.model.rope import build_rope_cache
+from tieredkv.model.rope import apply_rope, build_rope_cache
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,6 @@ class LayerWeights:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm; torch's fused kernel accumulates in fp32 like transformers' upcast."""
     return F.rms_norm(x, weight.shape, weight, eps)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE in x's dtype, as transformers applies it: x (T, heads, d), cos/sin (T, 1, d)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def _take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -107,8 +101,8 @@ class LlamaModel:
             h = rms_norm(x, w.input_norm, cfg.rms_norm_eps)
             qkv = F.linear(h, w.qkv, w.qkv_bias)  # (T, q_size + 2 * kv_size)
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = rotate(q.view(num_tokens, cfg.num_heads, cfg.head_dim), cos, sin)
-            k = rotate(k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+            q = apply_rope(q.view(num_tokens, cfg.num_heads, cfg.head_dim), cos, sin)
+            k = apply_rope(k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim), cos, sin)
             v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = self.attention.attend(layer, q, k, v, batch)  # (T, heads, head_dim)
             x = x + F.linear(attn.reshape(num_tokens, q_size), w.o)

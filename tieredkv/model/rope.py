@@ -29,13 +29,17 @@ def build_rope_cache(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate `x` (num_tokens, heads, head_dim) by per-token (num_tokens, head_dim) cos/sin,
-    already indexed by each token's position. Computes in fp32, returns x's dtype."""
-    half = x.shape[-1] // 2
-    xf = x.float()
-    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)  # rotate_half(x)
-    out = xf * cos[:, None, :] + rotated * sin[:, None, :]  # (num_tokens, heads, head_dim)
-    return out.to(x.dtype)
+    """Rotate `x` (num_tokens, heads, head_dim) by per-token cos/sin, already indexed by each
+    token's position: (num_tokens, head_dim), or (num_tokens, 1, head_dim) to skip a view.
+
+    Computes in the dtype of cos/sin (pass them in x's dtype to round as transformers does; the
+    model keeps its tables in its own dtype), returns x's dtype.
+    """
+    if cos.dim() == 2:
+        cos, sin = cos[:, None, :], sin[:, None, :]
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)  # rotate_half(x)
+    return (x * cos + rotated * sin).to(x.dtype)  # (num_tokens, heads, head_dim)
 
 
 def rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
