@@ -165,6 +165,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--store-configs",
+        default="2:1:8",
+        help="comma-separated DiskStore io_threads:io_depth:chunk_MiB settings to compare",
+    )
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     batches = [int(b) for b in args.batches.split(",")]
@@ -175,25 +180,37 @@ def main(argv: list[str] | None = None) -> None:
         xxh3 = xxh3_gbps(args.memcpy_bytes, args.reps, rng)
         raw_write, raw_read = raw_disk_gbps(directory / "raw.bin", args.raw_bytes, args.reps, rng)
         capacity = (max(batches) + 16) * (LAYOUT.page_bytes + 128) + (1 << 20)
-        store = DiskStore(directory / "store", b"bench", LAYOUT, capacity)
         print(
             f"{len(os.sched_getaffinity(0))} CPUs usable, page {LAYOUT.page_bytes:,} B, "
-            f"O_DIRECT {'on' if store.direct_io else 'off'}, "
             f"seed {args.seed}, medians of {args.reps} after 1 warm-up"
         )
-        print(f"{'what':<34}{'write GB/s':>12}{'read GB/s':>12}{'w/raw':>8}{'r/raw':>8}")
-        print(f"{'numpy memcpy':<34}{memcpy:>12.2f}{memcpy:>12.2f}")
-        print(f"{'xxh3_64, one core':<34}{xxh3:>12.2f}{xxh3:>12.2f}")
-        print(f"{'raw O_DIRECT sequential':<34}{raw_write:>12.2f}{raw_read:>12.2f}")
-        for threads in thread_counts:
-            for batch in batches:
-                write, read, ok = store_gbps(store, batch, threads, args.reps, rng)
-                label = f"DiskStore {batch} pages x {threads} thr" + ("" if ok else " BAD")
-                print(
-                    f"{label:<34}{write:>12.2f}{read:>12.2f}"
-                    f"{write / raw_write:>8.0%}{read / raw_read:>8.0%}"
-                )
-        store.close()
+        print(f"{'what':<40}{'write GB/s':>11}{'read GB/s':>11}{'w/raw':>7}{'r/raw':>7}")
+        print(f"{'numpy memcpy':<40}{memcpy:>11.2f}{memcpy:>11.2f}")
+        print(f"{'xxh3_64, one core':<40}{xxh3:>11.2f}{xxh3:>11.2f}")
+        print(
+            f"{'raw O_DIRECT sequential, 64 MiB requests':<40}{raw_write:>11.2f}{raw_read:>11.2f}"
+        )
+        for config in args.store_configs.split(","):
+            io_threads, io_depth, chunk_mib = (int(part) for part in config.split(":"))
+            store = DiskStore(
+                directory / "store",
+                b"bench",
+                LAYOUT,
+                capacity,
+                io_threads=io_threads,
+                io_depth=io_depth,
+                chunk_bytes=chunk_mib << 20,
+            )
+            direct = "O_DIRECT" if store.direct_io else "buffered"
+            for threads in thread_counts:
+                for batch in batches:
+                    write, read, ok = store_gbps(store, batch, threads, args.reps, rng)
+                    label = f"store {config} {direct} {batch}p x{threads}" + ("" if ok else " BAD")
+                    print(
+                        f"{label:<40}{write:>11.2f}{read:>11.2f}"
+                        f"{write / raw_write:>7.0%}{read / raw_read:>7.0%}"
+                    )
+            store.close()
 
 
 if __name__ == "__main__":

@@ -137,6 +137,15 @@ def decode_superblock(data: bytes) -> Superblock:
     return block
 
 
+@dataclass(frozen=True)
+class DiskRecord:
+    """A page's identity as stored in its record header."""
+
+    key: bytes  # 16 bytes: page_key(parent_key, tokens)
+    parent_key: bytes  # 16 bytes: the parent page's key, or the namespace root key
+    tokens: tuple[int, ...]  # page_size tokens
+
+
 def header_bytes_for(page_size: int) -> int:
     """Size of one record header: the fields, rounded up to 64 bytes."""
     return align_up(64 + 4 * page_size, 64)

@@ -116,17 +116,30 @@ class PageFile:
             offset = self._payload_offset(first_slot + chunk_start)
             self.io.pwrite(self.handle, offset, bounce[: len(chunk) * record_bytes])
 
+    def read_in_place(
+        self, first_slot: int, headers: list[RecordHeader | None], out_rows: np.ndarray
+    ) -> bool:
+        """Read consecutive raw records straight into out_rows (k, page_bytes) when they can
+        move without a bounce copy, and return True; the bytes are not verified yet (see
+        `verify_in_place`). False: nothing was read, use `read_payloads`."""
+        if not all(h is None or h.codec == RAW for h in headers) or not self._zero_copy(out_rows):
+            return False
+        self.io.pread(self.handle, self._payload_offset(first_slot), out_rows.nbytes, out_rows)
+        return True
+
+    def verify_in_place(self, headers: list[RecordHeader | None], rows: np.ndarray) -> list[bool]:
+        """Check rows filled by `read_in_place` against their headers' record checksums."""
+        return [
+            h is not None and h.payload_len == self.page_bytes and payload_ok(h, row.data)
+            for h, row in zip(headers, rows, strict=True)
+        ]
+
     def read_payloads(
         self, first_slot: int, headers: list[RecordHeader | None], out_rows: np.ndarray
     ) -> list[bool]:
-        """Read consecutive slots' payloads into out_rows (k, page_bytes); True where the stored
-        bytes match their header's record checksum and decode to exactly one page."""
-        if all(h is None or h.codec == RAW for h in headers) and self._zero_copy(out_rows):
-            self.io.pread(self.handle, self._payload_offset(first_slot), out_rows.nbytes, out_rows)
-            return [
-                h is not None and h.payload_len == self.page_bytes and payload_ok(h, row.data)
-                for h, row in zip(headers, out_rows, strict=True)
-            ]
+        """Read consecutive slots' records through the bounce buffer, decode them into out_rows
+        (k, page_bytes); True where the stored bytes match their header's record checksum and
+        decode to exactly one page."""
         bounce = self._bounce()
         record_bytes = self.block.record_bytes
         per_chunk = bounce.nbytes // record_bytes

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +29,7 @@ from tieredkv.cache.disk_file import (
 )
 from tieredkv.cache.disk_format import (
     CODECS,
+    DiskRecord,
     RecordHeader,
     chain_ok,
     decode_header,
@@ -39,25 +37,17 @@ from tieredkv.cache.disk_format import (
 )
 from tieredkv.cache.disk_io import DiskIOBackend
 from tieredkv.cache.disk_pages import PageFile, lz4_block, slot_runs
-from tieredkv.cache.page_key import KEY_BYTES
+from tieredkv.cache.disk_pipeline import ChunkPipeline
+from tieredkv.cache.disk_scan import scan_headers
 from tieredkv.errors import DiskStoreError, OutOfPagesError
 
 logger = logging.getLogger(__name__)
 
 ERROR_REASONS = ("checksum", "fingerprint", "io")
-_SCAN_CHUNK_BYTES = 4 << 20
-# A run of slots moves as chunks of about this size, in parallel on the store's I/O threads, so
-# one chunk's checksums overlap another's transfer and several requests are in flight.
+# A run of slots moves as chunks of about CHUNK_BYTES, IO_DEPTH of them in flight while the
+# calling worker checksums the next (see disk_pipeline).
 CHUNK_BYTES = 8 << 20
-
-
-@dataclass(frozen=True)
-class DiskRecord:
-    """A page's identity as stored in its record header."""
-
-    key: bytes  # 16 bytes: page_key(parent_key, tokens)
-    parent_key: bytes  # 16 bytes: the parent page's key, or the namespace root key
-    tokens: tuple[int, ...]  # page_size tokens
+IO_DEPTH = 1
 
 
 def _page_rows(pages: torch.Tensor, layout: PageLayout) -> np.ndarray:
@@ -78,7 +68,9 @@ class DiskStore:
         capacity_bytes: int,
         io: DiskIOBackend | None = None,
         codec: str = "raw",
-        io_threads: int = 4,
+        io_threads: int = 2,
+        chunk_bytes: int = CHUNK_BYTES,
+        io_depth: int = IO_DEPTH,
     ) -> None:
         if codec not in CODECS:
             raise DiskStoreError(f"disk store codec must be one of {sorted(CODECS)}, got {codec!r}")
@@ -103,8 +95,8 @@ class DiskStore:
         self._file = PageFile(self.io, opened.handle, opened.superblock, layout.page_bytes)
         self.num_slots = opened.superblock.num_slots
         self.direct_io = self._file.direct_io
-        self._chunk_pages = max(CHUNK_BYTES // opened.superblock.record_bytes, 1)
-        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="tieredkv-disk-io")
+        self._chunk_pages = max(chunk_bytes // opened.superblock.record_bytes, 1)
+        self._pipeline = ChunkPipeline(io_threads, io_depth)
         self._free = list(range(self.num_slots - 1, -1, -1))  # pop() hands out low ids first
         self._is_free = [True] * self.num_slots
         logger.info(
@@ -169,12 +161,23 @@ class DiskStore:
         (counted "io", store degraded); the slots' records are then misses, all others intact."""
         assert len(slots) == len(records) == payload.shape[0], "one record and page per slot"
         rows = _page_rows(payload, self.layout)  # (n, page_bytes) uint8
+        header_bytes = self._file.block.header_bytes
+
+        def encode(start: int, end: int) -> tuple[list, bytes]:  # checksums: calling thread
+            stored = [self._file.encode(row, self.codec) for row in rows[start:end]]
+            headers = b"".join(
+                encode_header(header_bytes, codec, r.key, r.parent_key, r.tokens, data)
+                for r, (codec, data) in zip(records[start:end], stored, strict=True)
+            )
+            return stored, headers
+
+        def write(start: int, end: int, encoded: tuple[list, bytes]) -> None:  # I/O thread
+            self._file.write_payloads(slots[start], rows[start:end], encoded[0])
+
         try:
             for start, length in slot_runs(slots):
-                headers = self._in_chunks(
-                    start,
-                    length,
-                    lambda s, e: self._write_chunk(slots[s], records[s:e], rows[s:e]),
+                headers = self._pipeline.run(
+                    self._chunks(start, length), encode, write, lambda s, e, enc, _: enc[1]
                 )
                 self._file.write_headers(slots[start], b"".join(headers))  # after the payloads
         except OSError:
@@ -182,27 +185,9 @@ class DiskStore:
             self.degraded = True
             raise
 
-    def _write_chunk(self, first_slot: int, records: list[DiskRecord], rows: np.ndarray) -> bytes:
-        """Encode, checksum and write one chunk's payloads; return its headers (unwritten)."""
-        stored = [self._file.encode(row, self.codec) for row in rows]
-        header_bytes = self._file.block.header_bytes
-        headers = b"".join(
-            encode_header(header_bytes, codec, r.key, r.parent_key, r.tokens, data)
-            for r, (codec, data) in zip(records, stored, strict=True)
-        )
-        self._file.write_payloads(first_slot, rows, stored)
-        return headers
-
-    def _in_chunks(self, start: int, length: int, work: Callable[[int, int], object]) -> list:
-        """Run work(chunk_start, chunk_end) over [start, start + length) on the I/O threads;
-        the results in order. Waits for every chunk before raising the first error, so no I/O
-        on these slots outlives the call."""
-        futures: list[Future] = [
-            self._pool.submit(work, chunk, min(chunk + self._chunk_pages, start + length))
-            for chunk in range(start, start + length, self._chunk_pages)
-        ]
-        wait(futures)  # SYNC: the caller's transfer is done only when all its chunks are
-        return [future.result() for future in futures]
+    def _chunks(self, start: int, length: int) -> list[tuple[int, int]]:
+        end = start + length
+        return [(s, min(s + self._chunk_pages, end)) for s in range(start, end, self._chunk_pages)]
 
     def read_pages(
         self, slots: list[int], expected: list[DiskRecord | bytes], out: torch.Tensor
@@ -212,25 +197,33 @@ class DiskStore:
         the expected record's key. False (counted "checksum") is a miss; out[i] is zeroed.
         I/O errors raise OSError (counted "io")."""
         rows = _page_rows(out, self.layout)  # (n, page_bytes) uint8
-        verified: list[bool] = []
+        headers: list[RecordHeader | None] = []
+
+        def read(start: int, end: int, _: None) -> list[bool] | None:  # I/O thread
+            return self._read_chunk(slots[start], headers[start:end], rows[start:end])
+
+        def verify(start: int, end: int, _: None, done: list[bool] | None) -> list[bool]:
+            if done is not None:  # read through the bounce buffer, already verified
+                return done
+            return self._file.verify_in_place(headers[start:end], rows[start:end])
+
         try:
             for start, length in slot_runs(slots):
-                headers = self._read_headers(slots[start], length)
-                chunks = self._in_chunks(
-                    start,
-                    length,
-                    lambda s, e, h=headers, r=start: self._file.read_payloads(
-                        slots[s], h[s - r : e - r], rows[s:e]
-                    ),
+                headers += self._read_headers(slots[start], length)
+            verified = [
+                ok
+                for start, length in slot_runs(slots)
+                for chunk in self._pipeline.run(
+                    self._chunks(start, length), lambda s, e: None, read, verify
                 )
-                run_ok = [ok for chunk in chunks for ok in chunk]
-                for index, (header, ok) in enumerate(zip(headers, run_ok, strict=True)):
-                    want = expected[start + index]
-                    want_key = want.key if isinstance(want, DiskRecord) else want
-                    verified.append(ok and header is not None and header.key == want_key)
+                for ok in chunk
+            ]
         except OSError:
             self._count_error("io")
             raise
+        for index, (header, want) in enumerate(zip(headers, expected, strict=True)):
+            want_key = want.key if isinstance(want, DiskRecord) else want
+            verified[index] = verified[index] and header is not None and header.key == want_key
         misses = [index for index, ok in enumerate(verified) if not ok]
         for index in misses:
             rows[index] = 0
@@ -238,6 +231,15 @@ class DiskStore:
             self._count_error("checksum", len(misses))
             logger.warning("disk store: %d of %d records failed to verify", len(misses), len(slots))
         return verified
+
+    def _read_chunk(
+        self, first_slot: int, headers: list[RecordHeader | None], rows: np.ndarray
+    ) -> list[bool] | None:
+        """I/O thread: None when the raw bytes landed in `rows` unverified (the caller checks
+        them), else the verified flags of a read through the bounce buffer."""
+        if self._file.read_in_place(first_slot, headers, rows):
+            return None
+        return self._file.read_payloads(first_slot, headers, rows)
 
     def _read_headers(self, first_slot: int, count: int) -> list[RecordHeader | None]:
         raw = self._file.read_headers(first_slot, count)
@@ -251,17 +253,7 @@ class DiskStore:
         after opening, before any alloc."""
         if len(self._free) != self.num_slots:
             raise DiskStoreError("DiskStore.scan() must run before any slot is allocated")
-        found: list[tuple[int, DiskRecord]] = []
-        bad: list[int] = []
-        per_chunk = max(_SCAN_CHUNK_BYTES // self._file.block.header_bytes, 1)
-        for first in range(0, self.num_slots, per_chunk):
-            raw = self._file.read_headers(first, min(per_chunk, self.num_slots - first))
-            for index in np.flatnonzero(raw.any(axis=1)).tolist():
-                record = self._scan_one(first + index, raw[index])
-                if record is None:
-                    bad.append(first + index)
-                else:
-                    found.append((first + index, record))
+        found, bad = scan_headers(self._file, self.layout.page_size, self._opened.intact_bytes)
         if bad:
             self._count_error("checksum", len(bad))
             logger.warning("disk store scan: %d corrupt or torn records invalidated", len(bad))
@@ -273,21 +265,11 @@ class DiskStore:
         logger.info("disk store scan: %d records found", len(found))
         return found
 
-    def _scan_one(self, slot: int, raw: np.ndarray) -> DiskRecord | None:
-        header = decode_header(raw, self.layout.page_size)
-        if header is None or not chain_ok(header) or len(header.key) != KEY_BYTES:
-            return None
-        block = self._file.block
-        payload_end = block.payload_offset + slot * block.record_bytes + header.payload_len
-        if header.payload_len > block.record_bytes or payload_end > self._opened.intact_bytes:
-            return None
-        return DiskRecord(header.key, header.parent_key, header.tokens)
-
     def close(self) -> None:
         """Close the file and release the directory lock. Data already written stays."""
         if self._lock_handle is None:
             return
-        self._pool.shutdown(wait=True)
+        self._pipeline.close()
         self.io.close(self._opened.handle)
         self.io.close(self._lock_handle)
         self._lock_handle = None
