@@ -1,0 +1,96 @@
+"""What the server and the engine say to each other.
+
+The server turns an HTTP request into a `GenerationRequest` and reads `RequestOutput`s back from
+an `EngineClient`; it never touches the cache, the model or the engine thread's state.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from tieredkv.errors import TieredKVError
+from tieredkv.model.sampler import SamplingParams
+
+DEFAULT_NAMESPACE = ""  # the shared namespace of requests that name none
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # EOS, end of turn, a stop string or a stop token id
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"  # the client hung up, or the server is shutting down
+    ERROR = "error"  # the engine failed this request (reported, never a wrong token)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    namespace: str = DEFAULT_NAMESPACE
+    arrival_time: float = 0.0  # the engine clock's time when the server received it
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int  # prompt tokens reused, not recomputed
+    # tier label ("device", "host", "disk") -> tokens served or promoted from it; all three
+    # keys present, summing to cached_tokens
+    cached_tokens_by_tier: dict[str, int] = field(
+        default_factory=lambda: {"device": 0, "host": 0, "disk": 0}
+    )
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One update of a request: the tokens and text produced since the previous update."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...] = ()
+    new_text: str = ""
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None  # set on the final update
+    error: str | None = None  # set when finish_reason is ERROR
+
+
+class QueueFullError(TieredKVError):
+    """The waiting queue holds --max-queue requests (HTTP 429)."""
+
+
+class EngineUnavailableError(TieredKVError):
+    """The engine is starting or shutting down (HTTP 503)."""
+
+
+class EngineClient(ABC):
+    """The engine as the server's event loop sees it. Thread-safe; methods are async."""
+
+    @abstractmethod
+    def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        """Submit and stream updates until one with finished=True. Raises QueueFullError or
+        EngineUnavailableError before the first update. Closing the iterator early (the client
+        hung up) aborts the request and frees its pages."""
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Abort a request if it is still queued or running."""
+
+    @abstractmethod
+    async def flush_cache(self) -> int:
+        """Drop every cached page in every tier; returns the number of pages dropped."""
+
+    @abstractmethod
+    async def debug_cache(self) -> dict:
+        """check_integrity() computed on the engine thread, plus page counts per tier/owner."""
+
+    @abstractmethod
+    def health(self) -> dict:
+        """{"ready": bool, "tiers": {"device": "healthy"|"degraded"|"disabled", ...}}"""
+
+    @abstractmethod
+    def render_metrics(self) -> str:
+        """The Prometheus text exposition of every tieredkv_* metric."""
