@@ -47,7 +47,7 @@ ERROR_REASONS = ("checksum", "fingerprint", "io")
 # A run of slots moves as chunks of about CHUNK_BYTES, IO_DEPTH of them in flight while the
 # calling worker checksums the next (see disk_pipeline).
 CHUNK_BYTES = 8 << 20
-IO_DEPTH = 1
+IO_DEPTH = 2
 
 
 def _page_rows(pages: torch.Tensor, layout: PageLayout) -> np.ndarray:
@@ -68,7 +68,7 @@ class DiskStore:
         capacity_bytes: int,
         io: DiskIOBackend | None = None,
         codec: str = "raw",
-        io_threads: int = 2,
+        io_threads: int = 4,
         chunk_bytes: int = CHUNK_BYTES,
         io_depth: int = IO_DEPTH,
     ) -> None:
