@@ -1,0 +1,201 @@
+"""Every `tieredkv_*` Prometheus metric of the public contract (DESIGN "Prometheus metrics").
+
+`EngineMetrics` owns the registry. The engine thread calls the `on_*` / `set_*` / `sync_cache`
+methods (each a few locked additions); the server calls `render()` for `GET /metrics`. The
+metric objects are public attributes too, for anything the methods do not cover.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tieredkv.cache.cache_metrics import EVICTION_ACTIONS, CacheCounters
+from tieredkv.cache.tier import Tier
+from tieredkv.engine.prometheus import Counter, Gauge, Histogram, Registry
+from tieredkv.engine.protocol import FinishReason
+
+PREFIX = "tieredkv_"
+TIER_LABELS = tuple(tier.label for tier in Tier)  # ("device", "host", "disk")
+PROMOTION_SOURCES = ("host", "disk")
+DISK_ERROR_REASONS = ("checksum", "fingerprint", "io")
+SUCCESS_REASONS = ("stop", "length", "abort")
+
+# 1 ms × 2^k up to 16 s (the last bound is 2^14 ms = 16.384 s)
+PROMOTION_BUCKETS = tuple(0.001 * 2**k for k in range(15))
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class EngineMetrics:
+    """The contract's metrics, registered in contract order, every known series present at 0."""
+
+    def __init__(self) -> None:
+        self.registry = Registry()
+        tiers = [(t,) for t in TIER_LABELS]
+        pairs = [(a, b) for a in TIER_LABELS for b in TIER_LABELS if a != b]
+        self.prompt_tokens = self._counter("prompt_tokens_total", "Prompt tokens received.")
+        self.generation_tokens = self._counter("generation_tokens_total", "Tokens generated.")
+        self.cache_hit_tokens = self._counter(
+            "cache_hit_tokens_total",
+            "Prompt tokens reused from the cache, by the tier they were served or promoted from.",
+            ("tier",),
+            tiers,
+        )
+        self.promotion_seconds = self._histogram(
+            "promotion_seconds",
+            "Per request and source tier: admission until its promoted pages are ready.",
+            PROMOTION_BUCKETS,
+            ("from_tier",),
+            [(t,) for t in PROMOTION_SOURCES],
+        )
+        self.transfer_bytes = self._counter(
+            "transfer_bytes_total",
+            "Bytes copied between tiers, write-through included.",
+            ("from_tier", "to_tier"),
+            pairs,
+        )
+        self.tier_used_bytes = self._gauge(
+            "tier_used_bytes", "Bytes allocated in a tier, in-flight destinations included.", tiers
+        )
+        self.tier_capacity_bytes = self._gauge(
+            "tier_capacity_bytes", "Capacity of a tier in bytes (0 when disabled).", tiers
+        )
+        self.evicted_pages = self._counter(
+            "evicted_pages_total",
+            "Pages evicted from a tier: demoted iff a copy remains in a lower tier, else dropped.",
+            ("tier", "action"),
+            [(t, a) for t in TIER_LABELS for a in EVICTION_ACTIONS],
+        )
+        self.disk_page_errors = self._counter(
+            "disk_page_errors_total",
+            "Disk records or files refused, by reason.",
+            ("reason",),
+            [(r,) for r in DISK_ERROR_REASONS],
+        )
+        self.time_to_first_token = self._histogram(
+            "time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS
+        )
+        self.time_per_output_token = self._histogram(
+            "time_per_output_token_seconds",
+            "Mean time between output tokens of a request, after the first.",
+            TPOT_BUCKETS,
+        )
+        self.e2e_request_latency = self._histogram(
+            "e2e_request_latency_seconds", "Arrival to the final output.", E2E_BUCKETS
+        )
+        self.queue_seconds = self._histogram(
+            "queue_seconds", "Arrival to first forward.", QUEUE_BUCKETS
+        )
+        self.requests_running = self._gauge("requests_running", "Requests in the running batch.")
+        self.requests_waiting = self._gauge("requests_waiting", "Requests waiting in the queue.")
+        self.request_success = self._counter(
+            "request_success_total",
+            "Finished requests by finish reason.",
+            ("finished_reason",),
+            [(r,) for r in SUCCESS_REASONS],
+        )
+        self.preemptions = self._counter("preemptions_total", "Running requests preempted.")
+
+    # -- called by the engine ------------------------------------------------------------------
+
+    def on_request_arrived(self, num_prompt_tokens: int) -> None:
+        self.prompt_tokens.inc(num_prompt_tokens)
+
+    def on_first_forward(self, queue_seconds: float) -> None:
+        self.queue_seconds.observe(queue_seconds)
+
+    def on_promotion(self, from_tier: Tier, seconds: float) -> None:
+        """One observation per request per source tier (host or disk)."""
+        self.promotion_seconds.observe(seconds, from_tier=from_tier.label)
+
+    def on_tokens_generated(self, num_tokens: int) -> None:
+        self.generation_tokens.inc(num_tokens)
+
+    def on_first_token(self, ttft_seconds: float) -> None:
+        self.time_to_first_token.observe(ttft_seconds)
+
+    def on_preemption(self, num_requests: int = 1) -> None:
+        self.preemptions.inc(num_requests)
+
+    def on_request_finished(
+        self,
+        reason: FinishReason,
+        e2e_seconds: float,
+        num_output_tokens: int,
+        ttft_seconds: float | None,
+    ) -> None:
+        """End-to-end latency, mean time per output token (needs two or more tokens and a first
+        token time) and the finish count. ERROR is not a success and is not counted there."""
+        self.e2e_request_latency.observe(e2e_seconds)
+        if ttft_seconds is not None and num_output_tokens > 1:
+            decode_seconds = max(0.0, e2e_seconds - ttft_seconds)
+            self.time_per_output_token.observe(decode_seconds / (num_output_tokens - 1))
+        if reason is not FinishReason.ERROR:
+            self.request_success.inc(finished_reason=reason.value)
+
+    def set_queue_sizes(self, num_running: int, num_waiting: int) -> None:
+        self.requests_running.set(num_running)
+        self.requests_waiting.set(num_waiting)
+
+    def sync_cache(
+        self,
+        counters: CacheCounters,
+        used_bytes: Mapping[Tier, int],
+        capacity_bytes: Mapping[Tier, int],
+        disk_page_errors: Mapping[str, int],
+    ) -> None:
+        """Mirror the cache's own monotonic counters and its tier sizes (call once per step, on
+        the engine thread: `cache.counters`, `cache.tier_used_bytes(t)`,
+        `cache.tier_capacity_bytes(t)`, `cache.disk_page_errors()`)."""
+        for tier, tokens in counters.hit_tokens.items():
+            self.cache_hit_tokens.set_total(tokens, tier=tier.label)
+        for (src, dst), num_bytes in counters.transfer_bytes.items():
+            self.transfer_bytes.set_total(num_bytes, from_tier=src.label, to_tier=dst.label)
+        for (tier, action), pages in counters.evicted_pages.items():
+            self.evicted_pages.set_total(pages, tier=tier.label, action=action)
+        for reason, count in disk_page_errors.items():
+            self.disk_page_errors.set_total(count, reason=reason)
+        for tier in Tier:
+            self.tier_used_bytes.set(used_bytes.get(tier, 0), tier=tier.label)
+            self.tier_capacity_bytes.set(capacity_bytes.get(tier, 0), tier=tier.label)
+
+    # -- called by the server ------------------------------------------------------------------
+
+    def render(self) -> str:
+        """The Prometheus text exposition (format 0.0.4) of every metric."""
+        return self.registry.render()
+
+    # -- declaration helpers -------------------------------------------------------------------
+
+    def _counter(
+        self,
+        name: str,
+        help_text: str,
+        label_names: tuple[str, ...] = (),
+        label_values: list[tuple[str, ...]] | None = None,
+    ) -> Counter:
+        metric = Counter(PREFIX + name, help_text, label_names, label_values or ())
+        self.registry.register(metric)
+        return metric
+
+    def _gauge(
+        self, name: str, help_text: str, label_values: list[tuple[str, ...]] | None = None
+    ) -> Gauge:
+        label_names = ("tier",) if label_values else ()
+        metric = Gauge(PREFIX + name, help_text, label_names, label_values or ())
+        self.registry.register(metric)
+        return metric
+
+    def _histogram(
+        self,
+        name: str,
+        help_text: str,
+        buckets: tuple[float, ...],
+        label_names: tuple[str, ...] = (),
+        label_values: list[tuple[str, ...]] | None = None,
+    ) -> Histogram:
+        metric = Histogram(PREFIX + name, help_text, buckets, label_names, label_values or ())
+        self.registry.register(metric)
+        return metric
