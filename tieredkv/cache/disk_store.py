@@ -120,10 +120,11 @@ class DiskStore:
         return self._opened.superblock.file_bytes
 
     def alloc(self, count: int) -> list[int]:
-        """Take `count` record slots, all or nothing (OutOfPagesError)."""
+        """Take `count` record slots, all or nothing (OutOfPagesError), in ascending order: a
+        batch written to consecutive slots moves with one request per chunk, not per page."""
         if count > len(self._free):
             raise OutOfPagesError(f"disk store: asked for {count} pages, {len(self._free)} free")
-        slots = [self._free.pop() for _ in range(count)]
+        slots = sorted(self._free.pop() for _ in range(count))
         for slot in slots:
             self._is_free[slot] = False
         return slots
@@ -142,7 +143,7 @@ class DiskStore:
             logger.warning(
                 "disk store: invalidating %d freed records failed: %s", len(slots), error
             )
-        for slot in slots:
+        for slot in sorted(slots, reverse=True):  # pop() hands the lowest slot out first
             self._is_free[slot] = True
             self._free.append(slot)
 

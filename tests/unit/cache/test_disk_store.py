@@ -24,7 +24,7 @@ from disk_cases import (
 from tieredkv.cache.device_pool import PageLayout
 from tieredkv.cache.disk_file import LOCK_FILE, STORE_FILE
 from tieredkv.cache.disk_format import CODECS, SUPERBLOCK_BYTES, decode_header
-from tieredkv.cache.disk_io import aligned_empty
+from tieredkv.cache.disk_io import FaultInjectingIO, aligned_empty
 from tieredkv.cache.disk_pages import PageFile
 from tieredkv.cache.disk_store import DiskRecord
 from tieredkv.cache.page_key import page_key
@@ -229,4 +229,19 @@ def test_concurrent_workers_on_disjoint_slots(tmp_path: Path) -> None:
         results = list(pool.map(lambda p: store.read_pages(slots[p], records[p], out[p]), parts))
     assert results == [[True] * 3] * 4
     assert same_bytes(out, pages)
+    store.close()
+
+
+def test_freed_slots_come_back_ascending_and_batches_move_in_runs(tmp_path: Path) -> None:
+    io = FaultInjectingIO()
+    store = open_store(tmp_path, io=io)
+    first = store.alloc(8)
+    store.free(first)
+    again = store.alloc(8)
+    assert again == first == list(range(8))
+    writes = io.num_writes
+    store.write_pages(again, chain(8), random_pages(8))
+    assert io.num_writes == writes + 2  # one payload request and one header request
+    store.free([again[5], again[1], again[3]])
+    assert store.alloc(3) == [1, 3, 5]
     store.close()
