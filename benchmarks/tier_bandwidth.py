@@ -4,8 +4,8 @@
 
 Limits: a large numpy memcpy, xxh3 on one core, and O_DIRECT in-order write then read of a
 file of --raw-bytes (>= 1 GiB by default), dropped from the page cache (posix_fadvise
-DONTNEED) before it is read, with 64 MiB requests one at a time and with 8 MiB requests four at
-a time; the better of the two is the disk's limit the store is compared with.
+DONTNEED) before it is read, in several request patterns (RAW_PATTERNS: request size, requests
+in flight); the best pattern is the disk's limit the store is compared with.
 
 Store: DiskStore.write_pages / read_pages of realistic pages (the default model in bf16: 30
 layers, 3 kv heads, head_dim 64, page_size 16 = 368,640 B) in batches, from aligned host
@@ -36,7 +36,7 @@ from tieredkv.cache.page_key import namespace_root_key, page_key
 
 LAYOUT = PageLayout(num_layers=30, num_kv_heads=3, head_dim=64, page_size=16, dtype=torch.bfloat16)
 REP_BYTES = 256 << 20  # store bytes moved per timed repetition, in batches
-RAW_PATTERNS = ((64, 1), (8, 4))  # (request MiB, requests in flight); the best one is the limit
+RAW_PATTERNS = ((64, 1), (256, 1), (8, 4), (32, 4))  # (request MiB, in flight); best = limit
 
 
 def median_seconds(run: Callable[[], None], reps: int, before: Callable[[], None]) -> float:
