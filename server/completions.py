@@ -1,0 +1,109 @@
+"""`POST /v1/chat/completions` and `POST /v1/completions`: read and validate the body, build
+the `GenerationRequest`, submit it, and answer with a full response or an SSE stream."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from tieredkv.config import ServerConfig
+from tieredkv.engine.protocol import EngineClient, GenerationRequest
+from tieredkv.model.tokenizer import ChatTokenizer
+
+from .body import read_request
+from .responses import ResponseFormatter, finish_error, new_request_id, usage_body
+from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .streaming import collect, first_output, sse_events, unless_disconnected
+from .translate import (
+    chat_prompt_ids,
+    check_chat_supported,
+    check_completion_supported,
+    check_model,
+    completion_prompt_ids,
+    resolve_namespace,
+    sampling_params,
+)
+
+NAMESPACE_HEADER = "X-Cache-Namespace"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class CompletionHandler:
+    """Serves both completion endpoints for one engine and one served model."""
+
+    engine: EngineClient
+    tokenizer: ChatTokenizer
+    config: ServerConfig
+    model_name: str
+    max_model_len: int
+    clock: Callable[[], float]
+
+    async def chat(self, request: Request) -> Response:
+        arrival = self.clock()
+        body = await read_request(request, self.config.max_request_bytes, ChatCompletionRequest)
+        check_model(body.model, self.model_name)
+        check_chat_supported(body)
+        namespace = resolve_namespace(body.cache_salt, request.headers.get(NAMESPACE_HEADER))
+        prompt_ids = await run_in_threadpool(chat_prompt_ids, body, self.tokenizer)
+        max_tokens = (
+            body.max_completion_tokens
+            if body.max_completion_tokens is not None
+            else body.max_tokens
+        )
+        return await self._generate(
+            request, body, True, prompt_ids, max_tokens, "messages", namespace, arrival
+        )
+
+    async def completion(self, request: Request) -> Response:
+        arrival = self.clock()
+        body = await read_request(request, self.config.max_request_bytes, CompletionRequest)
+        check_model(body.model, self.model_name)
+        check_completion_supported(body)
+        namespace = resolve_namespace(body.cache_salt, request.headers.get(NAMESPACE_HEADER))
+        prompt_ids = await run_in_threadpool(completion_prompt_ids, body, self.tokenizer)
+        return await self._generate(
+            request, body, False, prompt_ids, body.max_tokens, "prompt", namespace, arrival
+        )
+
+    async def _generate(
+        self,
+        request: Request,
+        body: SamplingFields,
+        chat: bool,
+        prompt_ids: list[int],
+        max_tokens: int | None,
+        prompt_param: str,
+        namespace: str,
+        arrival: float,
+    ) -> Response:
+        sampling = sampling_params(
+            body,
+            max_tokens,
+            len(prompt_ids),
+            self.max_model_len,
+            self.tokenizer.vocab_size,
+            prompt_param,
+        )
+        formatter = ResponseFormatter(chat, self.model_name, new_request_id(chat))
+        generation = GenerationRequest(
+            formatter.request_id, tuple(prompt_ids), sampling, namespace, arrival
+        )
+        outputs = self.engine.generate(generation)
+        first = await unless_disconnected(request, first_output(outputs))
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            events = sse_events(outputs, first, formatter, include_usage, len(prompt_ids))
+            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        result = await unless_disconnected(request, collect(outputs, first))
+        assert result.last is not None, "collect returns only a finished result"
+        error = finish_error(result.last.finish_reason, result.last.error)
+        if error is not None:
+            raise error
+        assert result.last.finish_reason is not None
+        usage = usage_body(result.last.usage, len(prompt_ids), result.num_output_tokens)
+        return JSONResponse(formatter.full(result.text, result.last.finish_reason.value, usage))

@@ -1,0 +1,96 @@
+"""Pydantic models of the request bodies: what `/openapi.json` describes and what requests are
+validated against (strictly: no string-to-number coercion; unknown fields are kept aside and
+ignored). Values the types cannot express (n > 1, tools, context length) are checked in
+`translate.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+
+class TextContentPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class ResponseFormat(_Request):
+    type: str
+
+
+class SamplingFields(_Request):
+    """The sampling and stopping fields both completion endpoints accept."""
+
+    model: str | None = Field(None, description="The served model name; omitted: the served one")
+    max_tokens: int | None = Field(None, description="Default: the rest of the context")
+    temperature: float | None = Field(None, ge=0, le=100)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, le=INT64_MAX, description="0 or -1: off")
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0, le=INT64_MAX)
+    n: int | None = Field(None, description="Only 1 is supported")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    cache_salt: str | None = Field(
+        None, description="KV cache namespace (1..256 bytes); or the X-Cache-Namespace header"
+    )
+    user: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = Field(None, description="Preferred over max_tokens")
+    tools: list[Any] | None = Field(None, description="Not supported: must be absent or empty")
+    tool_choice: Any = None
+    response_format: ResponseFormat | None = Field(None, description='Only {"type": "text"}')
+    logprobs: bool | None = Field(None, description="Not supported: must be absent or false")
+    top_logprobs: int | None = Field(None, description="Not supported: must be absent")
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+        description="A string or a list of token ids; a list of several prompts is refused"
+    )
+    logprobs: int | None = Field(None, description="Not supported: must be absent")
+    echo: bool = Field(False, description="Not supported: must be false")
+    suffix: str | None = Field(None, description="Not supported: must be absent")
+    best_of: int | None = Field(None, description="Only 1 is supported")
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorResponse,
+)

@@ -1,0 +1,171 @@
+"""An OpenAI request body -> the engine's `GenerationRequest`: model name, unsupported values,
+namespace, prompt tokens (chat template or raw prompt), sampling fields and the context limit.
+
+Every refusal is an `APIError` (400, or 404 for an unknown model) naming the field.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tieredkv.engine.protocol import DEFAULT_NAMESPACE
+from tieredkv.errors import RequestError
+from tieredkv.model.sampler import SamplingParams
+from tieredkv.model.tokenizer import ChatTokenizer
+
+from .errors import APIError, bad_request
+from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+log = logging.getLogger(__name__)
+
+MAX_NAMESPACE_BYTES = 256
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
+def check_model(requested: str | None, served: str) -> None:
+    """404 `model_not_found` unless the request names the served model (or none)."""
+    if requested is not None and requested != served:
+        message = f"the model {requested!r} does not exist; this server serves {served!r}"
+        raise APIError(404, message, "invalid_request_error", "model", "model_not_found")
+
+
+def check_chat_supported(req: ChatCompletionRequest) -> None:
+    """400 for known fields whose values we cannot honour."""
+    _check_n(req.n)
+    if req.tools:
+        raise bad_request("tools are not supported", "tools")
+    if req.response_format is not None and req.response_format.type != "text":
+        raise bad_request('only response_format {"type": "text"} is supported', "response_format")
+    if req.logprobs:
+        raise bad_request("logprobs are not supported", "logprobs")
+    if req.top_logprobs:
+        raise bad_request("top_logprobs is not supported", "top_logprobs")
+
+
+def check_completion_supported(req: CompletionRequest) -> None:
+    _check_n(req.n)
+    if req.best_of not in (None, 1):
+        raise bad_request("only best_of = 1 is supported", "best_of")
+    if req.logprobs is not None:
+        raise bad_request("logprobs are not supported", "logprobs")
+    if req.echo:
+        raise bad_request("echo is not supported", "echo")
+    if req.suffix:
+        raise bad_request("suffix is not supported", "suffix")
+
+
+def _check_n(n: int | None) -> None:
+    if n is not None and n != 1:
+        raise bad_request(f"only n = 1 is supported, got {n}", "n")
+
+
+def resolve_namespace(cache_salt: str | None, header: str | None) -> str:
+    """The cache namespace from `cache_salt` or the X-Cache-Namespace header (as Starlette
+    decoded it, latin-1); both must agree; empty or over 256 UTF-8 bytes is refused."""
+    if header is not None:
+        try:
+            header = header.encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            raise bad_request("X-Cache-Namespace is not valid UTF-8", "X-Cache-Namespace") from None
+    if cache_salt is not None and header is not None and cache_salt != header:
+        raise bad_request("cache_salt and X-Cache-Namespace differ", "cache_salt")
+    namespace = cache_salt if cache_salt is not None else header
+    if namespace is None:
+        return DEFAULT_NAMESPACE
+    param = "cache_salt" if cache_salt is not None else "X-Cache-Namespace"
+    if not namespace:
+        raise bad_request("the cache namespace must not be empty", param)
+    if len(namespace.encode("utf-8")) > MAX_NAMESPACE_BYTES:
+        raise bad_request(f"the cache namespace is over {MAX_NAMESPACE_BYTES} bytes", param)
+    return namespace
+
+
+def chat_prompt_ids(req: ChatCompletionRequest, tokenizer: ChatTokenizer) -> list[int]:
+    """The chat template applied to the messages (RequestError when it refuses them)."""
+    if not req.messages:
+        raise bad_request("messages must not be empty", "messages")
+    messages: list[dict[str, Any]] = []
+    for message in req.messages:
+        content: Any = message.content
+        if content is None:
+            content = ""
+        elif isinstance(content, list):
+            content = [{"type": "text", "text": part.text} for part in content]
+        messages.append({"role": message.role, "content": content})
+    try:
+        return tokenizer.apply_chat_template(messages)
+    except RequestError as exc:
+        raise bad_request(str(exc), exc.param or "messages") from None
+    except Exception as exc:  # a template is user-controlled code; its failures are 400s
+        log.debug("chat template failed", exc_info=True)
+        raise bad_request(
+            f"the chat template failed on these messages: {exc}", "messages"
+        ) from None
+
+
+def completion_prompt_ids(req: CompletionRequest, tokenizer: ChatTokenizer) -> list[int]:
+    """A string is tokenized (with the tokenizer's BOS); a token id list is used as is."""
+    prompt: Any = req.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        if len(prompt) > 1:
+            raise bad_request("several prompts in one request are not supported", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt)
+    else:
+        ids = list(prompt)
+        bad = [i for i in ids if not 0 <= i < tokenizer.vocab_size]
+        if bad:
+            message = f"token id {bad[0]} is outside the vocabulary [0, {tokenizer.vocab_size})"
+            raise bad_request(message, "prompt")
+    if not ids:
+        raise bad_request("the prompt must not be empty", "prompt")
+    return ids
+
+
+def sampling_params(
+    req: SamplingFields,
+    requested_max_tokens: int | None,
+    num_prompt_tokens: int,
+    max_model_len: int,
+    vocab_size: int,
+    prompt_param: str,
+) -> SamplingParams:
+    """SamplingParams with max_tokens defaulting to the rest of the context; 400 with code
+    `context_length_exceeded` when prompt + max_tokens exceed `max_model_len`."""
+    if requested_max_tokens is not None and requested_max_tokens <= 0:
+        raise bad_request(f"max_tokens must be >= 1, got {requested_max_tokens}", "max_tokens")
+    remaining = max_model_len - num_prompt_tokens
+    if remaining <= 0:
+        message = (
+            f"the prompt has {num_prompt_tokens} tokens; this model's context is "
+            f"{max_model_len} tokens and at least one must be left to generate"
+        )
+        raise bad_request(message, prompt_param, CONTEXT_LENGTH_EXCEEDED)
+    if requested_max_tokens is not None and requested_max_tokens > remaining:
+        message = (
+            f"the prompt ({num_prompt_tokens} tokens) plus max_tokens ({requested_max_tokens}) "
+            f"exceed this model's context of {max_model_len} tokens"
+        )
+        raise bad_request(message, "max_tokens", CONTEXT_LENGTH_EXCEEDED)
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    if any(not s for s in stop):
+        raise bad_request("stop strings must not be empty", "stop")
+    stop_ids = frozenset(req.stop_token_ids or ())
+    if any(not 0 <= i < vocab_size for i in stop_ids):
+        raise bad_request(f"stop_token_ids must be in [0, {vocab_size})", "stop_token_ids")
+    try:
+        return SamplingParams(
+            max_tokens=requested_max_tokens if requested_max_tokens is not None else remaining,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=max(0, req.top_k or 0),  # -1 (vLLM's "off") and 0 both disable it
+            seed=req.seed,
+            stop=stop,
+            stop_token_ids=stop_ids,
+            ignore_eos=req.ignore_eos,
+            min_tokens=req.min_tokens,
+        )
+    except RequestError as exc:
+        raise bad_request(str(exc), exc.param, exc.code) from None
