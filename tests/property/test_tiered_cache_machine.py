@@ -66,9 +66,9 @@ def _snapshot(node: RadixNode) -> list[dict[Tier, int]]:
 
 class TieredCacheMachine(RuleBasedStateMachine):
     @initialize(
-        device_pages=st.integers(5, 8),
-        host_pages=st.sampled_from([0, 3, 5]),
-        disk_pages=st.sampled_from([0, 4, 7]),
+        device_pages=st.integers(5, 6),
+        host_pages=st.sampled_from([0, 4, 8]),
+        disk_pages=st.sampled_from([0, 6, 12]),
         policy=st.sampled_from(list(WritePolicy)),
     )
     def start(self, device_pages: int, host_pages: int, disk_pages: int, policy: WritePolicy):
@@ -223,7 +223,7 @@ class TieredCacheMachine(RuleBasedStateMachine):
         self.held.remove(held)
         self.cache.unlock(held.node)
 
-    @rule(tier=st.sampled_from(list(Tier)), num_pages=st.integers(1, 6), flush=st.integers(0, 7))
+    @rule(tier=st.sampled_from(list(Tier)), num_pages=st.integers(1, 6), flush=st.integers(0, 15))
     def evict(self, tier: Tier, num_pages: int, flush: int) -> None:
         if flush == 0:  # rarely: drop everything that may go
             self.cache.flush()

@@ -3,8 +3,10 @@
 Evicting a copy from tier T, cheapest first:
   1. it has a clean copy in a lower tier: free it now          (counted demoted)
   2. it is a redundant copy of a node served from a faster tier: free it now  (dropped)
-  3. a lower enabled, healthy tier exists: copy it there and free the source when the copy is
-     applied (write-back); a disk copy writes the missing ancestors first (no drop yet)
+  3. a lower enabled, healthy tier has room now or soon (its own demotions are in flight):
+     copy it there and free the source when the copy is applied (write-back); a disk copy
+     writes the missing ancestors first. A tier that is full of locked or in-flight pages is
+     skipped for the next one down.
   4. otherwise: free it now; a node left with no copy leaves the tree  (dropped)
 Write-through copies new device pages down in the background, so that eviction is case 1.
 """
@@ -49,12 +51,17 @@ class Demoter:
             self.residency.free_copy(node, tier, count_as=True)
             self._after_free(node)
             return True
-        lower = self.pools.lower(tier)
-        if lower is None or any(t < tier for t in node.copies):
-            self.residency.free_copy(node, tier, count_as=False)
-            self._after_free(node)
-            return True
-        return self.copy_down(node, lower, drop_source=True)
+        if not any(t < tier for t in node.copies):
+            lower = self.pools.lower(tier)
+            while lower is not None:
+                if self.copy_down(node, lower, drop_source=True):
+                    return True
+                if self.residency.pending_free[lower]:
+                    return False  # room is on its way there: wait for it
+                lower = self.pools.lower(lower)
+        self.residency.free_copy(node, tier, count_as=False)
+        self._after_free(node)
+        return True
 
     def _after_free(self, node: RadixNode) -> None:
         parent = node.parent

@@ -1,10 +1,11 @@
 """Which copies may leave a tier, and in what order: one lazy LRU heap per tier.
 
 A copy in tier T is evictable when its node is unlocked, has nothing in flight, and removing
-the copy keeps the closure invariants:
+the copy keeps the closure invariants (`copy_may_leave`):
   - T = disk: no child has a disk copy (disk copies are closed under "parent of");
-  - otherwise: the node keeps a faster copy (this one is a clean lower copy), or no child has a
-    copy in T or a faster tier.
+  - the node keeps a faster copy (this one is a clean lower copy): always;
+  - otherwise the node leaves the closures of T down to its next lower copy's tier L, so no
+    child may have a copy faster than L (any copy at all when there is no lower copy).
 Clean lower copies go first (they cost nothing to drop), then least recently used.
 
 The heap is incremental: a node is pushed whenever it may have become evictable, and each push
@@ -26,6 +27,18 @@ Priority = tuple[int, int]
 _MIN_COMPACT_LEN = 1024
 
 
+def copy_may_leave(node: RadixNode, tier: Tier) -> bool:
+    """Would freeing `node`'s copy in `tier` keep the closure invariants?"""
+    children = node.children.values()
+    if tier is Tier.DISK:
+        return not any(child.has_disk_copy() for child in children)
+    if any(t < tier for t in node.copies):
+        return True
+    lower = min((t for t in node.copies if t > tier), default=None)
+    deepest_lost = Tier.DISK if lower is None else Tier(lower - 1)
+    return not any(child.in_closure(deepest_lost) for child in children)
+
+
 class LruEvictionPolicy:
     """The evictability predicate and the eviction order (see the module docstring)."""
 
@@ -35,12 +48,7 @@ class LruEvictionPolicy:
             return False
         if node.lock_count or node.inflight:
             return False
-        children = node.children.values()
-        if tier is Tier.DISK:
-            return not any(child.has_disk_copy() for child in children)
-        if any(t < tier for t in node.copies):
-            return True
-        return not any(child.in_closure(tier) for child in children)
+        return copy_may_leave(node, tier)
 
     @staticmethod
     def priority(node: RadixNode, tier: Tier) -> Priority:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.disk_store import DiskRecord
-from tieredkv.cache.eviction import LruEvictionPolicy, TierHeap
+from tieredkv.cache.eviction import LruEvictionPolicy, TierHeap, copy_may_leave
 from tieredkv.cache.mover import Mover, TicketState, TransferPart, TransferTicket
 from tieredkv.cache.page_copier import PageCopier
 from tieredkv.cache.radix_tree import RadixNode, RadixTree
@@ -181,7 +181,7 @@ class Residency:
             return
         if any(part.src_tier == src for part in node.inflight.values()):
             return
-        if any(child.in_closure(src) for child in node.children.values()):
+        if not copy_may_leave(node, src):
             return
         self.counters.count_eviction(src, node.num_pages, demoted=True)
         self.pools.free(src, node.copies.pop(src))
@@ -194,6 +194,7 @@ class Residency:
         if bad_record and Tier.DISK in node.copies:
             self.free_copy(node, Tier.DISK, count_as=None)
         self.enforce_closure(node)
+        self.refresh(node)
         self.remove_if_empty(node)
 
     def _doom(self, part: TransferPart) -> None:

@@ -136,6 +136,7 @@ class TieredCache:
 
     def lock(self, node: RadixNode) -> None:
         """Pin `node` and its ancestors: never evicted, demoted or merged until unlocked."""
+        assert node is not None and node.attached, f"lock of {node}"
         self.lock_holders[node] += 1
         self.tree.lock_path(node, +1)  # heap entries of locked nodes are skipped when popped
 
@@ -170,12 +171,13 @@ class TieredCache:
 
     # --- moving pages ----------------------------------------------------------------------
 
-    def promote(self, match: MatchResult) -> PromotionTicket | None:
+    def promote(self, match: MatchResult, hold_lock: bool = False) -> PromotionTicket | None:
         """Bring the match's host and disk pages to the device; call once per admitted request
         (it credits hit tokens per tier). Allocates every device page needed or none: None means
         no room now (demotions may have started; retry after `poll`). The ticket locks the match
-        until done; an already-resident match gives a ticket that is done at once."""
-        return self.promoter.promote(match)
+        until done; an already-resident match gives a ticket that is done at once. With
+        `hold_lock`, the done ticket hands the caller a lock on `ticket.ready_node`."""
+        return self.promoter.promote(match, hold_lock)
 
     def prefetch(
         self, match: MatchResult, max_pages: int = DEFAULT_PREFETCH_PAGES
