@@ -48,6 +48,8 @@ ERROR_REASONS = ("checksum", "fingerprint", "io")
 # calling worker checksums the next (see disk_pipeline).
 CHUNK_BYTES = 8 << 20
 IO_DEPTH = 2
+MIN_CHUNKS = 4
+MIN_CHUNK_BYTES = 1 << 20
 
 
 def _page_rows(pages: torch.Tensor, layout: PageLayout) -> np.ndarray:
@@ -96,6 +98,7 @@ class DiskStore:
         self.num_slots = opened.superblock.num_slots
         self.direct_io = self._file.direct_io
         self._chunk_pages = max(chunk_bytes // opened.superblock.record_bytes, 1)
+        self._min_chunk_pages = max(MIN_CHUNK_BYTES // opened.superblock.record_bytes, 1)
         self._pipeline = ChunkPipeline(io_threads, io_depth)
         self._free = list(range(self.num_slots - 1, -1, -1))  # pop() hands out low ids first
         self._is_free = [True] * self.num_slots
@@ -187,8 +190,12 @@ class DiskStore:
             raise
 
     def _chunks(self, start: int, length: int) -> list[tuple[int, int]]:
+        """Split a run into chunks of at most chunk_bytes, and into at least MIN_CHUNKS of at
+        least MIN_CHUNK_BYTES where it is long enough, so that a small batch too overlaps its
+        checksums with its I/O."""
+        step = min(self._chunk_pages, max(-(-length // MIN_CHUNKS), self._min_chunk_pages))
         end = start + length
-        return [(s, min(s + self._chunk_pages, end)) for s in range(start, end, self._chunk_pages)]
+        return [(s, min(s + step, end)) for s in range(start, end, step)]
 
     def read_pages(
         self, slots: list[int], expected: list[DiskRecord | bytes], out: torch.Tensor
