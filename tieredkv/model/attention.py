@@ -24,6 +24,7 @@ from tieredkv.cache.device_pool import DevicePool
 from tieredkv.model.forward_batch import ForwardBatch
 
 _WORKSPACE_ROUNDING = 256  # tokens; workspaces grow in these steps at least, doubling beyond
+_QUERY_BLOCK = 128  # queries per block in prefill attention (fastest here at 64-256)
 
 
 class AttentionBackend(ABC):
@@ -83,14 +84,8 @@ class WorkspaceAttention(AttentionBackend):
     def __init__(self, pool: DevicePool) -> None:
         super().__init__(pool)
         self._workspaces: dict[int, _Workspace] = {}
-        self._masks: dict[int, torch.Tensor] = {}  # this step's masks, built once for all layers
 
     def begin_step(self, batch: ForwardBatch) -> None:
-        self._masks = {
-            chunk.seq_id: causal_mask(chunk.start, chunk.end, self.pool.device)
-            for chunk in batch.chunks
-            if chunk.num_new > 1 and chunk.start > 0
-        }
         for chunk in batch.chunks:
             workspace = self._workspaces.get(chunk.seq_id)
             if workspace is None:
@@ -125,8 +120,7 @@ class WorkspaceAttention(AttentionBackend):
             kv = self._workspaces[chunk.seq_id].kv[layer]  # (2, kv_heads, capacity, head_dim)
             kv[0, :, chunk.start : chunk.end] = k[lo:hi].transpose(0, 1)
             kv[1, :, chunk.start : chunk.end] = v[lo:hi].transpose(0, 1)
-            mask = self._masks.get(chunk.seq_id)
-            out[lo:hi] = attend_one(q[lo:hi], kv[0, :, : chunk.end], kv[1, :, : chunk.end], mask)
+            out[lo:hi] = attend_one(q[lo:hi], kv[0, :, : chunk.end], kv[1, :, : chunk.end])
         return out
 
     def release(self, seq_id: int) -> None:
@@ -137,23 +131,14 @@ class WorkspaceAttention(AttentionBackend):
         return len(self._workspaces)
 
 
-def causal_mask(start: int, end: int, device: torch.device) -> torch.Tensor:
-    """(end - start, end) bool: query i (at position start + i) sees keys 0..start + i."""
-    query_pos = torch.arange(start, end, device=device).unsqueeze(1)
-    return torch.arange(end, device=device).unsqueeze(0) <= query_pos
-
-
-def attend_one(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
-) -> torch.Tensor:
+def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """One sequence: q (n, heads, head_dim) are the last n of keys/values (kv_heads, kv_len, d).
 
-    `mask` is `causal_mask(kv_len - n, kv_len)` when 1 < n < kv_len (a suffix after a prefix),
-    else None. Three shapes, each on SDPA's fastest CPU path:
-      n == 1          decode: the `group` query heads of a kv head fold into the query axis, so
-                      no K/V is expanded and no mask is needed
-      n == kv_len     fresh prefill: SDPA's own causal mask (aligned, and it skips blocks)
-      otherwise       suffix after a prefix: explicit bottom-right mask
+    In both paths the `group` query heads of a kv head fold into the query axis, so K/V are
+    never expanded for GQA:
+      n == 1   decode: SDPA, no mask needed
+      n > 1    prefill (fresh, chunked, or a suffix after a cached prefix): causal attention in
+               query blocks, aligned bottom-right; see `blocked_causal_attention`
     """
     n, heads, head_dim = q.shape
     kv_heads = keys.shape[0]
@@ -162,15 +147,40 @@ def attend_one(
         folded = q.view(1, kv_heads, group, head_dim)  # (1, kv_heads, group, d)
         out = F.scaled_dot_product_attention(folded, keys.unsqueeze(0), values.unsqueeze(0))
         return out.reshape(1, heads, head_dim)
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0),  # (1, heads, n, d)
-        keys.unsqueeze(0),
-        values.unsqueeze(0),
-        attn_mask=mask,
-        is_causal=mask is None,
-        enable_gqa=group > 1,
-    )  # (1, heads, n, d)
-    return out[0].transpose(0, 1)
+    return blocked_causal_attention(q, keys, values)
+
+
+def blocked_causal_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block: int = _QUERY_BLOCK
+) -> torch.Tensor:
+    """Causal attention as two batched matmuls per block of `block` queries.
+
+    On CPU this is several times faster than SDPA's flash kernel for prefill: the matmuls run on
+    oneDNN (AMX for bf16) and each block reads only the keys it may see, so the masked upper
+    triangle is never computed. Scores are in the model dtype (as transformers' eager path
+    computes them); softmax accumulates in fp32. Query i of the n sits at kv_len - n + i:
+
+        block of queries [s, e)   sees keys [0, kv_len - n + e)
+        its keys [kv_len - n + s, kv_len - n + e) get the strictly-upper-triangular mask
+    """
+    n, heads, head_dim = q.shape
+    kv_heads, kv_len = keys.shape[0], keys.shape[1]
+    group = heads // kv_heads
+    offset = kv_len - n
+    scaled = (q * head_dim**-0.5).view(n, kv_heads, group, head_dim).permute(1, 2, 0, 3)
+    out = torch.empty_like(q)  # (n, heads, head_dim)
+    upper = torch.ones(block, block, dtype=torch.bool, device=q.device).triu(1)
+    for s in range(0, n, block):
+        e = min(n, s + block)
+        size, visible = e - s, offset + e
+        q_block = scaled[:, :, s:e].reshape(kv_heads, group * size, head_dim)
+        scores = torch.bmm(q_block, keys[:, :visible].transpose(1, 2))  # (kv, group*size, vis)
+        diagonal = scores.view(kv_heads, group, size, visible)[..., offset + s :]
+        diagonal.masked_fill_(upper[:size, :size], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)  # accumulates in fp32, stores in the model dtype
+        block_out = torch.bmm(probs, values[:, :visible])  # (kv_heads, group * size, d)
+        out[s:e] = block_out.view(kv_heads, group, size, head_dim).permute(2, 0, 1, 3).flatten(1, 2)
+    return out
 
 
 class PagedKernelAttention(AttentionBackend):
