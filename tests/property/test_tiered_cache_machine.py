@@ -55,6 +55,17 @@ class Held:
     promotion: PromotionTicket | None = None
 
 
+@dataclass
+class Running:
+    """A request between computing its pages and inserting them."""
+
+    namespace: str
+    tokens: list[int]
+    lock: RadixNode | None  # the end of the reused device segment
+    page_table: list[int]  # reused tree pages, then its private pages
+    private: list[int]
+
+
 def _snapshot(node: RadixNode) -> list[dict[Tier, int]]:
     """Per page of the path to `node` (splits do not change it): its committed copies."""
     return [
@@ -83,6 +94,9 @@ class TieredCacheMachine(RuleBasedStateMachine):
             LAYOUT, device_pages, host_pages, disk_pages, self.directory, policy
         )
         self.held: list[Held] = []
+        self.running: list[Running] = []
+        if not hasattr(self, "inserted"):
+            self.inserted: list[tuple[str, list[int]]] = []
 
     def teardown(self) -> None:
         if hasattr(self, "cache"):
@@ -139,37 +153,78 @@ class TieredCacheMachine(RuleBasedStateMachine):
 
     # --- requests --------------------------------------------------------------------------
 
-    @rule(namespace=namespace_st, tokens=tokens_st, keep_lock=st.booleans())
-    def compute_and_insert(self, namespace: str, tokens: list[int], keep_lock: bool) -> None:
-        """A request: reuse the device segment of its match, compute the rest, insert it."""
+    @precondition(lambda self: len(self.running) < 2)
+    @rule(namespace=namespace_st, tokens=tokens_st)
+    def start_request(self, namespace: str, tokens: list[int]) -> None:
+        """Reuse the device segment of the match, compute the rest into private pages."""
         match = self.cache.match(tokens, namespace)
         self._check_match(match, namespace, tokens)
         reused = list(match.device.pages)
-        if reused:
-            self.cache.lock(match.device.nodes[-1])
-        num_pages = len(tokens) // PAGE_SIZE
-        pages = self.cache.allocate(num_pages - len(reused))
-        if pages is not None:
-            expected = expected_pages(tokens, namespace, LAYOUT)
-            for index, contents in enumerate(expected):
-                self.reference[namespace, tuple(tokens[: (index + 1) * PAGE_SIZE])] = contents
-            for page, contents in zip(pages, expected[len(reused) :], strict=True):
-                self.cache.device_pool.kv[:, :, page] = contents
-            result = self.cache.insert(tokens, namespace, reused + pages)
-            assert result.device_pages[: len(reused)] == tuple(reused[: result.num_pages])
-            mine = set(pages) - set(result.device_pages)
-            assert set(result.duplicate_pages) <= mine
-            self.cache.free(sorted(mine))
-            if keep_lock and result.node is not None and len(self.held) < 2:
-                self.cache.lock(result.node)
-                held_tokens = tokens[: result.num_pages * PAGE_SIZE]
-                snapshot = _snapshot(result.node)
-                self.held.append(Held(result.node, namespace, held_tokens, snapshot))
-        if reused:
-            self.cache.unlock(match.device.nodes[-1])
+        lock = match.device.nodes[-1] if reused else None
+        if lock is not None:
+            self.cache.lock(lock)
+        pages = self.cache.allocate(len(tokens) // PAGE_SIZE - len(reused))
+        if pages is None:
+            if lock is not None:
+                self.cache.unlock(lock)
+            return
+        expected = expected_pages(tokens, namespace, LAYOUT)
+        for index, contents in enumerate(expected):
+            self.reference[namespace, tuple(tokens[: (index + 1) * PAGE_SIZE])] = contents
+        for page, contents in zip(pages, expected[len(reused) :], strict=True):
+            self.cache.device_pool.kv[:, :, page] = contents
+        self.running.append(Running(namespace, tokens, lock, reused + pages, pages))
+
+    def _end_request(self, data: st.DataObject) -> Running:
+        running = self.running.pop(data.draw(st.integers(0, len(self.running) - 1)))
+        for index, page in enumerate(running.page_table):  # nobody touched its pages
+            want = self._expect(running.namespace, running.tokens, index)
+            assert torch.equal(self.cache.device_pool.kv[:, :, page], want)
+        return running
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), keep_lock=st.booleans())
+    def finish_request(self, data: st.DataObject, keep_lock: bool) -> None:
+        run = self._end_request(data)
+        result = self.cache.insert(run.tokens, run.namespace, run.page_table)
+        if result.num_pages and len(self.inserted) < 8:
+            self.inserted.append((run.namespace, run.tokens[: result.num_pages * PAGE_SIZE]))
+        assert result.device_pages[: len(run.page_table) - len(run.private)] == tuple(
+            run.page_table[: min(result.num_pages, len(run.page_table) - len(run.private))]
+        )
+        mine = set(run.private) - set(result.device_pages)
+        assert set(result.duplicate_pages) <= mine
+        self.cache.free(sorted(mine))
+        if keep_lock and result.node is not None and len(self.held) < 2:
+            self.cache.lock(result.node)
+            held_tokens = run.tokens[: result.num_pages * PAGE_SIZE]
+            snapshot = _snapshot(result.node)
+            self.held.append(Held(result.node, run.namespace, held_tokens, snapshot))
+        if run.lock is not None:
+            self.cache.unlock(run.lock)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def abort_request(self, data: st.DataObject) -> None:
+        self._abort(self._end_request(data))
+
+    def _abort(self, run: Running) -> None:
+        self.cache.free(run.private)
+        if run.lock is not None:
+            self.cache.unlock(run.lock)
 
     @rule(namespace=namespace_st, tokens=tokens_st, promote=st.booleans(), prefetch=st.booleans())
     def match(self, namespace: str, tokens: list[int], promote: bool, prefetch: bool) -> None:
+        self._match(namespace, tokens, promote, prefetch)
+
+    @precondition(lambda self: self.inserted)
+    @rule(data=st.data(), prefetch=st.booleans())
+    def match_inserted(self, data: st.DataObject, prefetch: bool) -> None:
+        """Match and promote a prompt that was inserted before (plus one token)."""
+        namespace, tokens = data.draw(st.sampled_from(self.inserted))
+        self._match(namespace, [*tokens, 0], True, prefetch)
+
+    def _match(self, namespace: str, tokens: list[int], promote: bool, prefetch: bool) -> None:
         match = self.cache.match(tokens, namespace)
         assert match.matched_len <= max(len(tokens) - 1, 0)
         assert match.matched_len % PAGE_SIZE == 0
@@ -238,21 +293,25 @@ class TieredCacheMachine(RuleBasedStateMachine):
             self.executor.complete(ticket)
         self._poll()
 
-    @rule(fail=st.booleans())
-    def reopen(self, fail: bool) -> None:
-        """Finish (or fail) every transfer, end every request, restart on the same disk."""
+    @rule(fail=st.booleans(), dice=st.integers(0, 9))
+    def reopen(self, fail: bool, dice: int) -> None:
+        """Rarely: finish (or fail) every transfer, end every request, restart on the disk."""
+        if dice:
+            return
         for ticket in self.executor.pending():
             self.executor.fail(ticket) if fail else self.executor.complete(ticket)
         self._poll()
         for held in self.held:
             self.cache.unlock(held.node)
+        for run in self.running:
+            self._abort(run)
         self.cache.close()
         self._open()
 
 
 TieredCacheMachine.TestCase.settings = settings(
-    max_examples=40,
-    stateful_step_count=40,
+    max_examples=300,
+    stateful_step_count=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -262,8 +321,8 @@ test_tiered_cache_machine = TieredCacheMachine.TestCase
 @pytest.mark.slow
 class TestTieredCacheMachineLong(TieredCacheMachine.TestCase):  # type: ignore[misc,valid-type]
     settings = settings(
-        max_examples=400,
-        stateful_step_count=80,
+        max_examples=500,
+        stateful_step_count=150,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
