@@ -1,0 +1,138 @@
+"""`tieredkv serve` flags -> configs, start-up errors as one line, and the graceful SIGTERM of
+the uvicorn runner (with the fake engine, in a child process)."""
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tieredkv.cli import build_parser, main, serve_settings
+from tieredkv.config import SchedulePolicy, WritePolicy
+
+GiB = 1 << 30
+
+
+def settings(*flags):
+    return serve_settings(build_parser().parse_args(["serve", *flags]))
+
+
+def test_defaults_fit_a_small_machine():
+    s = settings()
+    assert (s.server.host, s.server.port, s.server.api_key) == ("127.0.0.1", 8000, None)
+    assert s.cache.device_cache_bytes == 2 * GiB and s.cache.host_cache_bytes == 4 * GiB
+    assert s.cache.disk_cache_bytes == 16 * GiB and not s.cache.disk_enabled  # no dir given
+    assert s.cache.page_size == 16 and s.cache.enable_prefix_reuse
+    assert s.server.max_request_bytes == 1 << 20 and not s.server.debug_endpoints
+    assert s.engine.schedule_policy is SchedulePolicy.LPM and s.engine.dtype == "auto"
+    assert s.model is None and s.max_model_len is None and s.served_model_name is None
+
+
+def test_every_flag_reaches_its_config(tmp_path):
+    s = settings(
+        "--model", "/m", "--served-model-name", "chat", "--host", "0.0.0.0", "--port", "9000",
+        "--dtype", "float32", "--max-model-len", "4096", "--page-size", "32",
+        "--device-cache-size", "512MiB", "--host-cache-size", "0",
+        "--disk-cache-dir", str(tmp_path), "--disk-cache-size", "3G",
+        "--write-policy", "write_through", "--schedule-policy", "fcfs",
+        "--max-batch-tokens", "1024", "--max-num-seqs", "8", "--max-queue", "5",
+        "--max-request-bytes", "64KiB", "--api-key", "k", "--no-cache", "--debug-endpoints",
+    )  # fmt: skip
+    assert (s.model, s.served_model_name, s.max_model_len) == ("/m", "chat", 4096)
+    assert (s.server.host, s.server.port, s.server.api_key) == ("0.0.0.0", 9000, "k")
+    assert s.server.max_request_bytes == 64 << 10 and s.server.debug_endpoints
+    assert s.cache.page_size == 32 and s.cache.device_cache_bytes == 512 << 20
+    assert not s.cache.host_enabled and s.cache.disk_enabled
+    assert s.cache.disk_cache_dir == tmp_path and s.cache.disk_cache_bytes == 3 * GiB
+    assert s.cache.write_policy is WritePolicy.WRITE_THROUGH and not s.cache.enable_prefix_reuse
+    assert s.engine.schedule_policy is SchedulePolicy.FCFS and s.engine.dtype == "float32"
+    assert (s.engine.max_batch_tokens, s.engine.max_num_seqs, s.engine.max_queue) == (1024, 8, 5)
+    assert s.engine.max_model_len == 4096
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--device-cache-size", "10KB"], "invalid size"),
+        (["--host-cache-size", "lots"], "invalid size"),
+        (["--port", "70000"], "65535"),
+        (["--max-num-seqs", "0"], "must be > 0"),
+        (["--dtype", "int8"], "invalid choice"),
+        (["--page-size", "24"], "power of two"),
+        (["--device-cache-size", "0"], "device_cache_bytes"),
+        (["--max-request-bytes", "0"], "max_request_bytes"),
+        (["--bogus"], "unrecognized arguments"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(capsys, flags, message):
+    with pytest.raises(SystemExit) as exited:
+        sys.exit(main(["serve", *flags]))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_missing_model_is_an_error_message_not_a_traceback(capsys, tmp_path):
+    assert main(["serve", "--model", str(tmp_path / "missing"), "--dtype", "float32"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("tieredkv serve: error:") and "missing" in err and "Traceback" not in err
+
+
+def test_bench_is_not_implemented_yet(capsys):
+    assert main(["bench", "multiturn", "--base-url", "http://x"]) == 2
+    assert "not implemented yet" in capsys.readouterr().err
+
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, json, pathlib, sys
+    from tests.model_factory import CHATML_TEMPLATE, build_tiny_tokenizer
+    from tests.unit.server.fake_engine import FakeEngine
+    from tieredkv.config import ServerConfig
+    from tieredkv.model.tokenizer import ChatTokenizer
+    from tieredkv.server.app import create_app
+    from tieredkv.server.runner import serve
+
+    out = pathlib.Path(sys.argv[1])
+    build_tiny_tokenizer().save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    engine = FakeEngine(ChatTokenizer(out))
+
+    async def shutdown(timeout=8.0):
+        await asyncio.sleep(0)
+        (out / "shutdown").write_text(str(timeout))
+
+    engine.shutdown = shutdown
+    config = ServerConfig(port=0)
+    app = create_app(engine, engine.tokenizer, config, "m", 64)
+    print("serving", flush=True)
+    serve(app, engine, config)
+    print("exited", flush=True)
+    """
+)
+
+
+def test_sigterm_shuts_the_engine_down_and_exits_zero(tmp_path):
+    root = Path(__file__).resolve().parents[3]
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path)],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline() == "serving\n"
+        for line in child.stderr:  # uvicorn logs once it listens
+            if "Uvicorn running" in line:
+                break
+        child.send_signal(signal.SIGTERM)
+        out, _ = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 0
+    assert "exited" in out
+    assert float((tmp_path / "shutdown").read_text()) <= 8.0

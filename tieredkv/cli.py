@@ -1,0 +1,197 @@
+"""`tieredkv serve | bench ...`: the command line (DESIGN "Public contract / CLI").
+
+Bad flags end in a one-line error (argparse's usage + message, exit 2); a model or cache that
+cannot be loaded or opened ends in `tieredkv serve: error: ...` (exit 1); never a traceback.
+Defaults fit a small machine (2 cores, 24 GB RAM); the disk tier is on only when
+`--disk-cache-dir` is given (e.g. `--disk-cache-dir ~/.cache/tieredkv/kv`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tieredkv.config import (
+    CacheConfig,
+    EngineConfig,
+    SchedulePolicy,
+    ServerConfig,
+    WritePolicy,
+    parse_size,
+)
+from tieredkv.errors import ConfigError, TieredKVError
+
+log = logging.getLogger("tieredkv")
+
+DEFAULT_DEVICE_CACHE = "2GiB"
+DEFAULT_HOST_CACHE = "4GiB"
+DEFAULT_DISK_CACHE = "16GiB"
+DEFAULT_MAX_REQUEST_BYTES = "1MiB"
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text) if text != "0" else 0
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tieredkv", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,bench}")
+    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    add = serve.add_argument
+    add("--model", default=None, help="safetensors dir or GGUF file (default: SmolLM2-135M)")
+    add("--served-model-name", default=None, help="default: the model directory's name")
+    add("--host", default="127.0.0.1")
+    add("--port", type=_port, default=8000)
+    add("--dtype", choices=("auto", "bfloat16", "float32"), default="auto")
+    add("--max-model-len", type=_positive_int, default=None, help="default: the model's")
+    add("--page-size", type=_positive_int, default=16, help="tokens per KV page")
+    add("--device-cache-size", type=_size, default=DEFAULT_DEVICE_CACHE, metavar="SIZE")
+    add("--host-cache-size", type=_size, default=DEFAULT_HOST_CACHE, metavar="SIZE",
+        help="0 disables the host tier")  # fmt: skip
+    add("--disk-cache-dir", type=Path, default=None, metavar="DIR",
+        help="enables the disk tier (with --disk-cache-size > 0)")  # fmt: skip
+    add("--disk-cache-size", type=_size, default=DEFAULT_DISK_CACHE, metavar="SIZE")
+    add("--write-policy", choices=[p.value for p in WritePolicy], default=None)
+    add("--schedule-policy", choices=[p.value for p in SchedulePolicy], default="lpm")
+    add("--max-batch-tokens", type=_positive_int, default=EngineConfig.max_batch_tokens)
+    add("--max-num-seqs", type=_positive_int, default=EngineConfig.max_num_seqs)
+    add("--max-queue", type=_positive_int, default=EngineConfig.max_queue)
+    add("--max-request-bytes", type=_size, default=DEFAULT_MAX_REQUEST_BYTES, metavar="SIZE")
+    add("--api-key", default=None, help="require this Bearer token on /v1/*")
+    add("--no-cache", action="store_true", help="no prefix reuse at all (recompute baseline)")
+    add("--debug-endpoints", action="store_true", help="serve GET /debug/cache")
+    bench = commands.add_parser("bench", help="benchmarks (multiturn, tiers)")
+    bench.add_argument("benchmark", choices=("multiturn", "tiers"))
+    bench.add_argument("options", nargs=argparse.REMAINDER)
+    return parser
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeSettings:
+    """Everything `serve` needs besides the model, validated before anything is loaded."""
+
+    model: str | None
+    served_model_name: str | None
+    max_model_len: int | None
+    server: ServerConfig
+    cache: CacheConfig
+    engine: EngineConfig
+
+
+def serve_settings(args: argparse.Namespace) -> ServeSettings:
+    """The frozen configs of `serve`'s flags (ConfigError names the bad value)."""
+    server = ServerConfig(
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
+        api_key=args.api_key,
+        max_request_bytes=args.max_request_bytes,
+        debug_endpoints=args.debug_endpoints,
+    )
+    cache_fields = (
+        {} if args.write_policy is None else {"write_policy": WritePolicy(args.write_policy)}
+    )
+    cache = CacheConfig(
+        page_size=args.page_size,
+        device_cache_bytes=args.device_cache_size,
+        host_cache_bytes=args.host_cache_size,
+        disk_cache_dir=args.disk_cache_dir.expanduser() if args.disk_cache_dir else None,
+        disk_cache_bytes=args.disk_cache_size,
+        enable_prefix_reuse=not args.no_cache,
+        **cache_fields,
+    )
+    engine_fields = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
+    engine = EngineConfig(
+        max_batch_tokens=args.max_batch_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_queue=args.max_queue,
+        schedule_policy=SchedulePolicy(args.schedule_policy),
+        dtype=args.dtype,
+        **engine_fields,
+    )
+    return ServeSettings(
+        args.model, args.served_model_name, args.max_model_len, server, cache, engine
+    )
+
+
+def run_serve(settings: ServeSettings) -> None:
+    """Load the model, start the engine (warm-up, disk index), serve until SIGTERM."""
+    import torch  # heavy imports only once the flags are known to be good
+
+    from tieredkv.engine.async_engine import AsyncEngine
+    from tieredkv.engine.metrics import EngineMetrics
+    from tieredkv.model.loader import load_model, resolve_dtype
+    from tieredkv.server.app import create_app
+    from tieredkv.server.runner import serve
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = resolve_dtype(settings.engine.dtype, device)
+    print(f"loading {settings.model or 'the default model'} ({dtype}, {device}) ...", flush=True)
+    loaded = load_model(settings.model, dtype)
+    model_len = loaded.config.max_position_embeddings
+    if settings.max_model_len is not None and settings.max_model_len > model_len:
+        raise ConfigError(
+            f"--max-model-len {settings.max_model_len} exceeds the model's context ({model_len})"
+        )
+    engine_config = dataclasses.replace(
+        settings.engine, max_model_len=settings.max_model_len or model_len
+    )
+    print("starting the engine (warm-up, disk index) ...", flush=True)
+    engine = AsyncEngine.start(
+        loaded, settings.cache, engine_config, EngineMetrics(), device=device
+    )
+    name = settings.served_model_name or loaded.name
+    app = create_app(
+        engine, loaded.tokenizer, settings.server, name, engine.max_model_len, clock=engine.clock
+    )
+    print(f"serving {name} on http://{settings.server.host}:{settings.server.port}", flush=True)
+    serve(app, engine, settings.server)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The `tieredkv` entry point; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        print(f"tieredkv bench {args.benchmark}: not implemented yet", file=sys.stderr)
+        return 2
+    try:
+        settings = serve_settings(args)
+    except ConfigError as exc:
+        print(f"tieredkv serve: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        run_serve(settings)
+    except TieredKVError as exc:
+        print(f"tieredkv serve: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # Ctrl+C while loading, before the server handles signals
+        return 130
+    return 0
