@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--store-configs",
-        default="4:2:8",
+        default="4:2:32",
         help="comma-separated DiskStore io_threads:io_depth:chunk_MiB settings to compare",
     )
     args = parser.parse_args(argv)

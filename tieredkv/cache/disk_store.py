@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 ERROR_REASONS = ("checksum", "fingerprint", "io")
 # A run of slots moves as chunks of about CHUNK_BYTES, IO_DEPTH of them in flight while the
 # calling worker checksums the next (see disk_pipeline).
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 32 << 20
 IO_DEPTH = 2
 MIN_CHUNKS = 4
 MIN_CHUNK_BYTES = 1 << 20
