@@ -6,7 +6,7 @@ ignored). Values the types cannot express (n > 1, tools, context length) are che
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,27 +40,30 @@ class SamplingFields(_Request):
     """The sampling and stopping fields both completion endpoints accept."""
 
     model: str | None = Field(None, description="The served model name; omitted: the served one")
-    max_tokens: int | None = Field(None, description="Default: the rest of the context")
+    max_tokens: int | None = Field(None, ge=1, description="Default: the rest of the context")
     temperature: float | None = Field(None, ge=0, le=100)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, le=INT64_MAX, description="0 or -1: off")
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=INT64_MAX)
     n: int | None = Field(None, description="Only 1 is supported")
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache_salt: str | None = Field(
-        None, description="KV cache namespace (1..256 bytes); or the X-Cache-Namespace header"
+        None,
+        min_length=1,
+        max_length=256,
+        description="KV cache namespace (1..256 UTF-8 bytes); or the X-Cache-Namespace header",
     )
     user: str | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage]
-    max_completion_tokens: int | None = Field(None, description="Preferred over max_tokens")
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, description="Preferred over max_tokens")
     tools: list[Any] | None = Field(None, description="Not supported: must be absent or empty")
     tool_choice: Any = None
     response_format: ResponseFormat | None = Field(None, description='Only {"type": "text"}')

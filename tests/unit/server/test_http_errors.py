@@ -68,7 +68,7 @@ BAD_CHAT_FIELDS = [
     ({"messages": HELLO, "max_tokens": 1.5}, "max_tokens"),
     ({"messages": HELLO, "max_tokens": 0}, "max_tokens"),
     ({"messages": HELLO, "max_tokens": -5}, "max_tokens"),
-    ({"messages": HELLO, "max_completion_tokens": 0}, "max_tokens"),
+    ({"messages": HELLO, "max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": HELLO, "temperature": -1}, "temperature"),
     ({"messages": HELLO, "temperature": 1000}, "temperature"),
     ({"messages": HELLO, "top_p": 0}, "top_p"),
@@ -79,7 +79,7 @@ BAD_CHAT_FIELDS = [
     ({"messages": HELLO, "seed": "7"}, "seed"),
     ({"messages": HELLO, "stop": 5}, "stop"),
     ({"messages": HELLO, "stop": [""]}, "stop"),
-    ({"messages": HELLO, "stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"messages": HELLO, "stop_token_ids": [-1]}, "stop_token_ids[0]"),
     ({"messages": HELLO, "stop_token_ids": [10**30]}, "stop_token_ids"),
     (
         {"messages": HELLO, "stream_options": {"include_usage": "yes"}},
