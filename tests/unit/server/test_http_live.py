@@ -97,3 +97,20 @@ def test_invalid_utf8_namespace_header_over_the_wire(live, engine):
         response = client.post("/v1/completions", json={"prompt": "hi"}, headers=headers)
     assert response.status_code == 400 and response.json()["error"]["param"] == "X-Cache-Namespace"
     assert engine.requests == []
+
+
+def test_a_chunked_body_over_the_limit_is_413_over_the_wire(engine):
+    app = make_app(engine, max_request_bytes=4096)
+    body = json.dumps({"prompt": "x" * 20000}).encode()
+
+    def chunks():
+        for i in range(0, len(body), 1000):
+            yield body[i : i + 1000]
+
+    with serve(app) as base_url, httpx.Client(base_url=base_url) as client:
+        response = client.post("/v1/completions", content=chunks())
+        assert response.status_code == 413, response.text
+        assert response.json()["error"]["code"] == "request_too_large"
+        small = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+        assert client.post("/v1/completions", content=iter([small])).status_code == 200
+    assert len(engine.requests) == 1 and app.state.internal_errors == 0
