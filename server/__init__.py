@@ -1,1 +1,13 @@
-"""The OpenAI-compatible HTTP server (installed as tieredkv.server)."""
+"""The OpenAI-compatible HTTP server (installed as tieredkv.server).
+
+app.py          create_app(engine, tokenizer, server_config, model_name, max_model_len, clock)
+completions.py  the two completion endpoints: body -> GenerationRequest -> JSON or SSE
+schemas.py      pydantic request models (validation and the OpenAPI document)
+body.py         the body under --max-request-bytes, JSON validation errors as 400s
+translate.py    model name, unsupported values, namespace, prompt ids, sampling, context limit
+responses.py    response bodies, stream chunks, usage
+streaming.py    reading the engine's stream: first update, collect, SSE, client hang-ups
+errors.py       OpenAI's error shape and the exception handlers
+openapi.py      request-body component schemas in /openapi.json
+runner.py       uvicorn (uvloop) with the graceful SIGTERM
+"""
