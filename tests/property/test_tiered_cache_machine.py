@@ -26,6 +26,8 @@ from hypothesis.stateful import (
 )
 
 from tieredkv.cache.cache_results import MatchResult, PromotionTicket
+from tieredkv.cache.disk_store import DiskRecord
+from tieredkv.cache.page_key import page_key
 from tieredkv.cache.radix_tree import RadixNode
 from tieredkv.cache.testing import expected_pages, make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
@@ -85,6 +87,7 @@ class TieredCacheMachine(RuleBasedStateMachine):
     def start(self, device_pages: int, host_pages: int, disk_pages: int, policy: WritePolicy):
         self.directory = Path(tempfile.mkdtemp(prefix="tkv-prop-"))
         self.sizes = (device_pages, host_pages, disk_pages, policy)
+        self.corrupted: set[int] = set()  # disk slots overwritten on purpose
         self.reference: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
         self._open()
 
@@ -109,7 +112,7 @@ class TieredCacheMachine(RuleBasedStateMachine):
         prefix = tuple(tokens[: (index + 1) * PAGE_SIZE])
         return self.reference[namespace, prefix]
 
-    def _read(self, tier: Tier, page: int, key: bytes) -> torch.Tensor:
+    def _read(self, tier: Tier, page: int, key: bytes) -> torch.Tensor | None:
         if tier is Tier.DEVICE:
             return self.cache.device_pool.kv[:, :, page]
         if tier is Tier.HOST:
@@ -117,8 +120,10 @@ class TieredCacheMachine(RuleBasedStateMachine):
         out = torch.empty((1, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
         disk = self.cache.pools.disk
         assert disk is not None
-        assert disk.read_pages([page], [key], out) == [True]
-        return out[0]
+        if disk.read_pages([page], [key], out) == [True]:
+            return out[0]
+        assert page in self.corrupted, f"disk page {page} fails verification"
+        return None  # corrupted on purpose: a promotion must not serve it
 
     def _check_match(self, match: MatchResult, namespace: str, tokens: list[int]) -> None:
         index = 0
@@ -132,7 +137,7 @@ class TieredCacheMachine(RuleBasedStateMachine):
             for key, page in pages:
                 want = self._expect(namespace, tokens, index)
                 got = self._read(segment.tier, page, key)
-                assert torch.equal(got, want), f"{segment.tier.label} page {index} differs"
+                assert got is None or torch.equal(got, want), f"{segment.tier.label} {index}"
                 index += 1
         assert index == match.num_pages
 
@@ -147,8 +152,12 @@ class TieredCacheMachine(RuleBasedStateMachine):
         for held in getattr(self, "held", []):
             assert held.node.attached
             now = _snapshot(held.node)
+            corrupt = False  # a bad record drops its disk copy and the disk copies below it
             for index, (before, after) in enumerate(zip(held.copies, now, strict=True)):
+                corrupt = corrupt or before.get(Tier.DISK) in self.corrupted
                 for tier, page in before.items():
+                    if tier is Tier.DISK and corrupt:
+                        continue
                     assert after.get(tier) == page, f"locked page {index} lost {tier.label}"
 
     # --- requests --------------------------------------------------------------------------
@@ -292,6 +301,21 @@ class TieredCacheMachine(RuleBasedStateMachine):
         for ticket in pending:
             self.executor.complete(ticket)
         self._poll()
+
+    @rule(data=st.data())
+    def corrupt_disk_record(self, data: st.DataObject) -> None:
+        """Overwrite a disk record with a page of another chain: it must never be served."""
+        disk = self.cache.pools.disk
+        nodes = [n for n in self.cache.tree.iter_nodes() if Tier.DISK in n.copies]
+        if disk is None or not nodes:
+            return
+        node = data.draw(st.sampled_from(nodes))
+        index = data.draw(st.integers(0, node.num_pages - 1))
+        slot, tokens = node.copies[Tier.DISK][index], node.page_tokens(index, PAGE_SIZE)
+        record = DiskRecord(page_key(b"other chain" * 2, tokens), b"other chain" * 2, tokens)
+        zeros = torch.zeros((1, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
+        disk.write_pages([slot], [record], zeros)
+        self.corrupted.add(slot)
 
     @rule(fail=st.booleans(), dice=st.integers(0, 9))
     def reopen(self, fail: bool, dice: int) -> None:
