@@ -126,8 +126,11 @@ class Promoter:
         for node in match_path(match):
             if node.in_closure(Tier.HOST):
                 continue
-            if node.num_pages > budget or Tier.DISK not in node.copies:
+            if not budget or Tier.DISK not in node.copies:
                 break
+            if node.num_pages > budget:
+                node = self.residency.tree.split(node, budget)  # take the head only
+                self.residency.refresh(node)
             chosen.append(node)
             budget -= node.num_pages
         if not chosen:

@@ -1,0 +1,155 @@
+from pathlib import Path
+
+import torch
+
+from tieredkv.cache.eviction import LruEvictionPolicy, TierHeap
+from tieredkv.cache.executor import ManualTransferExecutor
+from tieredkv.cache.radix_tree import RadixTree
+from tieredkv.cache.testing import (
+    expected_pages,
+    fill_device_pages,
+    make_cache,
+    tiny_layout,
+)
+from tieredkv.cache.tier import Tier
+from tieredkv.cache.tiered_cache import TieredCache
+
+LAYOUT = tiny_layout(page_size=4)
+
+
+def ok(cache: TieredCache) -> None:
+    result = cache.check_integrity()
+    assert result.ok, result.problems
+
+
+def compute(cache: TieredCache, tokens: list[int]) -> None:
+    pages = cache.allocate(len(tokens) // LAYOUT.page_size)
+    assert pages is not None
+    fill_device_pages(cache, tokens, "default", pages)
+    result = cache.insert(tokens, "default", pages)
+    cache.free([p for p in pages if p not in result.device_pages])
+    ok(cache)
+
+
+def settle(cache: TieredCache, executor: ManualTransferExecutor) -> None:
+    while executor.pending():
+        executor.complete_all()
+        cache.poll()
+    ok(cache)
+
+
+def test_heap_pops_least_recent_first_and_skips_stale_entries() -> None:
+    tree = RadixTree(4)
+    root = tree.root(b"r" * 16, create=True)
+    nodes = []
+    for i in range(3):
+        node = tree.add_child(root, [i] * 4)
+        node.copies[Tier.DEVICE] = [i]
+        node.last_access = 10 - i  # the last one is the least recent
+        nodes.append(node)
+    heap = TierHeap(Tier.DEVICE)
+    policy = LruEvictionPolicy()
+    for node in nodes:
+        heap.push(node, policy.priority(node, Tier.DEVICE))
+    nodes[2].last_access = 20
+    heap.push(nodes[2], policy.priority(nodes[2], Tier.DEVICE))  # touched: old entry is stale
+    assert len(heap) == 4
+    assert heap.pop(policy.evictable) is nodes[1]
+    nodes[0].lock_count = 1  # locked nodes are skipped
+    assert heap.pop(policy.evictable) is nodes[2]
+    assert heap.pop(policy.evictable) is None
+
+
+def test_heap_compacts_stale_entries() -> None:
+    tree = RadixTree(4)
+    node = tree.add_child(tree.root(b"r" * 16, create=True), [1] * 4)
+    node.copies[Tier.HOST] = [0]
+    heap = TierHeap(Tier.HOST)
+    for access in range(5000):
+        node.last_access = access
+        heap.push(node, LruEvictionPolicy.priority(node, Tier.HOST))
+    assert len(heap) <= 2048  # re-pushing one node never grows the heap without bound
+    assert heap.pop(LruEvictionPolicy.evictable) is node
+
+
+def test_eviction_takes_the_tail_of_a_long_leaf() -> None:
+    cache, executor = make_cache(LAYOUT, device_pages=4, host_pages=4)
+    tokens = list(range(17))
+    compute(cache, tokens)
+    assert cache.allocate(1) is None
+    settle(cache, executor)
+    match = cache.match(tokens)
+    assert (match.device.num_pages, match.host.num_pages) == (3, 1)  # only the tail moved
+    assert cache.counters.evicted_pages[Tier.DEVICE, "demoted"] == 1
+
+
+def test_full_host_drops_clean_lower_copies_first(tmp_path: Path) -> None:
+    cache, executor = make_cache(
+        LAYOUT, device_pages=4, host_pages=4, disk_pages=16, disk_dir=tmp_path
+    )
+    old, new = list(range(9)), list(range(100, 109))
+    compute(cache, old)
+    compute(cache, new)
+    cache.evict(Tier.DEVICE, 4)
+    settle(cache, executor)  # both on host now
+    match = cache.match(old)
+    ticket = cache.promote(match)  # old goes back to device, keeping its host copy
+    assert ticket is not None
+    settle(cache, executor)
+    assert set(cache.match(old).device.nodes[0].copies) == {Tier.DEVICE, Tier.HOST}
+    cache.match(old)  # old is now the most recent: LRU alone would evict new's host copy
+    assert cache.evict(Tier.HOST, 2)
+    assert Tier.HOST not in cache.match(old).device.nodes[0].copies  # the redundant one went
+    assert cache.match(new).host.num_pages == 2 and not executor.pending()
+    ok(cache)
+
+
+def test_prefetch_moves_a_bounded_disk_prefix_to_host(tmp_path: Path) -> None:
+    cache, executor = make_cache(
+        LAYOUT, device_pages=4, host_pages=4, disk_pages=16, disk_dir=tmp_path
+    )
+    tokens = list(range(17))
+    compute(cache, tokens)
+    cache.evict(Tier.DEVICE, 4)
+    settle(cache, executor)
+    cache.evict(Tier.HOST, 4)
+    settle(cache, executor)
+    match = cache.match(tokens)
+    assert match.disk.num_pages == 4
+    tickets = cache.prefetch(match, max_pages=2)
+    assert [t.num_pages for t in tickets] == [2] and tickets[0].dst_tier is Tier.HOST
+    ok(cache)
+    settle(cache, executor)
+    match = cache.match(tokens)
+    assert (match.host.num_pages, match.disk.num_pages) == (2, 2)
+    for page, want in zip(
+        match.host.pages, expected_pages(tokens, "default", LAYOUT), strict=False
+    ):
+        assert torch.equal(cache.host_pool.kv[page], want)
+    assert cache.counters.transfer_bytes[Tier.DISK, Tier.HOST] == 2 * LAYOUT.page_bytes
+
+
+def test_flush_drops_everything_unlocked(tmp_path: Path) -> None:
+    cache, executor = make_cache(
+        LAYOUT, device_pages=4, host_pages=4, disk_pages=16, disk_dir=tmp_path
+    )
+    kept, gone = list(range(9)), list(range(100, 109))
+    compute(cache, kept)
+    compute(cache, gone)
+    cache.evict(Tier.DEVICE, 2)
+    settle(cache, executor)
+    cache.evict(Tier.HOST, 2)
+    settle(cache, executor)
+    locked = cache.match(kept).last_node
+    assert locked is not None
+    cache.lock(locked)
+    assert cache.flush() > 0
+    ok(cache)
+    assert cache.match(gone).matched_len == 0
+    assert cache.match(kept).matched_len == 8
+    cache.unlock(locked)
+    cache.flush()
+    assert cache.match(kept).matched_len == 0
+    for tier in Tier:
+        assert cache.tier_used_bytes(tier) == 0
+    ok(cache)
