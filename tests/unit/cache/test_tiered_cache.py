@@ -8,6 +8,7 @@ from tieredkv.cache.disk_store import DiskRecord
 from tieredkv.cache.executor import ManualTransferExecutor
 from tieredkv.cache.page_key import page_key
 from tieredkv.cache.testing import (
+    FINGERPRINT,
     device_page,
     expected_pages,
     fill_device_pages,
@@ -16,7 +17,7 @@ from tieredkv.cache.testing import (
 )
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.config import WritePolicy
+from tieredkv.config import CacheConfig, WritePolicy
 
 LAYOUT = tiny_layout(page_size=4)
 
@@ -226,3 +227,29 @@ def test_counters_and_used_bytes(policy: WritePolicy) -> None:
     assert cache.tier_capacity_bytes(Tier.DISK) == 0
     settle(cache, executor)
     assert cache.disk_page_errors() == {"checksum": 0, "fingerprint": 0, "io": 0}
+
+
+def test_device_only_cache_drops_and_forgets() -> None:
+    cache, executor = make_cache(LAYOUT, device_pages=2)
+    first, second = list(range(9)), list(range(100, 109))
+    compute(cache, first)
+    compute(cache, second)  # no lower tier: the first one is dropped, not demoted
+    assert not executor.pending()
+    assert cache.counters.evicted_pages[Tier.DEVICE, "dropped"] == 2
+    assert cache.match(first).matched_len == 0 and cache.tree.num_nodes == 1
+    assert cache.match(second).device.num_pages == 2
+
+
+def test_no_cache_reuses_nothing() -> None:
+    config = CacheConfig(
+        page_size=4, device_cache_bytes=4 * LAYOUT.page_bytes, enable_prefix_reuse=False
+    )
+    cache = TieredCache(config, LAYOUT, FINGERPRINT, memory_executor=ManualTransferExecutor())
+    tokens = list(range(9))
+    pages = cache.allocate(2)
+    assert pages is not None
+    result = cache.insert(tokens, "default", pages)
+    assert result.num_pages == 0 and result.node is None
+    assert cache.match(tokens).matched_len == 0
+    cache.free(pages)  # the pages stayed the request's
+    ok(cache)
