@@ -75,6 +75,8 @@ def _check_node(cache: TieredCache, node: RadixNode, problems: list[str]) -> Non
             problems.append(f"{node}: stale transfer part towards {tier.label}")
         if len(part.dst_pages) != node.num_pages or tier in node.copies:
             problems.append(f"{node}: transfer towards {tier.label} does not fit the node")
+        if part.arrived and parent_committed(node, tier):
+            problems.append(f"{node}: its {tier.label} copy arrived and was never committed")
     for tier in Tier:
         if node.in_closure(tier) and not parent.in_closure(tier):
             problems.append(f"{node}: in the {tier.label} closure, its parent is not")

@@ -90,6 +90,7 @@ def insert_pages(
             _take(cache, mine)  # the tree had these pages on host or disk only: adopt ours
             node.copies[Tier.DEVICE] = mine
             cache.residency.refresh(node.parent)
+            cache.residency.commit_waiting_children(node)
         else:
             break  # its device copy is still in flight: the caller keeps its pages from here
         tree_pages.extend(node.copies[Tier.DEVICE])

@@ -170,6 +170,10 @@ class Residency:
             self._finish_demotion(node, part.src_tier)
         self.refresh(node)
         self.refresh(node.parent)
+        self.commit_waiting_children(node)
+
+    def commit_waiting_children(self, node: RadixNode) -> None:
+        """Commit the children's arrived copies that `node`'s copies now allow."""
         for child in list(node.children.values()):
             for child_part in list(child.inflight.values()):
                 if child_part.arrived:
@@ -194,6 +198,7 @@ class Residency:
         if bad_record and Tier.DISK in node.copies:
             self.free_copy(node, Tier.DISK, count_as=None)
         self.enforce_closure(node)
+        self.commit_waiting_children(node)  # a copy it kept may be all they waited for
         self.refresh(node)
         self.remove_if_empty(node)
 
