@@ -97,6 +97,8 @@ class PromotionTicket:
     device_pages: tuple[int, ...] = ()
     tokens_by_tier: dict[Tier, int] = field(default_factory=lambda: dict.fromkeys(Tier, 0))
     waiting_on: set[int] = field(default_factory=set)  # transfer ticket ids not yet applied
+    hold_lock: bool = False  # when done, lock `ready_node` for the caller
+    ready_node: RadixNode | None = None  # deepest ready node; locked for the caller if hold_lock
 
     @property
     def ready_len(self) -> int:

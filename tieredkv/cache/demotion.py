@@ -13,6 +13,7 @@ Write-through copies new device pages down in the background, so that eviction i
 
 from __future__ import annotations
 
+from tieredkv.cache.eviction import copy_may_leave
 from tieredkv.cache.radix_tree import RadixNode, RadixTree
 from tieredkv.cache.residency import Residency
 from tieredkv.cache.tier import Tier
@@ -47,19 +48,22 @@ class Demoter:
         return pools.num_free(tier) >= count
 
     def _evict(self, node: RadixNode, tier: Tier) -> bool:
-        if any(t > tier for t in node.copies):
+        if any(t > tier for t in node.copies) and copy_may_leave(node, tier):
             self.residency.free_copy(node, tier, count_as=True)
             self._after_free(node)
             return True
         if not any(t < tier for t in node.copies):
             lower = self.pools.lower(tier)
             while lower is not None:
+                if lower in node.copies or lower in node.inflight:
+                    break  # its copy there is too low for its children: drop below instead
                 if self.copy_down(node, lower, drop_source=True):
                     return True
                 if self.residency.pending_free[lower]:
                     return False  # room is on its way there: wait for it
                 lower = self.pools.lower(lower)
         self.residency.free_copy(node, tier, count_as=False)
+        self.residency.enforce_closure(node)  # copies below that relied on this one go too
         self._after_free(node)
         return True
 

@@ -39,8 +39,25 @@ def copy_may_leave(node: RadixNode, tier: Tier) -> bool:
     return not any(child.in_closure(deepest_lost) for child in children)
 
 
+def copy_may_move_down(node: RadixNode, tier: Tier) -> bool:
+    """Could `node`'s copy in `tier` leave by demotion (a copy one tier down first)? Then the
+    node leaves only the closure of `tier`, so no child may have a copy in `tier` or faster."""
+    children = node.children.values()
+    if tier is Tier.DISK:
+        return not any(child.has_disk_copy() for child in children)
+    if any(t < tier for t in node.copies):
+        return True
+    return not any(child.in_closure(tier) for child in children)
+
+
 class LruEvictionPolicy:
-    """The evictability predicate and the eviction order (see the module docstring)."""
+    """The evictability predicate and the eviction order (see the module docstring).
+
+    A copy is a candidate when it can leave by demotion (`copy_may_move_down`); the demoter
+    frees it directly only when `copy_may_leave` also holds, else copies it down first. A node
+    whose child was demoted before it (the child on host, the node still on the device) must
+    stay a candidate, or the device fills with such nodes and nothing can be evicted.
+    """
 
     @staticmethod
     def evictable(node: RadixNode, tier: Tier) -> bool:
@@ -48,7 +65,7 @@ class LruEvictionPolicy:
             return False
         if node.lock_count or node.inflight:
             return False
-        return copy_may_leave(node, tier)
+        return copy_may_move_down(node, tier)
 
     @staticmethod
     def priority(node: RadixNode, tier: Tier) -> Priority:

@@ -116,6 +116,7 @@ class Mover:
         self._cond = threading.Condition()
         self._arrived: list[tuple[TransferTicket, list[bool] | None, BaseException | None]] = []
         self.in_flight: dict[int, TransferTicket] = {}  # submitted, not yet applied
+        self._listeners: list[Callable[[], None]] = []
 
     def new_ticket(self, src_tier: Tier, dst_tier: Tier, num_pages: int) -> TransferTicket:
         return TransferTicket(next(self._ids), src_tier, dst_tier, num_pages, self.clock())
@@ -126,6 +127,11 @@ class Mover:
         executor = self.disk_executor if uses_disk else self.memory_executor
         executor.submit(ticket, job, self._report)
 
+    def add_listener(self, notify: Callable[[], None]) -> None:
+        """Call `notify()` (from a worker thread) whenever a copy finishes: lets the engine
+        thread sleep on one event for both new requests and finished transfers."""
+        self._listeners.append(notify)
+
     def _report(
         self, ticket: TransferTicket, page_ok: list[bool] | None, error: BaseException | None
     ) -> None:
@@ -133,6 +139,8 @@ class Mover:
         with self._cond:
             self._arrived.append((ticket, page_ok, error))
             self._cond.notify_all()
+        for notify in self._listeners:
+            notify()
 
     def drain(self) -> list[TransferTicket]:
         """Take the tickets whose copies finished, outcome stored on each (engine thread)."""

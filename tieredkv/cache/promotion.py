@@ -47,9 +47,9 @@ class Promoter:
         self.unlock = unlock
         self.clock = clock
 
-    def promote(self, match: MatchResult) -> PromotionTicket | None:
+    def promote(self, match: MatchResult, hold_lock: bool = False) -> PromotionTicket | None:
         path = match_path(match)
-        ticket = PromotionTicket(match, self.clock())
+        ticket = PromotionTicket(match, self.clock(), hold_lock=hold_lock)
         if not path:
             self._finish(ticket, [])
             return ticket
@@ -97,11 +97,18 @@ class Promoter:
 
     def _finish(self, ticket: PromotionTicket, path: list[RadixNode]) -> None:
         pages: list[int] = []
+        ready_node = None
         for node in path:
             if Tier.DEVICE not in node.copies or len(pages) >= ticket.match.num_pages:
                 break
             pages.extend(node.copies[Tier.DEVICE])
+            ready_node = node
         pages = pages[: ticket.match.num_pages]
+        if ticket.hold_lock and ready_node is not None:
+            # locked before the match's lock goes, so no transfer applied later in the same
+            # poll can take the ready pages away; the caller owns this lock
+            ticket.ready_node = ready_node
+            self.lock(ready_node)
         ticket.num_ready_pages = len(pages)
         ticket.device_pages = tuple(pages)
         page_size = ticket.match.page_size

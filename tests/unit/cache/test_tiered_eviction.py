@@ -153,3 +153,18 @@ def test_flush_drops_everything_unlocked(tmp_path: Path) -> None:
     for tier in Tier:
         assert cache.tier_used_bytes(tier) == 0
     ok(cache)
+
+
+def test_a_parent_whose_child_left_first_can_still_be_demoted() -> None:
+    cache, executor = make_cache(LAYOUT, device_pages=4, host_pages=8)
+    tokens = list(range(17))
+    compute(cache, tokens)
+    cache.evict(Tier.DEVICE, 2)  # the tail (a child now) goes to host first
+    settle(cache, executor)
+    match = cache.match(tokens)
+    assert (match.device.num_pages, match.host.num_pages) == (2, 2)
+    cache.evict(Tier.DEVICE, 4)  # the parent is device-only with a child on host
+    settle(cache, executor)
+    assert cache.allocate(4) is not None
+    assert cache.match(tokens).host.num_pages == 4
+    ok(cache)
