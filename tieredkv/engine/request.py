@@ -1,0 +1,88 @@
+"""A request's state inside the engine (engine thread only).
+
+Life: WAITING (queued; its disk pages prefetched towards host) → PROMOTING (admitted: its host
+and disk prefix pages are on their way to the device) → RUNNING (prefill in chunks, then
+decode) → FINISHED. Preemption sends a RUNNING request back to WAITING after its computed pages
+went into the tree, so its next admission finds them there (or demoted, not lost).
+
+Page table: `page_table[i]` is the device page of the sequence's i-th page. The first
+`tree_pages` entries belong to the tree (cached or inserted, locked through `locked_node`); the
+rest are the request's private pages.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from tieredkv.cache.cache_results import MatchResult, PromotionTicket
+from tieredkv.cache.radix_tree import RadixNode
+from tieredkv.cache.tier import Tier
+from tieredkv.engine.output import OutputProcessor
+from tieredkv.engine.protocol import FinishReason, GenerationRequest, Usage
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    PROMOTING = "promoting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    spec: GenerationRequest
+    seq_id: int
+    output: OutputProcessor
+    generator: torch.Generator | None
+    status: RequestStatus = RequestStatus.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    # cache state
+    page_table: list[int] = field(default_factory=list)
+    tree_pages: int = 0  # leading entries of page_table that the tree owns
+    locked_node: RadixNode | None = None
+    kv_len: int = 0  # tokens whose K/V are in page_table's pages
+    waiting_match: MatchResult | None = None  # matched at arrival: the queue's priority
+    promotion: PromotionTicket | None = None
+    # accounting (engine clock)
+    cached_tokens: int = 0
+    cached_by_tier: dict[Tier, int] = field(default_factory=lambda: dict.fromkeys(Tier, 0))
+    admitted_at: float | None = None
+    first_forward_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    promotion_seconds: float | None = None  # admission to prefix ready, first admission
+    num_preemptions: int = 0
+    finish_reason: FinishReason | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.spec.request_id
+
+    @property
+    def tokens(self) -> list[int]:
+        """Prompt + generated tokens: what the sequence's KV covers once computed."""
+        return [*self.spec.prompt_ids, *self.output_ids]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.spec.prompt_ids) + len(self.output_ids)
+
+    @property
+    def private_pages(self) -> list[int]:
+        return self.page_table[self.tree_pages :]
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens still to forward; the step that forwards the last of them samples."""
+        return self.num_tokens - self.kv_len
+
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=len(self.spec.prompt_ids),
+            completion_tokens=len(self.output_ids),
+            cached_tokens=self.cached_tokens,
+            cached_tokens_by_tier={tier.label: n for tier, n in self.cached_by_tier.items()},
+        )

@@ -1,0 +1,71 @@
+"""Who runs next: queue order (FCFS or cache-aware with aging) and each step's token budget.
+
+Cache-aware order (`lpm`): a waiting request's priority is the tokens its prompt matched at
+arrival, each weighted by the tier that holds it (a device page is worth more than a disk page,
+which must still be read), plus `aging_tokens_per_second` × its wait. A request that matched
+nothing therefore overtakes any request arriving after it once it has waited
+`max_model_len / aging_tokens_per_second` seconds (no match is worth more than a whole context):
+under a steady stream of hot requests, a cold request's extra wait is bounded by that time
+(2 s with the defaults: 8192 tokens / 4096 tokens/s) plus the service of the requests already
+ahead of it. FCFS is arrival order.
+
+The step budget: running decodes first (one token each, oldest first), then prefill chunks of
+running requests, then newly admitted requests, until `max_batch_tokens` tokens or
+`max_num_seqs` sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tieredkv.cache.tier import Tier
+from tieredkv.config import SchedulePolicy
+from tieredkv.engine.request import Request
+
+TIER_WEIGHT = {Tier.DEVICE: 1.0, Tier.HOST: 0.75, Tier.DISK: 0.5}
+DEFAULT_AGING_TOKENS_PER_SECOND = 4096.0
+
+
+@dataclass(frozen=True)
+class QueueOrder:
+    policy: SchedulePolicy
+    aging_tokens_per_second: float = DEFAULT_AGING_TOKENS_PER_SECOND
+
+    def priority(self, request: Request, now: float) -> tuple[float, float]:
+        """Sort key: smaller runs first."""
+        arrival = request.spec.arrival_time
+        if self.policy is SchedulePolicy.FCFS:
+            return (arrival, arrival)
+        score = weighted_match_tokens(request)
+        score += self.aging_tokens_per_second * max(0.0, now - arrival)
+        return (-score, arrival)
+
+    def ordered(self, waiting: Iterable[Request], now: float) -> list[Request]:
+        return sorted(waiting, key=lambda request: self.priority(request, now))
+
+
+def weighted_match_tokens(request: Request) -> float:
+    match = request.waiting_match
+    if match is None:
+        return 0.0
+    return sum(
+        TIER_WEIGHT[tier] * tokens for tier, tokens in match.tokens_by_tier().items() if tokens
+    )
+
+
+@dataclass
+class StepBudget:
+    """Tokens and sequences left in this step."""
+
+    tokens: int
+    seqs: int
+
+    def take(self, request: Request) -> int:
+        """Tokens `request` forwards this step (0: none fit)."""
+        if self.seqs <= 0 or self.tokens <= 0:
+            return 0
+        count = min(request.num_pending, self.tokens)
+        self.tokens -= count
+        self.seqs -= 1
+        return count

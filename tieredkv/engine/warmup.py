@@ -1,0 +1,47 @@
+"""Start-up checks and the model's warm-up, before the server reports healthy."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from tieredkv.cache.device_pool import PageLayout
+from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.config import CacheConfig
+from tieredkv.errors import ConfigError
+from tieredkv.model.forward_batch import SequenceChunk
+from tieredkv.model.runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+_WARMUP_TOKENS = 64
+
+
+def check_device_capacity(config: CacheConfig, layout: PageLayout, max_model_len: int) -> None:
+    """The device tier must hold one whole --max-model-len sequence."""
+    pages_needed = -(-max_model_len // layout.page_size)
+    pages = config.device_cache_bytes // layout.page_bytes
+    if pages < pages_needed:
+        raise ConfigError(
+            f"--device-cache-size {config.device_cache_bytes} B holds {pages} pages of "
+            f"{layout.page_bytes} B, but one --max-model-len {max_model_len} sequence needs "
+            f"{pages_needed} ({pages_needed * layout.page_bytes} B)"
+        )
+
+
+def warm_up(runner: ModelRunner, cache: TieredCache) -> None:
+    """Run a short prefill and a decode step so first requests do not pay for lazy init."""
+    start = time.perf_counter()
+    num_pages = -(-(_WARMUP_TOKENS + 1) // runner.page_size)
+    pages = cache.allocate(num_pages)
+    if pages is None:
+        raise ConfigError("the device tier has no free page for the warm-up")
+    seq_id = -1  # never a request's
+    try:
+        tokens = list(range(1, _WARMUP_TOKENS + 1))
+        runner.forward([SequenceChunk(seq_id, tokens, 0, pages)])
+        runner.forward([SequenceChunk(seq_id, [1], _WARMUP_TOKENS, pages)])
+    finally:
+        runner.release(seq_id)
+        cache.free(pages)
+    logger.info("warm-up done in %.2f s", time.perf_counter() - start)
