@@ -5,7 +5,9 @@
   - every lock count equals its live holders plus its children's counts;
   - closure: for each tier T, nodes with a copy in T or faster (in flight counted) are closed
     under "parent of"; so are nodes with a disk copy; committed copies likewise;
-  - each node's pages, keys and tokens agree (keys chain from the namespace root).
+  - each node's pages, keys and tokens agree (keys chain from the namespace root);
+  - a transfer's source copy stays committed until its bytes arrive, and an arrived copy is
+    committed as soon as its parent's copy allows.
 It walks the whole tree: for tests and the debug endpoint, never the hot path.
 """
 
@@ -77,6 +79,8 @@ def _check_node(cache: TieredCache, node: RadixNode, problems: list[str]) -> Non
             problems.append(f"{node}: transfer towards {tier.label} does not fit the node")
         if part.arrived and parent_committed(node, tier):
             problems.append(f"{node}: its {tier.label} copy arrived and was never committed")
+        if not part.arrived and node.copies.get(part.src_tier) != part.src_pages:
+            problems.append(f"{node}: the source of its copy towards {tier.label} is gone")
     for tier in Tier:
         if node.in_closure(tier) and not parent.in_closure(tier):
             problems.append(f"{node}: in the {tier.label} closure, its parent is not")
