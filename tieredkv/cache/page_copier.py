@@ -20,7 +20,7 @@ from tieredkv.cache.device_pool import DevicePool
 from tieredkv.cache.executor import CopyJob
 from tieredkv.cache.host_pool import HostPool
 from tieredkv.cache.tier import Tier
-from tieredkv.kernels.reference import gather_pages, scatter_pages
+from tieredkv.kernels.backend import select_backend
 
 if TYPE_CHECKING:
     from tieredkv.cache.disk_store import DiskRecord, DiskStore
@@ -38,6 +38,7 @@ class PageCopier:
         self.device_pool = device_pool
         self.host_pool = host_pool
         self.disk = disk
+        self.kernels = select_backend(device_pool.device)  # gather/scatter: Triton on CUDA
 
     def job(
         self,
@@ -72,9 +73,11 @@ class PageCopier:
     def _read_memory(self, tier: Tier, pages: list[int]) -> torch.Tensor:
         if tier is Tier.DEVICE:
             kv = self.device_pool.kv
-            return gather_pages(kv, _index(pages, kv.device))  # (n, layers, 2, ps, kvh, hd)
+            return self.kernels.gather_pages(kv, _index(pages, kv.device))  # (n, *page_shape)
         kv = self.host_pool.kv
-        return kv.index_select(0, _index(pages, kv.device))  # (n, layers, 2, ps, kvh, hd)
+        # pinned staging, so that a copy on to the device is asynchronous
+        out = torch.empty((len(pages), *kv.shape[1:]), dtype=kv.dtype, pin_memory=kv.is_pinned())
+        return torch.index_select(kv, 0, _index(pages, kv.device), out=out)
 
     def _read_disk(
         self, slots: list[int], records: list[DiskRecord]
@@ -92,7 +95,7 @@ class PageCopier:
         if tier is Tier.DEVICE:
             kv = self.device_pool.kv
             staged = staged.to(kv.device, non_blocking=True)
-            scatter_pages(kv, _index(pages, kv.device), staged)
+            self.kernels.scatter_pages(kv, _index(pages, kv.device), staged)
         elif tier is Tier.HOST:
             kv = self.host_pool.kv
             kv.index_copy_(0, _index(pages, kv.device), staged.to(kv.device))
