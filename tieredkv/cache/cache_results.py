@@ -87,10 +87,10 @@ class PromotionTicket:
     ready token to the tier it was served or promoted from. Times come from the cache's clock.
     """
 
-    match: MatchResult
+    match: MatchResult = field(repr=False)
     created_at: float
     transfers: list[TransferTicket] = field(default_factory=list)
-    source_tiers: list[Tier] = field(default_factory=list)  # per page of the match
+    source_tiers: list[Tier] = field(default_factory=list, repr=False)  # per page of the match
     done: bool = False
     completed_at: float | None = None
     num_ready_pages: int = 0
