@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tieredkv.bench import BENCHMARKS
 from tieredkv.config import (
     CacheConfig,
     EngineConfig,
@@ -84,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--api-key", default=None, help="require this Bearer token on /v1/*")
     add("--no-cache", action="store_true", help="no prefix reuse at all (recompute baseline)")
     add("--debug-endpoints", action="store_true", help="serve GET /debug/cache")
-    bench = commands.add_parser("bench", help="benchmarks (multiturn, tiers)")
-    bench.add_argument("benchmark", choices=("multiturn", "tiers"))
+    bench = commands.add_parser("bench", help=f"benchmarks ({', '.join(BENCHMARKS)})")
+    bench.add_argument("benchmark", choices=BENCHMARKS)
     bench.add_argument("options", nargs=argparse.REMAINDER)
     return parser
 
@@ -177,8 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "bench":
-        print(f"tieredkv bench {args.benchmark}: not implemented yet", file=sys.stderr)
-        return 2
+        from tieredkv import bench
+
+        return bench.run(args.benchmark, args.options)
     try:
         settings = serve_settings(args)
     except ConfigError as exc:

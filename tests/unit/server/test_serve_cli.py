@@ -80,9 +80,11 @@ def test_a_missing_model_is_an_error_message_not_a_traceback(capsys, tmp_path):
     assert err.startswith("tieredkv serve: error:") and "missing" in err and "Traceback" not in err
 
 
-def test_bench_is_not_implemented_yet(capsys):
-    assert main(["bench", "multiturn", "--base-url", "http://x"]) == 2
-    assert "not implemented yet" in capsys.readouterr().err
+def test_unknown_benchmark_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "nosuch"])
+    assert exit_info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
 
 
 CHILD = textwrap.dedent(
