@@ -29,25 +29,23 @@ _MIN_COMPACT_LEN = 1024
 
 def copy_may_leave(node: RadixNode, tier: Tier) -> bool:
     """Would freeing `node`'s copy in `tier` keep the closure invariants?"""
-    children = node.children.values()
     if tier is Tier.DISK:
-        return not any(child.has_disk_copy() for child in children)
+        return not node.children_on_disk
     if any(t < tier for t in node.copies):
         return True
     lower = min((t for t in node.copies if t > tier), default=None)
     deepest_lost = Tier.DISK if lower is None else Tier(lower - 1)
-    return not any(child.in_closure(deepest_lost) for child in children)
+    return not node.any_child_in_closure(deepest_lost)
 
 
 def copy_may_move_down(node: RadixNode, tier: Tier) -> bool:
     """Could `node`'s copy in `tier` leave by demotion (a copy one tier down first)? Then the
     node leaves only the closure of `tier`, so no child may have a copy in `tier` or faster."""
-    children = node.children.values()
     if tier is Tier.DISK:
-        return not any(child.has_disk_copy() for child in children)
+        return not node.children_on_disk
     if any(t < tier for t in node.copies):
         return True
-    return not any(child.in_closure(tier) for child in children)
+    return not node.any_child_in_closure(tier)
 
 
 class LruEvictionPolicy:

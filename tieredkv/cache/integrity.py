@@ -88,6 +88,13 @@ def _check_node(cache: TieredCache, node: RadixNode, problems: list[str]) -> Non
         problems.append(f"{node}: has a disk copy, its parent has none")
     if not (node.copies or node.inflight or node.lock_count):
         problems.append(f"{node}: holds nothing and is not locked")
+    ranks, on_disk = [0, 0, 0, 0], 0
+    for child in node.children.values():
+        rank, child_on_disk = child.rank()
+        ranks[rank] += 1
+        on_disk += child_on_disk
+    if ranks != node.child_ranks or on_disk != node.children_on_disk:
+        problems.append(f"{node}: child counts {node.child_ranks}/{node.children_on_disk}")
     expected_locks = cache.lock_holders.get(node, 0) + sum(
         child.lock_count for child in node.children.values()
     )

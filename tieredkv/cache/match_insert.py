@@ -88,7 +88,7 @@ def insert_pages(
             duplicates.extend(a for a, b in zip(mine, theirs, strict=True) if a != b)
         elif Tier.DEVICE not in node.inflight and parent_committed(node, Tier.DEVICE):
             _take(cache, mine)  # the tree had these pages on host or disk only: adopt ours
-            node.copies[Tier.DEVICE] = mine
+            node.set_copy(Tier.DEVICE, mine)
             cache.residency.refresh(node.parent)
             cache.residency.commit_waiting_children(node)
         else:
@@ -103,7 +103,7 @@ def insert_pages(
         new_pages = list(device_pages[covered:num_pages])
         _take(cache, new_pages)
         deepest = cache.tree.add_child(parent, tokens[covered * ps : num_pages * ps])
-        deepest.copies[Tier.DEVICE] = new_pages
+        deepest.set_copy(Tier.DEVICE, new_pages)
         tree_pages.extend(new_pages)
         covered = num_pages
         touched.append(deepest)

@@ -1,103 +1,18 @@
 """The radix tree: a pure index of page-aligned token runs, one root per namespace.
 
-A node holds a run of whole pages (tokens, one chained key per page) and, per tier, the page ids
-of its copy there (`copies`) and the transfers in flight towards a tier (`inflight`). The tree
-only keeps the shape consistent (split, merge, attach, detach, lock counts on the path); which
-copies exist and move is decided by `TieredCache`. Not thread-safe: the engine thread owns it.
-
-Children are keyed by the tokens of their first page, so matching never hashes.
+The tree keeps the shape consistent (split, merge, attach, detach, lock counts on the path);
+which copies exist and move is decided by `TieredCache`. Not thread-safe: the engine thread owns
+it. Children are keyed by the tokens of their first page, so matching never hashes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 from tieredkv.cache.page_key import chain_keys
-from tieredkv.cache.tier import Tier
+from tieredkv.cache.radix_node import NO_COPY, PageTokens, RadixNode
 
-if TYPE_CHECKING:
-    from tieredkv.cache.mover import TransferPart
-
-PageTokens = tuple[int, ...]
-
-
-class RadixNode:
-    """A run of whole pages. The namespace root holds no pages and is never evicted."""
-
-    __slots__ = (
-        "attached",
-        "children",
-        "copies",
-        "inflight",
-        "keys",
-        "last_access",
-        "lock_count",
-        "parent",
-        "root_key",
-        "stamps",
-        "tokens",
-    )
-
-    def __init__(
-        self, parent: RadixNode | None, tokens: PageTokens, keys: list[bytes], root_key: bytes
-    ) -> None:
-        self.parent = parent
-        self.tokens = tokens
-        self.keys = keys  # one chained page key per page
-        self.root_key = root_key  # the namespace root's key
-        self.children: dict[PageTokens, RadixNode] = {}
-        self.copies: dict[Tier, list[int]] = {}  # committed copies: page ids per tier
-        self.inflight: dict[Tier, TransferPart] = {}  # copies on their way, by destination tier
-        self.lock_count = 0
-        self.last_access = 0
-        self.stamps = [0, 0, 0]  # per-tier heap entry versions (lazy deletion)
-        self.attached = True
-
-    def __repr__(self) -> str:
-        tiers = ",".join(t.label for t in sorted(self.copies))
-        return f"RadixNode(pages={self.num_pages}, copies=[{tiers}], locks={self.lock_count})"
-
-    @property
-    def num_pages(self) -> int:
-        return len(self.keys)
-
-    @property
-    def is_root(self) -> bool:
-        return self.parent is None
-
-    @property
-    def parent_key(self) -> bytes:
-        """The key chained into this node's first page (the parent's last page or the root)."""
-        assert self.parent is not None, "a namespace root has no parent key"
-        return self.parent.keys[-1] if self.parent.keys else self.parent.root_key
-
-    def page_tokens(self, index: int, page_size: int) -> PageTokens:
-        return self.tokens[index * page_size : (index + 1) * page_size]
-
-    def fastest_copy(self) -> Tier | None:
-        """The tier that serves this node now (its fastest committed copy), None if none."""
-        return min(self.copies) if self.copies else None
-
-    def in_closure(self, tier: Tier) -> bool:
-        """True if a copy in `tier` or a faster tier exists or is in flight towards one."""
-        if self.parent is None:
-            return True
-        return any(t <= tier for t in self.copies) or any(t <= tier for t in self.inflight)
-
-    def has_disk_copy(self) -> bool:
-        """A disk copy exists or is being written (the disk closure counts both)."""
-        return self.parent is None or Tier.DISK in self.copies or Tier.DISK in self.inflight
-
-    def path(self) -> list[RadixNode]:
-        """The nodes from the namespace root's child down to this node."""
-        nodes = []
-        node: RadixNode | None = self
-        while node is not None and node.parent is not None:
-            nodes.append(node)
-            node = node.parent
-        nodes.reverse()
-        return nodes
+__all__ = ["RadixNode", "RadixTree"]
 
 
 class RadixTree:
@@ -148,6 +63,7 @@ class RadixTree:
         first = node.page_tokens(0, self.page_size)
         assert first not in parent.children, "a child with this first page already exists"
         parent.children[first] = node
+        parent.child_ranks[NO_COPY] += 1
         self.num_nodes += 1
         return node
 
@@ -155,6 +71,7 @@ class RadixTree:
         """Attach a node whose keys are already known (warm restart)."""
         node = RadixNode(parent, tokens, keys, parent.root_key)
         parent.children[node.page_tokens(0, self.page_size)] = node
+        parent.child_ranks[NO_COPY] += 1
         self.num_nodes += 1
         return node
 
@@ -180,6 +97,9 @@ class RadixTree:
         node.keys = node.keys[num_pages:]
         node.parent = head
         head.children[node.page_tokens(0, ps)] = node
+        rank, on_disk = node.rank()  # the parent's counts stand: head has the node's rank
+        head.child_ranks[rank] = 1
+        head.children_on_disk = int(on_disk)
         self.num_nodes += 1
         return head
 
@@ -212,6 +132,7 @@ class RadixTree:
         assert not node.children and node.parent is not None, "remove a leaf only"
         assert not node.copies and not node.inflight, f"remove {node} with copies"
         del node.parent.children[node.page_tokens(0, self.page_size)]
+        node.parent.child_ranks[NO_COPY] -= 1
         node.attached = False
         self.num_nodes -= 1
 

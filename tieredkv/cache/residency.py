@@ -118,7 +118,7 @@ class Residency:
             part = TransferPart(
                 node, ticket, src, dst, list(node.copies[src]), part_dst, offset, drop_source
             )
-            node.inflight[dst] = part
+            node.set_inflight(dst, part)
             ticket.parts.append(part)
             src_pages.extend(part.src_pages)
             if Tier.DISK in (src, dst):
@@ -163,8 +163,8 @@ class Residency:
         node, dst = part.node, part.dst_tier
         if not parent_committed(node, dst):
             return  # the parent's copy commits first and then commits this one
-        del node.inflight[dst]
-        node.copies[dst] = part.dst_pages
+        node.pop_inflight(dst)
+        node.set_copy(dst, part.dst_pages)
         self.committed.append((node, dst))
         if part.drop_source:
             self._finish_demotion(node, part.src_tier)
@@ -188,12 +188,12 @@ class Residency:
         if not copy_may_leave(node, src):
             return
         self.counters.count_eviction(src, node.num_pages, demoted=True)
-        self.pools.free(src, node.copies.pop(src))
+        self.pools.free(src, node.pop_copy(src))
         self.refresh(node.parent)
 
     def _fail(self, part: TransferPart, bad_record: bool) -> None:
         node = part.node
-        del node.inflight[part.dst_tier]
+        node.pop_inflight(part.dst_tier)
         self.pools.free(part.dst_tier, part.dst_pages)
         if bad_record and Tier.DISK in node.copies:
             self.free_copy(node, Tier.DISK, count_as=None)
@@ -204,7 +204,7 @@ class Residency:
 
     def _doom(self, part: TransferPart) -> None:
         """Detach a part from its node; its destination is freed now or when it is applied."""
-        del part.node.inflight[part.dst_tier]
+        part.node.pop_inflight(part.dst_tier)
         if part.arrived:
             self.pools.free(part.dst_tier, part.dst_pages)
         else:
@@ -215,7 +215,7 @@ class Residency:
     def free_copy(self, node: RadixNode, tier: Tier, count_as: bool | None) -> None:
         """Free `node`'s copy in `tier`; copies being read from it are detached first and the
         pages freed only when those reads finish. `count_as`: demoted, dropped, or None."""
-        pages = node.copies.pop(tier)
+        pages = node.pop_copy(tier)
         readers = [part for part in node.inflight.values() if part.src_tier == tier]
         for part in readers:
             self._doom(part)

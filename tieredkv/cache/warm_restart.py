@@ -48,7 +48,7 @@ def rebuild_from_disk(tree: RadixTree, disk: DiskStore, residency: Residency) ->
         parent, parent_key = stack.pop()
         for slot, record in children.pop(parent_key, []):
             node = tree.attach(parent, tuple(record.tokens), [record.key])
-            node.copies[Tier.DISK] = [slot]
+            node.set_copy(Tier.DISK, [slot])
             attached.append(node)
             stack.append((node, record.key))
     unreached = [slot for group in children.values() for slot, _ in group]  # key cycles

@@ -12,8 +12,8 @@ def _tree_with(tokens: list[int]) -> tuple[RadixTree, bytes]:
     key = namespace_root_key(b"fp", "ns")
     root = tree.root(key, create=True)
     node = tree.add_child(root, tokens)
-    node.copies[Tier.DEVICE] = list(range(len(tokens) // PS))
-    node.copies[Tier.DISK] = [10 + i for i in range(len(tokens) // PS)]
+    node.set_copy(Tier.DEVICE, list(range(len(tokens) // PS)))
+    node.set_copy(Tier.DISK, [10 + i for i in range(len(tokens) // PS)])
     return tree, key
 
 
@@ -49,9 +49,9 @@ def test_merge_only_same_copies_without_locks() -> None:
     tree.lock_path(tail, +1)
     assert not tree.can_merge(head)  # locked
     tree.lock_path(tail, -1)
-    tail.copies.pop(Tier.DISK)
+    tail.pop_copy(Tier.DISK)
     assert not tree.can_merge(head)  # different tiers
-    tail.copies[Tier.DISK] = [11, 12]
+    tail.set_copy(Tier.DISK, [11, 12])
     merged = tree.merge(head)
     assert merged is tail and not head.attached and tail.parent is root
     assert tail.copies == {Tier.DEVICE: [0, 1, 2], Tier.DISK: [10, 11, 12]}
@@ -83,7 +83,8 @@ def test_namespaces_never_share_nodes_or_keys() -> None:
 def test_remove_detaches_a_leaf() -> None:
     tree, key = _tree_with(list(range(8)))
     node = tree.root(key, create=False).children[tuple(range(4))]
-    node.copies.clear()
+    node.pop_copy(Tier.DEVICE)
+    node.pop_copy(Tier.DISK)
     tree.remove(node)
     assert not node.attached and tree.num_nodes == 0
     assert tree.walk(tree.root(key, create=False), list(range(8)), 2) == []

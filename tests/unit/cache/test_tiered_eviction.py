@@ -44,7 +44,7 @@ def test_heap_pops_least_recent_first_and_skips_stale_entries() -> None:
     nodes = []
     for i in range(3):
         node = tree.add_child(root, [i] * 4)
-        node.copies[Tier.DEVICE] = [i]
+        node.set_copy(Tier.DEVICE, [i])
         node.last_access = 10 - i  # the last one is the least recent
         nodes.append(node)
     heap = TierHeap(Tier.DEVICE)
@@ -63,7 +63,7 @@ def test_heap_pops_least_recent_first_and_skips_stale_entries() -> None:
 def test_heap_compacts_stale_entries() -> None:
     tree = RadixTree(4)
     node = tree.add_child(tree.root(b"r" * 16, create=True), [1] * 4)
-    node.copies[Tier.HOST] = [0]
+    node.set_copy(Tier.HOST, [0])
     heap = TierHeap(Tier.HOST)
     for access in range(5000):
         node.last_access = access

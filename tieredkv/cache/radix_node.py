@@ -1,0 +1,143 @@
+"""A radix tree node: a run of whole pages, its copies per tier and its transfers in flight.
+
+A node holds page-aligned tokens, one chained key per page and, per tier, the page ids of its
+copy there (`copies`) and the transfer in flight towards a tier (`inflight`). Copies and
+transfers change only through `set_copy`/`pop_copy`/`set_inflight`/`pop_inflight`, which keep
+the parent's per-rank child counts, so evictability checks are O(1) whatever the fan-out.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tieredkv.cache.tier import Tier
+
+if TYPE_CHECKING:
+    from tieredkv.cache.mover import TransferPart
+
+PageTokens = tuple[int, ...]
+NO_COPY = 3  # the closure rank of a node with no copy and nothing in flight
+
+
+class RadixNode:
+    """A run of whole pages. The namespace root holds no pages and is never evicted."""
+
+    __slots__ = (
+        "attached",
+        "child_ranks",
+        "children",
+        "children_on_disk",
+        "copies",
+        "inflight",
+        "keys",
+        "last_access",
+        "lock_count",
+        "parent",
+        "root_key",
+        "stamps",
+        "tokens",
+    )
+
+    def __init__(
+        self, parent: RadixNode | None, tokens: PageTokens, keys: list[bytes], root_key: bytes
+    ) -> None:
+        self.parent = parent
+        self.tokens = tokens
+        self.keys = keys  # one chained page key per page
+        self.root_key = root_key  # the namespace root's key
+        self.children: dict[PageTokens, RadixNode] = {}
+        self.copies: dict[Tier, list[int]] = {}  # committed copies: page ids per tier
+        self.inflight: dict[Tier, TransferPart] = {}  # copies on their way, by destination tier
+        self.lock_count = 0
+        self.last_access = 0
+        self.stamps = [0, 0, 0]  # per-tier heap entry versions (lazy deletion)
+        self.attached = True
+        # children per closure rank (their fastest tier, copies in flight counted; NO_COPY)
+        # and children with a disk copy: evictability is O(1), whatever the fan-out
+        self.child_ranks = [0, 0, 0, 0]
+        self.children_on_disk = 0
+
+    def __repr__(self) -> str:
+        tiers = ",".join(t.label for t in sorted(self.copies))
+        return f"RadixNode(pages={self.num_pages}, copies=[{tiers}], locks={self.lock_count})"
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.keys)
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    @property
+    def parent_key(self) -> bytes:
+        """The key chained into this node's first page (the parent's last page or the root)."""
+        assert self.parent is not None, "a namespace root has no parent key"
+        return self.parent.keys[-1] if self.parent.keys else self.parent.root_key
+
+    def page_tokens(self, index: int, page_size: int) -> PageTokens:
+        return self.tokens[index * page_size : (index + 1) * page_size]
+
+    def fastest_copy(self) -> Tier | None:
+        """The tier that serves this node now (its fastest committed copy), None if none."""
+        return min(self.copies) if self.copies else None
+
+    # Copies and transfers change only through these four, which keep the parent's counts.
+
+    def set_copy(self, tier: Tier, pages: list[int]) -> None:
+        before = self.rank()
+        self.copies[tier] = pages
+        self._ranked(before)
+
+    def pop_copy(self, tier: Tier) -> list[int]:
+        before = self.rank()
+        pages = self.copies.pop(tier)
+        self._ranked(before)
+        return pages
+
+    def set_inflight(self, tier: Tier, part: TransferPart) -> None:
+        before = self.rank()
+        self.inflight[tier] = part
+        self._ranked(before)
+
+    def pop_inflight(self, tier: Tier) -> TransferPart:
+        before = self.rank()
+        part = self.inflight.pop(tier)
+        self._ranked(before)
+        return part
+
+    def rank(self) -> tuple[int, bool]:
+        """(fastest tier with a copy or a copy in flight, or NO_COPY; has a disk copy)."""
+        tiers = [*self.copies, *self.inflight]
+        return (min(tiers) if tiers else NO_COPY, self.has_disk_copy())
+
+    def _ranked(self, before: tuple[int, bool]) -> None:
+        after = self.rank()
+        if after != before and self.parent is not None:
+            self.parent.child_ranks[before[0]] -= 1
+            self.parent.child_ranks[after[0]] += 1
+            self.parent.children_on_disk += after[1] - before[1]
+
+    def any_child_in_closure(self, tier: Tier) -> bool:
+        """Has a child a copy in `tier` or a faster tier (in flight counted)?"""
+        return any(self.child_ranks[: tier + 1])
+
+    def in_closure(self, tier: Tier) -> bool:
+        """True if a copy in `tier` or a faster tier exists or is in flight towards one."""
+        if self.parent is None:
+            return True
+        return any(t <= tier for t in self.copies) or any(t <= tier for t in self.inflight)
+
+    def has_disk_copy(self) -> bool:
+        """A disk copy exists or is being written (the disk closure counts both)."""
+        return self.parent is None or Tier.DISK in self.copies or Tier.DISK in self.inflight
+
+    def path(self) -> list[RadixNode]:
+        """The nodes from the namespace root's child down to this node."""
+        nodes = []
+        node: RadixNode | None = self
+        while node is not None and node.parent is not None:
+            nodes.append(node)
+            node = node.parent
+        nodes.reverse()
+        return nodes
