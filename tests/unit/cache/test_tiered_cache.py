@@ -253,3 +253,20 @@ def test_no_cache_reuses_nothing() -> None:
     assert cache.match(tokens).matched_len == 0
     cache.free(pages)  # the pages stayed the request's
     ok(cache)
+
+
+def test_promote_can_hand_the_caller_a_lock_on_the_ready_pages() -> None:
+    cache, executor = make_cache(LAYOUT, device_pages=4, host_pages=4)
+    tokens = list(range(17))
+    compute(cache, tokens)
+    cache.allocate(4)
+    settle(cache, executor)
+    ticket = cache.promote(cache.match(tokens), hold_lock=True)
+    assert ticket is not None and ticket.ready_node is None
+    settle(cache, executor)
+    assert ticket.done and ticket.ready_node is not None
+    assert cache.lock_holders[ticket.ready_node] == 1  # the match's own lock is gone
+    assert not cache.evict(Tier.DEVICE, 4)  # the caller's lock keeps the ready pages
+    cache.unlock(ticket.ready_node)
+    assert cache.evict(Tier.DEVICE, 4)
+    ok(cache)
