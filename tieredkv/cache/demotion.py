@@ -1,13 +1,15 @@
 """Making room in a tier: demote least recently used copies one tier down, drop only at the end.
 
 Evicting a copy from tier T, cheapest first:
-  1. it has a clean copy in a lower tier: free it now          (counted demoted)
+  1. it has a clean copy in a lower tier that is fast enough for its children: free it now
+                                                                (counted demoted)
   2. it is a redundant copy of a node served from a faster tier: free it now  (dropped)
   3. a lower enabled, healthy tier has room now or soon (its own demotions are in flight):
      copy it there and free the source when the copy is applied (write-back); a disk copy
      writes the missing ancestors first. A tier that is full of locked or in-flight pages is
      skipped for the next one down.
-  4. otherwise: free it now; a node left with no copy leaves the tree  (dropped)
+  4. otherwise: free it now, with whatever below relied on it; a node left with no copy
+     leaves the tree                                            (dropped)
 Write-through copies new device pages down in the background, so that eviction is case 1.
 """
 
