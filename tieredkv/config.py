@@ -126,7 +126,6 @@ class CacheConfig:
     disk_cache_bytes: int = 0
     write_policy: WritePolicy = WritePolicy.WRITE_BACK
     enable_prefix_reuse: bool = True  # False is `--no-cache`: the recompute baseline
-    max_queued_device_share: float = 0.25  # share of device pages queued requests may pin
 
     def __post_init__(self) -> None:
         _check_power_of_two("CacheConfig.page_size", self.page_size)
@@ -135,11 +134,6 @@ class CacheConfig:
                 raise ConfigError(f"CacheConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.device_cache_bytes == 0:
             raise ConfigError("CacheConfig.device_cache_bytes must be > 0")
-        if not 0.0 <= self.max_queued_device_share <= 1.0:
-            raise ConfigError(
-                "CacheConfig.max_queued_device_share must be in [0, 1], "
-                f"got {self.max_queued_device_share}"
-            )
 
     @property
     def host_enabled(self) -> bool:
