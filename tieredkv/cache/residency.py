@@ -142,9 +142,12 @@ class Residency:
             if part.doomed:
                 self.pools.free(part.dst_tier, part.dst_pages)
                 continue
-            end = part.offset + len(part.dst_pages)
-            if failed or not all(ticket.page_ok[part.offset : end]):  # type: ignore[index]
-                self._fail(part, bad_record=not failed and part.src_tier is Tier.DISK)
+            if failed:
+                self._fail(part, bad_record=False)
+                continue
+            page_ok = ticket.page_ok[part.offset : part.offset + len(part.dst_pages)]  # type: ignore[index]
+            if not all(page_ok):
+                arrived_pages += self._fail_from(part, page_ok.index(False))
                 continue
             arrived_pages += len(part.dst_pages)
             part.arrived = True
@@ -190,6 +193,17 @@ class Residency:
         self.counters.count_eviction(src, node.num_pages, demoted=True)
         self.pools.free(src, node.pop_copy(src))
         self.refresh(node.parent)
+
+    def _fail_from(self, part: TransferPart, first_bad: int) -> int:
+        """Pages from `first_bad` on failed verification: commit the head, fail the rest (a
+        miss from there). Returns the pages that arrived."""
+        if first_bad:
+            head = self.tree.split(part.node, first_bad)  # `part` keeps the tail
+            head_part = head.inflight[part.dst_tier]
+            head_part.arrived = True
+            self._try_commit(head_part)
+        self._fail(part, bad_record=part.src_tier is Tier.DISK)
+        return first_bad
 
     def _fail(self, part: TransferPart, bad_record: bool) -> None:
         node = part.node
