@@ -88,6 +88,8 @@ class Engine:
         self._drain_inbox()
         self._apply_transfers()
         plan = self._schedule()
+        stale = [r.request_id for r in plan.requests if r.status is not RequestStatus.RUNNING]
+        assert not stale, f"planned requests lost their pages before the forward: {stale}"
         if plan.chunks:
             logits = self.runner.forward(plan.chunks)
             self._sample_and_emit(plan, logits)
@@ -178,13 +180,17 @@ class Engine:
         if request.status is not RequestStatus.RUNNING:
             return  # preempted earlier in this step
         count = budget.take(request)
-        if count and self._reserve_pages(request, request.kv_len + count):
+        if count and self._reserve_pages(request, request.kv_len + count, plan):
             plan.add(request, count)
 
-    def _reserve_pages(self, request: Request, end: int) -> bool:
-        """Device pages for tokens up to `end`, preempting younger requests if must be."""
+    def _reserve_pages(self, request: Request, end: int, plan: StepPlan) -> bool:
+        """Device pages for tokens up to `end`, preempting the youngest running request that
+        is not already in this step's plan (its pages are about to be written) if must be."""
         while not self.pages.grow(request, end):
-            victim = next((r for r in reversed(self.running) if r is not request), None)
+            victim = next(
+                (r for r in reversed(self.running) if r is not request and r not in plan.requests),
+                None,
+            )
             if victim is None or self.cache.mover.in_flight:
                 return False  # demotions in flight free pages soon, or nothing left to take
             self._preempt(victim)
