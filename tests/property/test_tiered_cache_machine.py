@@ -227,11 +227,16 @@ class TieredCacheMachine(RuleBasedStateMachine):
         self._match(namespace, tokens, promote, prefetch)
 
     @precondition(lambda self: self.inserted)
-    @rule(data=st.data(), prefetch=st.booleans())
-    def match_inserted(self, data: st.DataObject, prefetch: bool) -> None:
-        """Match and promote a prompt that was inserted before (plus one token)."""
+    @rule(data=st.data(), prefetch=st.booleans(), wait=st.booleans())
+    def match_inserted(self, data: st.DataObject, prefetch: bool, wait: bool) -> None:
+        """Match and promote a prompt that was inserted before (plus one token); maybe wait
+        for every transfer, finished in a random order."""
         namespace, tokens = data.draw(st.sampled_from(self.inserted))
         self._match(namespace, [*tokens, 0], True, prefetch)
+        if wait and self.executor.pending():
+            for ticket in data.draw(st.permutations(self.executor.pending())):
+                self.executor.complete(ticket)
+            self._poll()
 
     def _match(self, namespace: str, tokens: list[int], promote: bool, prefetch: bool) -> None:
         match = self.cache.match(tokens, namespace)
