@@ -1,0 +1,76 @@
+"""`tieredkv bench radix` on tiny sizes: the report's shape and sane values (never timings)."""
+
+import json
+import math
+from pathlib import Path
+
+from tieredkv.bench.radix_driver import ChatDriver
+from tieredkv.bench.radix_phases import chat_calls, eviction_cost, tiny_cache
+from tieredkv.bench.radix_workload import ChatShape, ChatWorkload
+from tieredkv.cli import main as cli_main
+
+
+def check_summary(summary: dict) -> None:
+    assert summary["count"] > 0
+    for name in ("p50_us", "p99_us", "mean_us"):
+        assert math.isfinite(summary[name]) and summary[name] > 0, name
+    assert summary["p50_us"] <= summary["p99_us"]
+
+
+def test_cli_writes_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "radix.json"
+    assert cli_main(["bench", "radix", "--quick", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    chat = report["chat"]
+    assert chat["integrity_ok"] and report["eviction"]["integrity_ok"]
+    for name in ("match", "insert", "lock", "unlock"):
+        check_summary(chat[name])
+    assert chat["match"]["count"] == 2 * chat["turns"]  # on arrival and at admission
+    assert report["sglang_reference_us"] == {"match": 26.0, "insert": 39.0}
+    check_summary(report["eviction"]["evict_1"])
+    check_summary(report["eviction"]["evict_batch"])
+    points = report["match_scaling"]
+    assert [p["target_nodes"] for p in points] == [20, 60]
+    for point in points:
+        assert point["tree_nodes"] >= point["target_nodes"]
+        check_summary(point["match"])
+
+
+def test_workload_prompts_follow_the_shape() -> None:
+    shape = ChatShape()
+    turns = list(ChatWorkload(seed=3, active_users=3).turns(max_users=6))
+    assert {t.user for t in turns} == set(range(6))
+    system = turns[0].prompt[: shape.system_len]
+    history: dict[int, list[int]] = {}
+    for turn in turns:
+        assert 2500 <= len(turn.prompt) <= shape.max_prompt
+        assert turn.prompt[: shape.system_len] == system  # one shared system prompt
+        previous = history.get(turn.user)
+        if previous is not None:  # a later turn extends everything said so far
+            assert turn.prompt[: len(previous)] == previous
+        history[turn.user] = turn.prompt + turn.output
+
+
+def test_driver_reuses_the_previous_turn() -> None:
+    workload = ChatWorkload(seed=4, active_users=1)
+    cache = tiny_cache(2000)
+    driver = ChatDriver(cache)
+    turns = workload.turns(max_users=1)
+    first, second = next(turns), next(turns)
+    driver.run(first)
+    used = cache.device_pool.num_used
+    assert used == (len(first.prompt) + len(first.output) - 1) // 16  # the tree's pages only
+    match = cache.match(second.prompt)
+    assert match.matched_len == used * 16  # the whole first turn is reused
+    driver.run(second)
+    assert not cache.lock_holders and cache.check_integrity().ok
+
+
+def test_eviction_frees_pages_from_a_full_device() -> None:
+    report, cache = chat_calls(users=3, active=2, seed=5)
+    nodes = cache.tree.num_nodes
+    pages = cache.device_pool.num_used
+    result = eviction_cost(cache, count=10, batch_pages=4)
+    assert result["integrity_ok"] and report["integrity_ok"]
+    assert cache.device_pool.num_used == pages - 10 - 4  # the timed evictions' pages left
+    assert result["evict_1_us_per_page"] > 0 and nodes > 0

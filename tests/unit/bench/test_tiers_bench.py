@@ -1,0 +1,88 @@
+"""`tieredkv bench tiers` on tiny sizes: the report's shape and sane values (never timings)."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tieredkv.bench import tiers
+from tieredkv.bench.tier_copies import make_copier, memory_gbps, mover_disk_gbps
+from tieredkv.bench.tier_limits import raw_disk_gbps
+from tieredkv.bench.tier_store import LAYOUT
+from tieredkv.cache.disk_store import DiskStore
+from tieredkv.cache.tier import Tier
+
+PATHS = {"host->device", "device->host", "host->disk", "disk->host"}
+
+
+def positive(value: float) -> bool:
+    return math.isfinite(value) and value > 0
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("tiers")
+    out = tmp / "report.json"
+    assert tiers.main(["--quick", "--dir", str(tmp), "--json", str(out)]) == 0
+    assert [p.name for p in tmp.iterdir()] == ["report.json"]  # temp files are gone
+    return json.loads(out.read_text())
+
+
+def test_limits_are_measured(report: dict) -> None:
+    limits = report["limits"]
+    for name in ("memcpy_gbps", "xxh3_gbps", "raw_write_gbps", "raw_read_gbps"):
+        assert positive(limits[name]), name
+    raw = limits["raw_patterns"]
+    assert raw and limits["raw_read_gbps"] == max(r["read_gbps"] for r in raw)
+    assert isinstance(report["store_direct_io"], bool)
+
+
+def test_every_path_and_batch_has_a_verified_row(report: dict) -> None:
+    rows = report["rows"]
+    mover = [r for r in rows if r["via"].startswith("PageCopier")]
+    assert {(r["path"], r["batch_pages"]) for r in mover} == {
+        (path, batch) for path in PATHS for batch in (4, 16)
+    }
+    assert {r["path"] for r in rows if r["via"].startswith("DiskStore")} == {
+        "host->disk",
+        "disk->host",
+    }
+    for row in rows:
+        assert row["verified"], row
+        assert positive(row["gbps"]) and positive(row["limit_gbps"])
+        assert row["share"] == pytest.approx(row["gbps"] / row["limit_gbps"])
+        assert row["meets_target"] == (row["share"] >= row["target"])
+        want = "memcpy" if "device" in row["path"] else "raw disk"
+        assert row["limit"].startswith(want)
+
+
+def test_memory_jobs_move_the_right_bytes() -> None:
+    copier = make_copier(8, None, seed=1)
+    to_device, to_host, ok = memory_gbps(copier, 4, 1, np.random.default_rng(0))
+    assert ok and positive(to_device) and positive(to_host)
+    # the same job the mover runs: a host page lands in the layer-major device pool
+    copier.host_pool.kv[5] = 2.5
+    copier.job(Tier.HOST, Tier.DEVICE, [5], [3], [])()
+    assert bool((copier.device_pool.kv[:, :, 3] == 2.5).all())
+
+
+def test_disk_jobs_read_back_what_they_wrote(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "store", b"bench", LAYOUT, 16 * LAYOUT.page_bytes + (4 << 20))
+    try:
+        copier = make_copier(8, store, seed=2)
+        before = copier.host_pool.kv.clone()
+        write, read, ok = mover_disk_gbps(copier, store, 4, 1, np.random.default_rng(0))
+        assert ok and positive(write) and positive(read)
+        assert store.num_free == store.num_slots  # the benchmark gave its slots back
+        assert torch.equal(copier.host_pool.kv.view(torch.int16), before.view(torch.int16))
+    finally:
+        store.close()
+
+
+def test_raw_disk_removes_its_file(tmp_path: Path) -> None:
+    result = raw_disk_gbps(tmp_path / "raw.bin", 4 << 20, 1, np.random.default_rng(0), 1, 2)
+    assert positive(result.write_gbps) and positive(result.read_gbps)
+    assert not (tmp_path / "raw.bin").exists()

@@ -1,0 +1,99 @@
+"""`tieredkv bench radix`: the radix tree's own cost on a multi-turn chat workload.
+
+    tieredkv bench radix [--users 400] [--nodes 1000,10000,100000] [--json PATH]
+
+A real TieredCache on tiny pages (radix_phases), driven the way the engine drives it
+(radix_driver) by many users' multi-turn chats (radix_workload: 2.5k-3.5k-token prompts, page
+size 16). Reports match and insert p50 / p99 in µs (each call timed alone), lock and unlock,
+the cost of one eviction on a full device, and match cost as the tree grows. Beside them,
+SGLang's pure-Python RadixCache as measured on this machine by the issue's author.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from tieredkv.bench.radix_phases import chat_calls, eviction_cost, match_scaling
+
+# SGLang's RadixCache (pure Python), this workload, this machine: the issue's figures (µs)
+SGLANG_MATCH_US = 26.0
+SGLANG_INSERT_US = 39.0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tieredkv bench radix", description=__doc__)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    add = parser.add_argument
+    add("--users", type=int, default=400, help="conversations in the timed workload")
+    add("--active", type=int, default=64, help="users talking at once")
+    add("--evictions", type=int, default=2000, help="single-page evictions timed")
+    add("--evict-batch", type=int, default=64, help="pages per batched eviction")
+    add("--nodes", default="1000,10000,100000", help="tree sizes for the match-cost curve")
+    add("--samples", type=int, default=2000, help="matches timed at each tree size")
+    add("--seed", type=int, default=0)
+    add("--json", type=Path, default=None, metavar="PATH", help="also write the report here")
+    add("--quick", action="store_true", help="tiny sizes, for tests (figures meaningless)")
+    return parser
+
+
+def measure(args: argparse.Namespace) -> dict[str, object]:
+    chat, cache = chat_calls(args.users, args.active, args.seed)
+    eviction = eviction_cost(cache, args.evictions, args.evict_batch)
+    del cache
+    nodes = [int(n) for n in args.nodes.split(",")]
+    scaling = match_scaling(nodes, args.samples, args.active, args.seed)
+    return {
+        "machine": {"cpus": len(os.sched_getaffinity(0))},
+        "settings": {"seed": args.seed, "page_size": 16, "quick": args.quick},
+        "sglang_reference_us": {"match": SGLANG_MATCH_US, "insert": SGLANG_INSERT_US},
+        "chat": chat,
+        "eviction": eviction,
+        "match_scaling": scaling,
+    }
+
+
+def print_report(report: dict) -> None:
+    chat, evict = report["chat"], report["eviction"]
+    ref = report["sglang_reference_us"]
+    prompts = chat["prompt_tokens"]
+    print(
+        f"{chat['users']} users ({chat['active_users']} at once), {chat['turns']} turns, "
+        f"prompts {prompts['min']}-{prompts['max']} tokens (mean {prompts['mean']:.0f}), "
+        f"tree {chat['tree_nodes']} nodes / {chat['tree_pages']} pages, "
+        f"integrity {'ok' if chat['integrity_ok'] else 'FAILED'}"
+    )
+    print(f"{'call':<10}{'count':>8}{'p50 µs':>9}{'p99 µs':>9}{'mean µs':>9}{'SGLang µs':>11}")
+    for name in ("match", "insert", "lock", "unlock"):
+        s = chat[name]
+        sglang = f"{ref[name]:>11.0f}" if name in ref else ""
+        print(
+            f"{name:<10}{s['count']:>8}{s['p50_us']:>9.1f}{s['p99_us']:>9.1f}"
+            f"{s['mean_us']:>9.1f}{sglang}"
+        )
+    for key, label in (("evict_1", "1 page"), ("evict_batch", f"{evict['batch_pages']} pages")):
+        s = evict[key]
+        print(
+            f"evict({label}) on a full device: p50 {s['p50_us']:.1f} µs, p99 "
+            f"{s['p99_us']:.1f} µs, {evict[key + '_us_per_page']:.2f} µs per evicted page"
+        )
+    print(f"{'tree nodes':>10}{'users':>8}{'match p50 µs':>14}{'p99 µs':>9}")
+    for point in report["match_scaling"]:
+        m = point["match"]
+        print(
+            f"{point['tree_nodes']:>10}{point['users']:>8}{m['p50_us']:>14.1f}{m['p99_us']:>9.1f}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.quick:
+        args.users, args.active, args.evictions, args.evict_batch = 12, 4, 20, 8
+        args.nodes, args.samples = "20,60", 50
+    report = measure(args)
+    print_report(report)
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0

@@ -1,0 +1,107 @@
+"""Drives a TieredCache with chat turns the way the engine does (engine/request_pages.py).
+
+Per turn: match on arrival; match again at admission and lock the matched path; allocate
+private device pages for the rest of the sequence; after each prefill chunk insert the prompt's
+full pages (lock the new deepest node, unlock the old one, free duplicates); at finish insert
+prompt + output[:-1] (the last sampled token has no KV), free the private pages, unlock.
+
+Every match, insert, lock and unlock is timed alone (perf_counter_ns); slicing the tokens and
+the page table happens outside the timed call, as it does in the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from tieredkv.bench.radix_workload import ChatTurn
+from tieredkv.cache.radix_node import RadixNode
+from tieredkv.cache.tiered_cache import TieredCache
+
+T = TypeVar("T")
+PREFILL_CHUNK_TOKENS = 2048  # EngineConfig.max_batch_tokens: prefill inserts at chunk ends
+
+
+@dataclass
+class CallTimes:
+    """Nanoseconds per call, by TieredCache method."""
+
+    match: list[int] = field(default_factory=list)
+    insert: list[int] = field(default_factory=list)
+    lock: list[int] = field(default_factory=list)
+    unlock: list[int] = field(default_factory=list)
+
+    def clear(self) -> None:
+        for samples in (self.match, self.insert, self.lock, self.unlock):
+            samples.clear()
+
+
+def timed(samples: list[int], call: Callable[..., T], *args: object) -> T:
+    start = time.perf_counter_ns()
+    result = call(*args)
+    samples.append(time.perf_counter_ns() - start)
+    return result
+
+
+@dataclass
+class _Request:
+    tokens: list[int]
+    page_table: list[int]
+    tree_pages: int  # page_table[:tree_pages] belong to the tree, the rest are private
+    locked: RadixNode | None
+
+
+class ChatDriver:
+    """Runs turns against `cache` (a device-only cache large enough for them: the benchmark
+    times the tree, not eviction) in one namespace."""
+
+    def __init__(self, cache: TieredCache, namespace: str = "default") -> None:
+        self.cache = cache
+        self.namespace = namespace
+        self.page_size = cache.page_size
+        self.times = CallTimes()
+
+    def run(self, turn: ChatTurn) -> None:
+        cache, times, ps = self.cache, self.times, self.page_size
+        timed(times.match, cache.match, turn.prompt, self.namespace)  # on arrival
+        match = timed(times.match, cache.match, turn.prompt, self.namespace)  # admission
+        assert match.num_pages == match.device.num_pages, "a device-only cache matched lower"
+        if match.last_node is not None:
+            timed(times.lock, cache.lock, match.last_node)
+        request = _Request(
+            turn.prompt + turn.output[:-1],
+            list(match.device.pages),
+            match.num_pages,
+            match.last_node,
+        )
+        needed = -(-len(request.tokens) // ps) - len(request.page_table)
+        pages = cache.allocate(needed)
+        assert pages is not None, f"device too small for {needed} more pages"
+        request.page_table.extend(pages)
+        kv_len = match.matched_len
+        while kv_len < len(turn.prompt):  # prefill, chunk by chunk
+            kv_len = min(kv_len + PREFILL_CHUNK_TOKENS, len(turn.prompt))
+            self._insert(request, kv_len)
+        self._insert(request, len(request.tokens))  # finish
+        cache.free(request.page_table[request.tree_pages :])
+        if request.locked is not None:
+            timed(times.unlock, cache.unlock, request.locked)
+
+    def _insert(self, request: _Request, kv_len: int) -> None:
+        full_pages = kv_len // self.page_size
+        if full_pages <= request.tree_pages:
+            return
+        tokens = request.tokens[: full_pages * self.page_size]
+        table: Sequence[int] = request.page_table[:full_pages]
+        result = timed(self.times.insert, self.cache.insert, tokens, self.namespace, table)
+        if result.node is not None and result.node is not request.locked:
+            timed(self.times.lock, self.cache.lock, result.node)
+            if request.locked is not None:
+                timed(self.times.unlock, self.cache.unlock, request.locked)
+            request.locked = result.node
+        request.page_table[: result.num_pages] = result.device_pages
+        request.tree_pages = result.num_pages
+        if result.duplicate_pages:
+            self.cache.free(result.duplicate_pages)

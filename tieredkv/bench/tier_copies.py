@@ -1,0 +1,121 @@
+"""The mover's own copy paths: PageCopier jobs, exactly the callables Residency submits.
+
+  host -> device   index_select the host pages into staging, scatter into the layer-major pool
+  device -> host   gather the device pages (layer-major -> page-major), index_copy_ into host
+  host -> disk     index_select the host pages, DiskStore.write_pages
+  disk -> host     DiskStore.read_pages into a bounce tensor, index_copy_ into the host pages
+
+One job per batch, run on the calling thread (a mover worker runs the same callable). Page ids
+are a seeded random permutation of each pool, as a pool's free list hands them out after a
+while; the pools hold random bytes (faulted in), twice the largest batch, so no batch is served
+from the CPU caches.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+
+from tieredkv.bench.tier_limits import drop_cache, median_seconds
+from tieredkv.bench.tier_store import LAYOUT, REP_BYTES, make_records, span_gbps
+from tieredkv.cache.device_pool import DevicePool
+from tieredkv.cache.disk_file import STORE_FILE
+from tieredkv.cache.disk_store import DiskStore
+from tieredkv.cache.host_pool import HostPool
+from tieredkv.cache.page_copier import PageCopier
+from tieredkv.cache.tier import Tier
+
+
+def make_copier(num_pages: int, disk: DiskStore | None, seed: int) -> PageCopier:
+    """A PageCopier over a CPU device pool and a host pool of `num_pages` random pages each."""
+    device = DevicePool(LAYOUT, num_pages, "cpu")
+    host = HostPool(LAYOUT, num_pages)
+    generator = torch.Generator().manual_seed(seed)
+    device.kv.view(torch.int16).random_(generator=generator)
+    host.kv.view(torch.int16).random_(generator=generator)
+    return PageCopier(device, host, disk)
+
+
+def _groups(num_pages: int, batch: int, rng: np.random.Generator) -> list[list[int]]:
+    order = rng.permutation(num_pages).tolist()
+    return [order[i : i + batch] for i in range(0, num_pages - batch + 1, batch)]
+
+
+def _memory_copies_ok(copier: PageCopier, host: list[int], device: list[int]) -> bool:
+    """Fresh bytes each way through the jobs arrive equal (page-major vs layer-major)."""
+    host_kv, device_kv = copier.host_pool.kv, copier.device_pool.kv
+    index = torch.tensor(device, dtype=torch.long)
+    host_kv[host] = torch.rand((len(host), *LAYOUT.page_shape)).to(LAYOUT.dtype)
+    copier.job(Tier.HOST, Tier.DEVICE, host, device, [])()
+    # (layers, 2, n, page_size, heads, dim) -> (n, layers, 2, page_size, heads, dim)
+    arrived = device_kv.index_select(2, index).permute(2, 0, 1, 3, 4, 5)
+    ok = torch.equal(arrived, host_kv[host])
+    device_kv.index_fill_(2, index, 1.5)
+    copier.job(Tier.DEVICE, Tier.HOST, device, host, [])()
+    return ok and bool((host_kv[host] == 1.5).all())
+
+
+def memory_gbps(
+    copier: PageCopier, batch: int, reps: int, rng: np.random.Generator
+) -> tuple[float, float, bool]:
+    """(host->device, device->host) GB/s of one job per batch of `batch` pages, and whether
+    the bytes arrived equal."""
+    num_pages = copier.host_pool.num_pages
+    host_groups, device_groups = _groups(num_pages, batch, rng), _groups(num_pages, batch, rng)
+    per_rep = max(REP_BYTES // (batch * LAYOUT.page_bytes), 1)
+
+    def move(src: Tier, dst: Tier) -> float:
+        cursor = itertools.count()
+
+        def rep() -> None:
+            for _ in range(per_rep):
+                group = next(cursor) % len(host_groups)
+                src_pages, dst_pages = (
+                    (host_groups[group], device_groups[group])
+                    if src is Tier.HOST
+                    else (device_groups[group], host_groups[group])
+                )
+                copier.job(src, dst, src_pages, dst_pages, [])()
+
+        seconds = median_seconds(rep, reps)
+        return per_rep * batch * LAYOUT.page_bytes / seconds / 1e9
+
+    to_device = move(Tier.HOST, Tier.DEVICE)
+    to_host = move(Tier.DEVICE, Tier.HOST)
+    return to_device, to_host, _memory_copies_ok(copier, host_groups[0], device_groups[0])
+
+
+def mover_disk_gbps(
+    copier: PageCopier, store: DiskStore, batch: int, reps: int, rng: np.random.Generator
+) -> tuple[float, float, bool]:
+    """(host->disk, disk->host) GB/s of one job per batch of `batch` pages walking through the
+    whole store, and whether every page read back verified and equal to the host pages."""
+    host_kv = copier.host_pool.kv
+    host_pages = rng.permutation(copier.host_pool.num_pages)[:batch].tolist()
+    expected = host_kv[host_pages].clone()  # (batch, *page_shape)
+    num_groups = store.num_slots // batch
+    slots = store.alloc(num_groups * batch)
+    records = make_records(batch)
+    verified: list[bool] = []
+
+    def write(group: int) -> None:
+        group_slots = slots[group * batch : (group + 1) * batch]
+        copier.job(Tier.HOST, Tier.DISK, host_pages, group_slots, records)()
+
+    def read(group: int) -> None:
+        group_slots = slots[group * batch : (group + 1) * batch]
+        verified.extend(copier.job(Tier.DISK, Tier.HOST, group_slots, host_pages, records)())
+
+    def before_read() -> None:
+        host_kv[host_pages] = 0  # what arrives must come from the disk
+        drop_cache(store.directory / STORE_FILE)
+
+    try:
+        write_gbps, read_gbps = span_gbps(num_groups, batch, reps, write, read, before_read)
+    finally:
+        store.free(slots)
+    ok = bool(verified) and all(verified)
+    arrived = host_kv[host_pages].view(torch.int16)  # random bits: bf16 NaNs compare unequal
+    return write_gbps, read_gbps, ok and torch.equal(arrived, expected.view(torch.int16))

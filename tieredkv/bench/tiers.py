@@ -1,0 +1,197 @@
+"""`tieredkv bench tiers`: tier transfer bandwidth beside this machine's limits, in one run.
+
+    tieredkv bench tiers [--dir DIR] [--batches 64,256,1024] [--reps 5] [--json PATH]
+
+Limits (tier_limits): numpy memcpy, xxh3 on one core, raw O_DIRECT write and read of a file of
+--raw-bytes (>= 1 GiB by default) under --dir. Tiers, for realistic pages (the default model in
+bf16, 368,640 B) in batches: host<->device and host<->disk through the mover's PageCopier jobs
+(tier_copies), and the DiskStore on its own from aligned memory (tier_store). Targets: disk
+paths >= 80% of raw disk, memory paths >= 70% of memcpy. Seeded data, one warm-up, medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tieredkv.bench.tier_copies import make_copier, memory_gbps, mover_disk_gbps
+from tieredkv.bench.tier_limits import RAW_PATTERNS, memcpy_gbps, raw_disk_gbps, xxh3_gbps
+from tieredkv.bench.tier_store import LAYOUT, random_pages, store_gbps
+from tieredkv.cache.disk_store import DiskStore
+
+DISK_TARGET = 0.80  # of the raw O_DIRECT bandwidth in the same direction
+MEMORY_TARGET = 0.70  # of numpy memcpy
+
+
+@dataclass(frozen=True)
+class BandwidthRow:
+    """One measured path beside the limit it is judged against."""
+
+    path: str  # "host->device", "disk->host", ...
+    via: str  # the code path measured
+    batch_pages: int
+    gbps: float
+    limit: str  # "memcpy", "raw disk write", "raw disk read"
+    limit_gbps: float
+    target: float  # the share of the limit the issue asks for
+    verified: bool  # the bytes arrived intact
+
+    @property
+    def share(self) -> float:
+        return self.gbps / self.limit_gbps
+
+    def to_json(self) -> dict[str, object]:
+        return {**asdict(self), "share": self.share, "meets_target": self.share >= self.target}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tieredkv bench tiers", description=__doc__)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    add = parser.add_argument
+    add("--dir", type=Path, default=None, help="where temp files go (default: ~/.cache/tieredkv)")
+    add("--json", type=Path, default=None, metavar="PATH", help="also write the report here")
+    add("--batches", default="64,256,1024", help="pages per transfer, comma-separated")
+    add("--reps", type=int, default=5, help="timed repetitions (medians), after one warm-up")
+    add("--seed", type=int, default=0)
+    add("--raw-bytes", type=int, default=1 << 30, help="raw O_DIRECT file (and store) size")
+    add("--memcpy-bytes", type=int, default=512 << 20)
+    add("--threads", default="1,2", help="DiskStore rows: callers splitting each batch")
+    add("--store-config", default="4:2:32", help="DiskStore io_threads:io_depth:chunk_MiB")
+    add("--quick", action="store_true", help="tiny sizes, for tests (figures meaningless)")
+    return parser
+
+
+def _quick(args: argparse.Namespace) -> None:
+    args.batches, args.reps, args.threads = "4,16", 1, "1"
+    args.raw_bytes, args.memcpy_bytes = 16 << 20, 16 << 20
+
+
+def default_dir() -> Path:
+    """A directory on the same filesystem as ~/.cache (where `serve` keeps its disk tier)."""
+    directory = Path.home() / ".cache" / "tieredkv"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
+    """Every limit and every row, as the JSON report."""
+    rng = np.random.default_rng(args.seed)
+    batches = [int(b) for b in args.batches.split(",")]
+    patterns = RAW_PATTERNS[:1] if args.quick else RAW_PATTERNS
+    memcpy = memcpy_gbps(args.memcpy_bytes, args.reps, rng)
+    xxh3 = xxh3_gbps(args.memcpy_bytes, args.reps, rng)
+    raw = [
+        raw_disk_gbps(directory / "raw.bin", args.raw_bytes, args.reps, rng, mib, depth)
+        for mib, depth in patterns
+    ]
+    raw_write = max(r.write_gbps for r in raw)
+    raw_read = max(r.read_gbps for r in raw)
+    io_threads, io_depth, chunk_mib = (int(part) for part in args.store_config.split(":"))
+    # the store spans as much disk as the raw file (and at least two largest batches)
+    capacity = max(args.raw_bytes, 2 * max(batches) * LAYOUT.page_bytes) + (16 << 20)
+    store = DiskStore(
+        directory / "store",
+        b"bench",
+        LAYOUT,
+        capacity,
+        io_threads=io_threads,
+        io_depth=io_depth,
+        chunk_bytes=chunk_mib << 20,
+    )
+    limit_of = {
+        "host->device": ("memcpy", memcpy, MEMORY_TARGET),
+        "device->host": ("memcpy", memcpy, MEMORY_TARGET),
+        "host->disk": ("raw disk write", raw_write, DISK_TARGET),
+        "disk->host": ("raw disk read", raw_read, DISK_TARGET),
+    }
+    rows: list[BandwidthRow] = []
+
+    def add(path: str, via: str, batch: int, gbps: float, ok: bool) -> None:
+        rows.append(BandwidthRow(path, via, batch, gbps, *limit_of[path], ok))
+
+    mover = "PageCopier job (mover)"
+    try:
+        copier = make_copier(2 * max(batches), store, args.seed)
+        for batch in batches:
+            to_device, to_host, ok = memory_gbps(copier, batch, args.reps, rng)
+            add("host->device", mover, batch, to_device, ok)
+            add("device->host", mover, batch, to_host, ok)
+        for batch in batches:
+            write, read, ok = mover_disk_gbps(copier, store, batch, args.reps, rng)
+            add("host->disk", mover, batch, write, ok)
+            add("disk->host", mover, batch, read, ok)
+        del copier  # its pools: the aligned store data below needs the memory
+        data = random_pages(store.num_slots, rng)  # (num_slots, *page_shape) bf16, aligned
+        for threads in (int(t) for t in args.threads.split(",")):
+            via = f"DiskStore, aligned, {threads} caller(s)"
+            for batch in batches:
+                write, read, ok = store_gbps(store, data, batch, threads, args.reps)
+                add("host->disk", via, batch, write, ok)
+                add("disk->host", via, batch, read, ok)
+        direct_io = store.direct_io
+    finally:
+        store.close()
+    return {
+        "machine": {"cpus": len(os.sched_getaffinity(0)), "dir": str(directory)},
+        "settings": {
+            "seed": args.seed,
+            "reps": args.reps,
+            "page_bytes": LAYOUT.page_bytes,
+            "store_config": args.store_config,
+            "quick": args.quick,
+        },
+        "limits": {
+            "memcpy_gbps": memcpy,
+            "xxh3_gbps": xxh3,
+            "raw_write_gbps": raw_write,
+            "raw_read_gbps": raw_read,
+            "raw_patterns": [asdict(r) for r in raw],
+        },
+        "store_direct_io": direct_io,
+        "rows": [row.to_json() for row in rows],
+    }
+
+
+def print_report(report: dict) -> None:
+    limits, settings = report["limits"], report["settings"]
+    print(
+        f"{report['machine']['cpus']} CPUs usable, page {settings['page_bytes']:,} B, "
+        f"seed {settings['seed']}, medians of {settings['reps']} after 1 warm-up, "
+        f"store O_DIRECT {'on' if report['store_direct_io'] else 'OFF'}"
+    )
+    print(f"limits: memcpy {limits['memcpy_gbps']:.2f} GB/s, xxh3 {limits['xxh3_gbps']:.2f} GB/s")
+    for r in limits["raw_patterns"]:
+        print(
+            f"  raw O_DIRECT {r['request_mib']} MiB x {r['in_flight']} in flight: "
+            f"write {r['write_gbps']:.2f} GB/s, read {r['read_gbps']:.2f} GB/s"
+        )
+    print(
+        f"{'path':<14}{'via':<40}{'pages':>6}{'GB/s':>8}  {'limit':<15}{'GB/s':>7}"
+        f"{'share':>7}{'target':>7}"
+    )
+    for row in report["rows"]:
+        mark = ("" if row["meets_target"] else "  MISS") + ("" if row["verified"] else "  BAD")
+        print(
+            f"{row['path']:<14}{row['via']:<40}{row['batch_pages']:>6}{row['gbps']:>8.2f}  "
+            f"{row['limit']:<15}{row['limit_gbps']:>7.2f}{row['share']:>7.0%}"
+            f"{row['target']:>7.0%}{mark}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.quick:
+        _quick(args)
+    root = args.dir if args.dir is not None else default_dir()
+    with tempfile.TemporaryDirectory(dir=root, prefix="tieredkv-bench-") as tmp:
+        report = measure(args, Path(tmp))
+    print_report(report)
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
