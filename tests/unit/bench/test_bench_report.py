@@ -1,0 +1,88 @@
+"""Report shape, tables, PNG plots, check-equal and the targets, from fake-server runs."""
+
+import json
+from pathlib import Path
+
+from bench_fakes import FakeServer
+
+from tieredkv.bench import report as reports
+from tieredkv.bench.driver import ArrivalConfig
+from tieredkv.bench.equality import compare_runs, describe, first_difference
+from tieredkv.bench.targets import evaluate
+from tieredkv.bench.workload import Workload, WorkloadConfig
+from tieredkv.bench.workload_run import run_workload
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SMALL = WorkloadConfig(num_users=2, num_rounds=2, system_words=10, document_words=20, max_tokens=8)
+
+
+def two_runs(answer_prefix: str = "Answer") -> tuple[dict, dict]:
+    arrival = ArrivalConfig(1)
+    cached = run_workload("http://a", Workload(SMALL), arrival, label="tieredkv",
+                          transport=FakeServer(True).transport())  # fmt: skip
+    plain = FakeServer(False, answer_prefix)
+    baseline = run_workload("http://b", Workload(SMALL), arrival, label="recompute",
+                            transport=plain.transport())  # fmt: skip
+    return cached, baseline
+
+
+def test_report_json_tables_and_pngs(tmp_path: Path) -> None:
+    cached, baseline = two_runs()
+    cached["spec"] = {"device_cache": "64MiB", "host_cache": "32MiB"}
+    cached["sweep"] = True
+    report = reports.new_report(["--quick"], SMALL, ArrivalConfig(1))
+    report["runs"] = [cached, baseline]
+    report["baseline_label"] = "recompute"
+    report["check_equal"] = compare_runs(cached["records"], baseline["records"], "float32")
+    text = reports.finish(report, tmp_path)
+    loaded = json.loads((tmp_path / "report.json").read_text())
+    assert loaded["version"] == 1
+    assert loaded["workload"]["num_users"] == 2
+    assert loaded["arrival"]["mode"] == "round_robin"
+    assert [r["label"] for r in loaded["runs"]] == ["tieredkv", "recompute"]
+    run = loaded["runs"][0]
+    assert set(run["summary"]) == {"overall", "reuse_rounds", "by_round"}
+    assert len(run["summary"]["by_round"]) == 2
+    assert run["records"][0]["cached_by_tier"] == {"device": 0, "host": 0, "disk": 0}
+    assert loaded["runs"][1]["summary"]["overall"]["hit_ratio"] is None  # JSON null
+    assert loaded["check_equal"]["identical"] is True
+    assert "unknown" in text  # the plain server's hit ratios
+    assert "| tieredkv |" in text and "Capacity sweep" in text
+    assert len(report["plots"]) == 3
+    for name in report["plots"]:
+        assert Path(name).read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_check_equal_lists_every_fp32_difference_and_bf16_shares() -> None:
+    cached, baseline = two_runs(answer_prefix="Answr")
+    result = compare_runs(cached["records"], baseline["records"], "float32")
+    assert result["compared"] == 4
+    assert result["diverged"] == 4
+    assert result["differences"][0]["char_index"] == 4  # "Answ|e" vs "Answ|r"
+    assert {(d["user"], d["round"]) for d in result["differences"]} == {
+        (0, 0),
+        (1, 0),
+        (0, 1),
+        (1, 1),
+    }
+    lines = describe(result)
+    assert "4/4 outputs differ" in lines[0] and len(lines) == 5
+    bf16 = compare_runs(cached["records"], baseline["records"], "bfloat16")
+    assert bf16["share_diverged"] == 1.0
+    assert bf16["first_divergence"]["round_p50"] == 0
+    assert first_difference("abc", "abc") is None
+    assert first_difference("abc", "ab") == 2
+
+
+def test_targets_from_disk_hits() -> None:
+    cached, baseline = two_runs()
+    for r in cached["records"]:
+        r["prompt_tokens"] = 4000 if r["round_index"] else r["prompt_tokens"]
+    targets = evaluate(cached, baseline, disk_bytes_per_s=1e9)
+    assert targets["disk_requests_at_3k"] == 2
+    ideal = targets["disk_promotion_p50_over_ideal"]["ideal_s"]
+    assert ideal == 4096 / 1e9
+    assert targets["ttft_speedup_vs_recompute_p50"]["value"] is not None
+    unknown = evaluate(cached, None, None)
+    assert unknown["ttft_speedup_vs_recompute_p50"]["met"] is None
+    assert unknown["disk_promotion_p50_over_ideal"]["value"] is None

@@ -1,0 +1,210 @@
+"""`tieredkv bench multiturn`: many users' long conversations against OpenAI-compatible servers.
+
+With `--base-url URL` it only drives that server (any OpenAI-compatible one; `--baseline-url`
+adds a recompute server to compare with). Without it, the benchmark starts tieredkv itself:
+one configuration or a capacity sweep (`--sweep DEVICE:HOST,...`), the recompute baseline
+(`--no-cache`, same binary) unless `--no-baseline`, optionally `--check-equal`,
+`--compare-policies` (write policy x page size) and a peer server (`--peer-url`, e.g. vLLM's
+CPU build started by benchmarks/vllm_cpu.sh). Writes report.json, summary.md and PNG plots
+to `--out`. Presets: `--preset quick` (about a minute) and `--preset default` (a few minutes
+on a 2-core machine); explicit flags override a preset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tieredkv.bench import policy_grid
+from tieredkv.bench import report as reports
+from tieredkv.bench.disk_check import disk_read_bandwidth, drop_page_cache
+from tieredkv.bench.driver import ArrivalConfig
+from tieredkv.bench.equality import compare_runs
+from tieredkv.bench.hf_prefill import transformers_prefill
+from tieredkv.bench.records import percentile
+from tieredkv.bench.suite import ServerSpec, SuiteConfig, measure_disk, run_all, run_server
+from tieredkv.bench.targets import evaluate
+from tieredkv.bench.workload import Workload, WorkloadConfig
+from tieredkv.bench.workload_run import run_workload
+from tieredkv.errors import TieredKVError
+
+PRESETS = {
+    "quick": dict(users=4, rounds=3, system_words=80, document_words=400, max_tokens=16,
+                  device_cache="96MiB", host_cache="32MiB", disk_cache="1GiB", max_model_len=2048),
+    "default": dict(users=8, rounds=3, system_words=150, document_words=2400, max_tokens=32,
+                    device_cache="256MiB", host_cache="128MiB", disk_cache="4GiB",
+                    max_model_len=4096),
+}  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tieredkv bench multiturn", description=__doc__.split("\n")[0])
+    add = p.add_argument
+    add("--preset", choices=sorted(PRESETS), default="default")
+    add("--users", type=int)
+    add("--rounds", type=int)
+    add("--system-words", type=int)
+    add("--document-words", type=int, help="per-user document (~1.3 tokens per word)")
+    add("--max-tokens", type=int)
+    add("--seed", type=int, default=0)
+    add("--concurrency", type=int, default=1)
+    add(
+        "--rate",
+        type=float,
+        default=None,
+        help="Poisson arrivals per second (default: round-robin)",
+    )
+    add("--ignore-eos", action="store_true", help="send ignore_eos (fixed answer lengths)")
+    add("--out", type=Path, default=None, help="output dir (default bench-results/multiturn-TIME)")
+    add("--no-plots", action="store_true")
+    add("--dtype", choices=("float32", "bfloat16"), default="float32")
+    add("--check-equal", action="store_true", help="compare greedy outputs with the baseline")
+    client = p.add_argument_group("an existing server")
+    client.add_argument("--base-url", help="drive this server only (no managed runs)")
+    client.add_argument("--model", help="model name to request (default: the first of /v1/models)")
+    client.add_argument("--label", default="server")
+    client.add_argument("--baseline-url", help="a recompute server running the same model")
+    client.add_argument("--disk-cache-dir", type=Path, help="the server's disk store, to drop "
+                        "from the page cache before each round (same machine only)")  # fmt: skip
+    managed = p.add_argument_group("managed tieredkv runs")
+    managed.add_argument("--serve-model", help="tieredkv serve --model (default: default model)")
+    managed.add_argument("--max-model-len", type=int)
+    managed.add_argument("--device-cache-size", dest="device_cache")
+    managed.add_argument("--host-cache-size", dest="host_cache")
+    managed.add_argument("--disk-cache-size", dest="disk_cache")
+    managed.add_argument("--page-size", type=int, default=None)
+    managed.add_argument("--write-policy", choices=policy_grid.WRITE_POLICIES, default=None)
+    managed.add_argument("--sweep", help="capacity sweep: DEVICE:HOST[,DEVICE:HOST...]")
+    managed.add_argument("--no-baseline", action="store_true")
+    managed.add_argument("--compare-policies", action="store_true")
+    managed.add_argument("--no-hf-prefill", action="store_true")
+    managed.add_argument("--peer-url", help="also drive this server (e.g. vLLM CPU)")
+    managed.add_argument("--peer-name", default="peer")
+    managed.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of servers")
+    managed.add_argument("--work-dir", type=Path, help="logs and disk stores (default: a temp dir)")
+    return p
+
+
+def resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill every flag left unset from the preset."""
+    for key, value in PRESETS[args.preset].items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    return args
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = resolve(parser.parse_args(argv))
+    try:
+        workload = WorkloadConfig(
+            args.users, args.rounds, args.system_words, args.document_words, args.max_tokens,
+            args.seed,
+        )  # fmt: skip
+        arrival = ArrivalConfig(args.concurrency, args.rate)
+    except ValueError as exc:
+        parser.error(str(exc))
+    out = args.out or Path("bench-results") / time.strftime("multiturn-%Y%m%d-%H%M%S")
+    report = reports.new_report(list(argv), workload, arrival)
+    try:
+        if args.base_url:
+            run_client(args, Workload(workload), arrival, report)
+        else:
+            run_managed(args, Workload(workload), arrival, report)
+    except (TieredKVError, OSError) as exc:
+        print(f"tieredkv bench multiturn: error: {exc}", file=sys.stderr)
+        return 1
+    print(reports.finish(report, out, make_plots=not args.no_plots))
+    print(f"report: {out / 'report.json'}")
+    return 0
+
+
+def run_client(
+    args: argparse.Namespace, workload: Workload, arrival: ArrivalConfig, report: dict
+) -> None:
+    extra = {"ignore_eos": True} if args.ignore_eos else None
+    disk_dir = args.disk_cache_dir
+
+    def before_round(_round: int) -> None:
+        if disk_dir is not None:
+            drop_page_cache(disk_dir)
+
+    run = run_workload(
+        args.base_url, workload, arrival, before_round, args.label, args.model, extra
+    )
+    report["runs"].append(run)
+    baseline = None
+    if args.baseline_url:
+        baseline = run_workload(
+            args.baseline_url, workload, arrival, None, "recompute", args.model, extra
+        )
+        report["runs"].append(baseline)
+        report["baseline_label"] = "recompute"
+    if disk_dir is not None:
+        report["disk"] = disk_read_bandwidth(disk_dir)
+    finish_analysis(args, report, [run], baseline)
+
+
+def run_managed(
+    args: argparse.Namespace, workload: Workload, arrival: ArrivalConfig, report: dict
+) -> None:
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="tieredkv-bench-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    common = ["--dtype", args.dtype, "--max-model-len", str(args.max_model_len)]
+    common += ["--max-num-seqs", str(max(args.concurrency, 1) + 2)]
+    if args.serve_model:
+        common += ["--model", args.serve_model]
+    suite = SuiteConfig(common, work_dir, args.threads)
+    report["disk"] = measure_disk(suite)
+    base_spec = ServerSpec("tieredkv", args.device_cache, args.host_cache, args.disk_cache,
+                      args.page_size, args.write_policy)  # fmt: skip
+    specs = [base_spec]
+    if args.sweep:
+        specs = [
+            dataclasses.replace(base_spec, label=f"tieredkv {d}+{h}", device_cache=d, host_cache=h)
+            for d, h in (pair.split(":") for pair in args.sweep.split(","))
+        ]
+    runs = run_all(specs, suite, workload, arrival)
+    for run in runs:
+        run["sweep"] = bool(args.sweep)
+    report["runs"].extend(runs)
+    baseline = None
+    if not args.no_baseline:
+        spec = dataclasses.replace(base_spec, label="recompute", no_cache=True)
+        baseline = run_server(spec, suite, workload, arrival)
+        report["runs"].append(baseline)
+        report["baseline_label"] = "recompute"
+    if args.peer_url:
+        peer = run_workload(args.peer_url, workload, arrival, None, args.peer_name)
+        peer["server"] = "peer"
+        report["runs"].append(peer)
+    if args.compare_policies:
+        grid = run_all(policy_grid.grid_specs(base_spec), suite, workload, arrival)
+        report["policy_grid"] = {**policy_grid.grid_summary(grid), "runs": grid}
+    finish_analysis(args, report, runs, baseline)
+
+
+def finish_analysis(
+    args: argparse.Namespace, report: dict, runs: list[dict], baseline: dict | None
+) -> None:
+    """Check-equal, targets and transformers' prefill speed for the runs of `report`."""
+    if args.check_equal:
+        if baseline is None:
+            raise TieredKVError(
+                "--check-equal needs a baseline (drop --no-baseline, or give --baseline-url)"
+            )
+        report["check_equal"] = compare_runs(runs[0]["records"], baseline["records"], args.dtype)
+    disk_bw = report["disk"]["bytes_per_s"] if report["disk"] else None
+    report["targets"] = evaluate(runs[0], baseline, disk_bw)
+    report["targets_by_run"] = {run["label"]: evaluate(run, baseline, disk_bw) for run in runs}
+    if baseline is not None and not args.no_hf_prefill and not args.base_url:
+        lengths = [r["prompt_tokens"] for r in baseline["records"] if r["prompt_tokens"]]
+        tokens = int(percentile(lengths, 50) or 0)
+        if tokens:
+            report["hf_prefill"] = transformers_prefill(
+                args.serve_model, args.dtype, tokens, args.threads
+            )

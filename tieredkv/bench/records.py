@@ -1,0 +1,96 @@
+"""Per-request measurements and their summaries. `None` always means *unknown* (the server did
+not report it), never zero: a sum over requests with any unknown value is unknown."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+
+TIERS = ("device", "host", "disk")
+
+
+@dataclasses.dataclass
+class RequestRecord:
+    """One request of the workload, as the client saw it."""
+
+    user: int
+    round_index: int
+    start_s: float  # client clock when the request was sent
+    ttft_s: float | None = None  # send to first content delta
+    latency_s: float | None = None  # send to the end of the stream
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    cached_by_tier: dict[str, int | None] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(TIERS)
+    )
+    text: str = ""
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100), linear between closest ranks; None for no values."""
+    if not values:
+        return None
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be in [0, 100], got {q}")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def known_sum(values: Iterable[int | float | None]) -> float | None:
+    """The sum, or None when any value is unknown (or there are none)."""
+    total = 0.0
+    count = 0
+    for value in values:
+        if value is None:
+            return None
+        total += value
+        count += 1
+    return total if count else None
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def summarize(records: Sequence[RequestRecord]) -> dict:
+    """TTFT/latency percentiles, throughput and hit ratios (overall and per tier) of `records`."""
+    done = [r for r in records if r.ok]
+    ttfts = [r.ttft_s for r in done if r.ttft_s is not None]
+    latencies = [r.latency_s for r in done if r.latency_s is not None]
+    prompt = known_sum(r.prompt_tokens for r in done)
+    output = known_sum(r.output_tokens for r in done)
+    wall = None
+    if done and all(r.latency_s is not None for r in done):
+        wall = max(r.start_s + r.latency_s for r in done) - min(r.start_s for r in done)
+    return {
+        "requests": len(records),
+        "errors": len(records) - len(done),
+        "ttft_s": {f"p{q}": percentile(ttfts, q) for q in (50, 90, 99)},
+        "latency_s": {f"p{q}": percentile(latencies, q) for q in (50, 90, 99)},
+        "prompt_tokens": prompt,
+        "output_tokens": output,
+        "wall_s": wall,
+        "output_tokens_per_s": ratio(output, wall),
+        "requests_per_s": ratio(len(done), wall) if done else None,
+        "hit_ratio": ratio(known_sum(r.cached_tokens for r in done), prompt),
+        "hit_ratio_by_tier": {
+            tier: ratio(known_sum(r.cached_by_tier.get(tier) for r in done), prompt)
+            for tier in TIERS
+        },
+    }
+
+
+def fmt(value: float | None, spec: str = ".3f", scale: float = 1.0) -> str:
+    """A number for people; unknown values print as "unknown", never as 0."""
+    return "unknown" if value is None else format(value * scale, spec)

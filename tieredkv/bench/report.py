@@ -1,0 +1,118 @@
+"""The benchmark's outputs: `report.json` (every figure and every request), a Markdown summary
+(`summary.md`, also printed), and the PNG plots, all in one output directory.
+
+Report shape (version 1): {"version", "command", "workload", "arrival", "machine", "disk",
+"runs": [run...], "baseline_label", "tables", "check_equal", "targets", "hf_prefill",
+"policy_grid", "plots"}; each run: {"label", "base_url", "model", "metrics_available",
+"summary": {"overall", "reuse_rounds", "by_round"}, "promotion", "transfer_bytes",
+"evicted_pages", "records", ...}. None is unknown, in JSON as null."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+from pathlib import Path
+
+from tieredkv.bench import plots, tables
+from tieredkv.bench.driver import ArrivalConfig
+from tieredkv.bench.equality import describe
+from tieredkv.bench.workload import WorkloadConfig
+
+REPORT_VERSION = 1
+
+
+def new_report(argv: list[str], workload: WorkloadConfig, arrival: ArrivalConfig) -> dict:
+    return {
+        "version": REPORT_VERSION,
+        "command": ["tieredkv", "bench", "multiturn", *argv],
+        "workload": dataclasses.asdict(workload),
+        "arrival": {
+            "mode": "round_robin" if arrival.rate_per_s is None else "poisson",
+            **dataclasses.asdict(arrival),
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "disk": None,
+        "runs": [],
+        "baseline_label": None,
+        "tables": {},
+        "check_equal": None,
+        "targets": None,
+        "hf_prefill": None,
+        "policy_grid": None,
+        "plots": [],
+    }
+
+
+def baseline_of(report: dict) -> dict | None:
+    label = report["baseline_label"]
+    return next((r for r in report["runs"] if r["label"] == label), None)
+
+
+def finish(report: dict, out_dir: Path, make_plots: bool = True) -> str:
+    """Fill in tables and plots, write report.json and summary.md; the summary text."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    baseline = baseline_of(report)
+    runs = report["runs"]
+    report["tables"]["runs"] = tables.runs_table(runs, baseline)
+    report["tables"]["rounds"] = {run["label"]: tables.rounds_table(run) for run in runs}
+    sweep = [r for r in runs if r.get("sweep")]
+    if sweep:
+        report["tables"]["sweep"] = tables.sweep_table(sweep, baseline)
+    if make_plots and runs:
+        report["plots"] = [
+            str(plots.ttft_by_round(runs, out_dir / "ttft_by_round.png")),
+            str(plots.hit_ratio_by_tier(runs, out_dir / "hit_ratio_by_tier.png")),
+            str(plots.promotion_distribution(runs[0], out_dir / "promotion_latency.png")),
+        ]
+        if len(sweep) > 1:
+            report["plots"].append(str(plots.capacity_sweep(sweep, out_dir / "sweep.png")))
+    text = summary_text(report)
+    (out_dir / "summary.md").write_text(text)
+    with open(out_dir / "report.json", "w") as f:
+        json.dump(report, f, indent=1)
+    return text
+
+
+def summary_text(report: dict) -> str:
+    parts = [f"# tieredkv bench multiturn\n\n`{' '.join(report['command'])}`\n"]
+    if report["disk"]:
+        disk = report["disk"]
+        parts.append(
+            f"disk read bandwidth (same run): {disk['bytes_per_s'] / 1e9:.2f} GB/s "
+            f"(probe O_DIRECT {'on' if disk['o_direct'] else 'off'})\n"
+        )
+    parts.append("## Runs (reuse rounds; promotion latency: bucket-resolution estimates)\n")
+    parts.append(report["tables"]["runs"] + "\n")
+    if "sweep" in report["tables"]:
+        parts.append("## Capacity sweep\n\n" + report["tables"]["sweep"] + "\n")
+    if report["hf_prefill"]:
+        parts.append(_prefill_line(report) + "\n")
+    if report["check_equal"]:
+        parts.append("\n".join(describe(report["check_equal"])) + "\n")
+    if report["targets"]:
+        parts.append("## Targets\n\n```\n" + json.dumps(report["targets"], indent=1) + "\n```\n")
+    if report["policy_grid"]:
+        parts.append("## Write policy x page size\n\n" + report["policy_grid"]["table"] + "\n")
+        parts.append(f"best: {report['policy_grid']['best']}\n")
+    for label, table in report["tables"]["rounds"].items():
+        parts.append(f"## Per round: {label}\n\n{table}\n")
+    return "\n".join(parts)
+
+
+def _prefill_line(report: dict) -> str:
+    hf = report["hf_prefill"]
+    ours = (
+        report["targets"]["ttft_within_bound"]["recompute_tok_per_s"] if report["targets"] else None
+    )
+    ours_text = "unknown" if ours is None else f"{ours:.0f}"
+    return (
+        f"recompute prefill (baseline server, prompt tokens / TTFT, median): {ours_text} tok/s; "
+        f"transformers {hf['transformers']} prefill of {hf['tokens']} tokens: "
+        f"{hf['tok_per_s']:.0f} tok/s ({hf['threads']} threads, same run)"
+    )

@@ -1,0 +1,80 @@
+"""What a tieredkv server's `/metrics` says about one run: the difference between a scrape at
+the start and one at the end. Promotion percentiles are bucket-resolution estimates (buckets
+1 ms x 2^k): a p50 of 0.006 s means "between 4 and 8 ms, interpolated". Every value is None
+(unknown) when the server does not expose the metric (any non-tieredkv server)."""
+
+from __future__ import annotations
+
+from tieredkv.bench.prom_text import (
+    bucket_quantile,
+    counter_delta,
+    histogram_count,
+    histogram_delta,
+    parse_samples,
+)
+from tieredkv.bench.records import TIERS, ratio
+
+PROMOTION_SOURCES = ("host", "disk")
+
+
+def promotion_stats(before_text: str | None, after_text: str | None) -> dict:
+    """Per source tier: observations, p50/p99 estimates, mean, and bytes moved per promotion
+    (bytes copied out of that tier during the run ÷ promotions from it)."""
+    before = parse_samples(before_text or "")
+    after = parse_samples(after_text or "")
+    stats = {}
+    for source in PROMOTION_SOURCES:
+        buckets = histogram_delta(before, after, "tieredkv_promotion_seconds", from_tier=source)
+        count = histogram_count(buckets)
+        total = counter_delta(before, after, "tieredkv_promotion_seconds_sum", from_tier=source)
+        moved = _bytes_up_from(before, after, source)
+        stats[source] = {
+            "count": count,
+            "p50_s": bucket_quantile(buckets, 0.5) if buckets else None,
+            "p99_s": bucket_quantile(buckets, 0.99) if buckets else None,
+            "mean_s": ratio(total, count),
+            "bytes_moved": moved,
+            "bytes_per_promotion": ratio(moved, count),
+            "buckets": buckets,
+            "estimate": "bucket resolution (1 ms x 2^k buckets, linear inside a bucket)",
+        }
+    return stats
+
+
+def _bytes_up_from(before: dict, after: dict, source: str) -> float | None:
+    """Bytes moved towards the device out of `source` (disk->host and host->device both count
+    for disk: a disk page goes through host on its way up; host counts host->device only)."""
+    name = "tieredkv_transfer_bytes_total"
+    if source == "disk":
+        return counter_delta(before, after, name, from_tier="disk", to_tier="host")
+    return counter_delta(before, after, name, from_tier="host", to_tier="device")
+
+
+def transfer_bytes(before_text: str | None, after_text: str | None) -> dict[str, float] | None:
+    """{"from->to": bytes} moved during the run; None when the server has no such metric."""
+    before = parse_samples(before_text or "")
+    after = parse_samples(after_text or "")
+    result = {}
+    for src in TIERS:
+        for dst in TIERS:
+            if src != dst:
+                delta = counter_delta(
+                    before, after, "tieredkv_transfer_bytes_total", from_tier=src, to_tier=dst
+                )
+                if delta is not None:
+                    result[f"{src}->{dst}"] = delta
+    return result or None
+
+
+def eviction_counts(before_text: str | None, after_text: str | None) -> dict[str, float] | None:
+    before = parse_samples(before_text or "")
+    after = parse_samples(after_text or "")
+    result = {}
+    for tier in TIERS:
+        for action in ("demoted", "dropped"):
+            delta = counter_delta(
+                before, after, "tieredkv_evicted_pages_total", tier=tier, action=action
+            )
+            if delta is not None:
+                result[f"{tier}:{action}"] = delta
+    return result or None

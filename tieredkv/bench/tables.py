@@ -1,0 +1,95 @@
+"""Markdown tables for people (the same figures as the JSON report; unknown prints "unknown").
+Timed figures are over the reuse rounds (round >= 1); round 0 builds every conversation and
+is shown in the per-round table only."""
+
+from __future__ import annotations
+
+from tieredkv.bench.records import TIERS, fmt, ratio
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = [_row(header), _row(["---"] * len(header))]
+    return "\n".join([*lines, *(_row(r) for r in rows)])
+
+
+def _reuse(run: dict) -> dict:
+    return run["summary"]["reuse_rounds"] or run["summary"]["overall"]
+
+
+def speedup(run: dict, baseline: dict | None) -> float | None:
+    """Baseline TTFT p50 / this run's TTFT p50, over the reuse rounds."""
+    if baseline is None:
+        return None
+    return ratio(_reuse(baseline)["ttft_s"]["p50"], _reuse(run)["ttft_s"]["p50"])
+
+
+def runs_table(runs: list[dict], baseline: dict | None) -> str:
+    """One row per run: TTFT percentiles, speed-up vs recompute, hit ratio per tier, promotion
+    latency per source tier (bucket estimates), output throughput."""
+    header = ["run", "TTFT p50 ms", "p90 ms", "p99 ms", "vs recompute", "hit device",
+              "hit host", "hit disk", "promo host p50/p99 ms", "promo disk p50/p99 ms",
+              "out tok/s", "O_DIRECT"]  # fmt: skip
+    rows = []
+    for run in runs:
+        summary = _reuse(run)
+        ttft = summary["ttft_s"]
+        hits = summary["hit_ratio_by_tier"]
+        promo = run.get("promotion") or {}
+        rows.append(
+            [
+                run["label"],
+                *(fmt(ttft[q], ".0f", 1000) for q in ("p50", "p90", "p99")),
+                fmt(speedup(run, baseline), ".1f") + ("x" if baseline else ""),
+                *(fmt(hits[t], ".1%") for t in TIERS),
+                *(_promo(promo.get(t)) for t in ("host", "disk")),
+                fmt(summary["output_tokens_per_s"], ".1f"),
+                {True: "on", False: "off"}.get(run.get("direct_io"), "unknown"),
+            ]
+        )
+    return _table(header, rows)
+
+
+def _promo(stats: dict | None) -> str:
+    if not stats or not stats["count"]:
+        return "unknown" if not stats or stats["count"] is None else "none"
+    return f"{fmt(stats['p50_s'], '.1f', 1000)} / {fmt(stats['p99_s'], '.1f', 1000)}"
+
+
+def rounds_table(run: dict) -> str:
+    header = ["round", "requests", "prompt tok", "TTFT p50 ms", "p90 ms", "p99 ms",
+              "hit device", "hit host", "hit disk"]  # fmt: skip
+    rows = []
+    for index, summary in enumerate(run["summary"]["by_round"]):
+        rows.append(
+            [
+                str(index),
+                str(summary["requests"]),
+                fmt(summary["prompt_tokens"], ".0f"),
+                *(fmt(summary["ttft_s"][q], ".0f", 1000) for q in ("p50", "p90", "p99")),
+                *(fmt(summary["hit_ratio_by_tier"][t], ".1%") for t in TIERS),
+            ]
+        )
+    return _table(header, rows)
+
+
+def sweep_table(runs: list[dict], baseline: dict | None) -> str:
+    """Capacity sweep: TTFT p50 and hit ratio per tier against the device + host budget."""
+    header = ["device", "host", "TTFT p50 ms", "vs recompute", "hit device", "hit host",
+              "hit disk"]  # fmt: skip
+    rows = []
+    for run in runs:
+        summary = _reuse(run)
+        rows.append(
+            [
+                run["spec"]["device_cache"],
+                run["spec"]["host_cache"],
+                fmt(summary["ttft_s"]["p50"], ".0f", 1000),
+                fmt(speedup(run, baseline), ".1f") + ("x" if baseline else ""),
+                *(fmt(summary["hit_ratio_by_tier"][t], ".1%") for t in TIERS),
+            ]
+        )
+    return _table(header, rows)

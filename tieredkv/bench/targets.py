@@ -1,0 +1,81 @@
+"""The issue's target figures, computed from one cached run, the recompute baseline of the same
+workload, and the disk bandwidth measured in the same run. Nothing here asserts: each target
+says its measured value, its bound, and whether it was met (None when a figure is unknown)."""
+
+from __future__ import annotations
+
+from tieredkv.bench.records import percentile, ratio
+
+LONG_CONTEXT_TOKENS = 3000
+TTFT_SLACK_S = 0.050
+
+
+def _by_key(records: list[dict]) -> dict[tuple[int, int], dict]:
+    return {(r["user"], r["round_index"]): r for r in records if not r["error"]}
+
+
+def disk_requests(records: list[dict], min_prompt_tokens: int) -> list[dict]:
+    """Requests whose history came (at least partly) from disk, at long contexts."""
+    return [
+        r
+        for r in records
+        if not r["error"]
+        and (r["cached_by_tier"].get("disk") or 0) > 0
+        and (r["prompt_tokens"] or 0) >= min_prompt_tokens
+    ]
+
+
+def recompute_tok_per_s(baseline: list[dict]) -> float | None:
+    """The baseline's prefill speed: median of prompt tokens / TTFT over its requests."""
+    speeds = [
+        r["prompt_tokens"] / r["ttft_s"]
+        for r in baseline
+        if not r["error"] and r["prompt_tokens"] and r["ttft_s"]
+    ]
+    return percentile(speeds, 50)
+
+
+def evaluate(cached: dict, baseline: dict | None, disk_bytes_per_s: float | None) -> dict:
+    """The three disk targets (speed-up, promotion vs bandwidth, TTFT bound) for `cached`."""
+    slow = disk_requests(cached["records"], LONG_CONTEXT_TOKENS)
+    base = _by_key(baseline["records"]) if baseline else {}
+    speedups = [
+        base[key]["ttft_s"] / r["ttft_s"]
+        for r in slow
+        if (key := (r["user"], r["round_index"])) in base and r["ttft_s"] and base[key]["ttft_s"]
+    ]
+    disk = cached["promotion"]["disk"]
+    disk_tokens = sum(r["cached_by_tier"]["disk"] for r in disk_requests(cached["records"], 0))
+    bytes_per_token = ratio(disk["bytes_moved"], disk_tokens or None)
+    ideal_promotion = ratio(disk["bytes_per_promotion"], disk_bytes_per_s)
+    promotion_ratio = ratio(disk["p50_s"], ideal_promotion)
+    prefill = recompute_tok_per_s(baseline["records"]) if baseline else None
+    within = []
+    for r in slow:
+        if bytes_per_token is None or disk_bytes_per_s is None or prefill is None:
+            break
+        suffix = r["prompt_tokens"] - (r["cached_tokens"] or 0)
+        bound = r["cached_by_tier"]["disk"] * bytes_per_token / disk_bytes_per_s
+        within.append(r["ttft_s"] <= bound + suffix / prefill + TTFT_SLACK_S)
+    speedup_p50 = percentile(speedups, 50)
+    return {
+        "disk_requests_at_3k": len(slow),
+        "ttft_speedup_vs_recompute_p50": {
+            "value": speedup_p50,
+            "target": ">= 10",
+            "met": None if speedup_p50 is None else speedup_p50 >= 10,
+        },
+        "disk_promotion_p50_over_ideal": {
+            "value": promotion_ratio,
+            "ideal_s": ideal_promotion,
+            "target": "<= 1.5 (ideal = bytes per promotion / disk read bandwidth)",
+            "met": None if promotion_ratio is None else promotion_ratio <= 1.5,
+        },
+        "ttft_within_bound": {
+            "value": ratio(sum(within), len(within) or None),
+            "target": "share of disk requests with TTFT <= bytes/disk_bw + suffix/prefill + 50 ms",
+            "met": None if not within else all(within),
+            "bytes_per_token": bytes_per_token,
+            "recompute_tok_per_s": prefill,
+        },
+    }
