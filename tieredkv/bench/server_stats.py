@@ -42,12 +42,13 @@ def promotion_stats(before_text: str | None, after_text: str | None) -> dict:
 
 
 def _bytes_up_from(before: dict, after: dict, source: str) -> float | None:
-    """Bytes moved towards the device out of `source` (disk->host and host->device both count
-    for disk: a disk page goes through host on its way up; host counts host->device only)."""
+    """Bytes read out of `source` towards the device: disk->host and disk->device (with no
+    host tier a disk page goes straight to the device) for disk, host->device for host."""
     name = "tieredkv_transfer_bytes_total"
-    if source == "disk":
-        return counter_delta(before, after, name, from_tier="disk", to_tier="host")
-    return counter_delta(before, after, name, from_tier="host", to_tier="device")
+    targets = ("host", "device") if source == "disk" else ("device",)
+    moved = [counter_delta(before, after, name, from_tier=source, to_tier=t) for t in targets]
+    known = [m for m in moved if m is not None]
+    return sum(known) if known else None
 
 
 def transfer_bytes(before_text: str | None, after_text: str | None) -> dict[str, float] | None:
