@@ -145,7 +145,8 @@ def run_client(
         report["runs"].append(baseline)
         report["baseline_label"] = "recompute"
     if disk_dir is not None:
-        report["disk"] = disk_read_bandwidth(disk_dir)
+        # probe beside the store, not inside the directory the server owns
+        report["disk"] = disk_read_bandwidth(disk_dir.resolve().parent)
     finish_analysis(args, report, [run], baseline)
 
 

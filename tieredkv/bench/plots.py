@@ -31,6 +31,7 @@ def ttft_by_round(runs: list[dict], path: Path) -> Path:
     for run in runs:
         p50 = [_nan(s["ttft_s"]["p50"], 1000) for s in run["summary"]["by_round"]]
         ax.plot(range(len(p50)), p50, marker="o", label=run["label"])
+    ax.set_xticks(range(max(len(r["summary"]["by_round"]) for r in runs)))
     ax.set_xlabel("round (0 builds each conversation)")
     ax.set_ylabel("TTFT p50 (ms)")
     ax.set_yscale("log")
@@ -70,7 +71,7 @@ def promotion_distribution(run: dict, path: Path) -> Path:
     for offset, source in ((-0.2, "host"), (0.2, "disk")):
         stats = (run.get("promotion") or {}).get(source) or {}
         buckets = stats.get("buckets")
-        if not buckets:
+        if not buckets or not stats.get("count"):
             continue
         finite = [(b, c) for b, c in buckets if not math.isinf(b)]
         counts = [c - (finite[i - 1][1] if i else 0.0) for i, (_, c) in enumerate(finite)]
@@ -108,8 +109,10 @@ def capacity_sweep(runs: list[dict], path: Path) -> Path:
         hits.plot(budgets, values, "--s", color=TIER_COLORS[tier], label=f"hit {tier}")
     hits.set_ylabel("hit ratio")
     hits.set_ylim(0, 1.05)
-    fig.legend(fontsize="small", loc="upper center", ncol=4)
-    ax.set_title("Capacity sweep", pad=24)
+    lines, labels = ax.get_legend_handles_labels()
+    more_lines, more_labels = hits.get_legend_handles_labels()
+    ax.legend(lines + more_lines, labels + more_labels, fontsize="small", loc="best")
+    ax.set_title("Capacity sweep (reuse rounds)")
     return _save(fig, path)
 
 
