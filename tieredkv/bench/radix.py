@@ -16,7 +16,9 @@ import json
 import os
 from pathlib import Path
 
+from tieredkv.bench.radix_limits import compare_floor_us, cpu_share
 from tieredkv.bench.radix_phases import chat_calls, eviction_cost, match_scaling
+from tieredkv.bench.radix_profile import profile_calls
 
 # SGLang's RadixCache (pure Python), this workload, this machine: the figures (µs)
 SGLANG_MATCH_US = 26.0
@@ -35,28 +37,50 @@ def _parser() -> argparse.ArgumentParser:
     add("--samples", type=int, default=2000, help="matches timed at each tree size")
     add("--seed", type=int, default=0)
     add("--json", type=Path, default=None, metavar="PATH", help="also write the report here")
+    add("--profile", action="store_true", help="then profile match and insert (cProfile)")
     add("--quick", action="store_true", help="tiny sizes, for tests (figures meaningless)")
     return parser
 
 
 def measure(args: argparse.Namespace) -> dict[str, object]:
+    share_before = cpu_share()
+    floor = compare_floor_us(3000, 200, args.seed)
     chat, cache = chat_calls(args.users, args.active, args.seed)
     eviction = eviction_cost(cache, args.evictions, args.evict_batch)
     del cache
     nodes = [int(n) for n in args.nodes.split(",")]
     scaling = match_scaling(nodes, args.samples, args.active, args.seed)
-    return {
-        "machine": {"cpus": len(os.sched_getaffinity(0))},
+    report: dict[str, object] = {
+        "machine": {
+            "cpus": len(os.sched_getaffinity(0)),
+            "cpu_share_before": share_before,
+            "cpu_share_after": cpu_share(),
+            "compare_floor_3k_tokens_us": floor,
+        },
         "settings": {"seed": args.seed, "page_size": 16, "quick": args.quick},
         "sglang_reference_us": {"match": SGLANG_MATCH_US, "insert": SGLANG_INSERT_US},
         "chat": chat,
         "eviction": eviction,
         "match_scaling": scaling,
     }
+    if args.profile:
+        report["profile"] = profile_calls(args.users, args.active, args.seed)
+    return report
 
 
 def print_report(report: dict) -> None:
-    chat, evict = report["chat"], report["eviction"]
+    chat, evict, machine = report["chat"], report["eviction"], report["machine"]
+    for when in ("before", "after"):
+        share = machine[f"cpu_share_{when}"]
+        print(
+            f"CPU share {when}: {share['share']:.0%} of a busy loop's wall time "
+            f"({share['gaps_per_s']:.0f} gaps/s, median {share['median_gap_ms']:.1f} ms): "
+            "on a shared machine, p99s are mostly these gaps"
+        )
+    print(
+        f"{machine['cpus']} CPUs; floor: one comparison of a 3k-token prompt with a stored "
+        f"copy takes {machine['compare_floor_3k_tokens_us']:.1f} µs here"
+    )
     ref = report["sglang_reference_us"]
     prompts = chat["prompt_tokens"]
     print(
@@ -85,6 +109,8 @@ def print_report(report: dict) -> None:
         print(
             f"{point['tree_nodes']:>10}{point['users']:>8}{m['p50_us']:>14.1f}{m['p99_us']:>9.1f}"
         )
+    for name, text in report.get("profile", {}).items():
+        print(f"--- cProfile of every {name} call, by own time ---\n{text}")
 
 
 def main(argv: list[str] | None = None) -> int:

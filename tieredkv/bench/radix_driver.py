@@ -6,7 +6,9 @@ full pages (lock the new deepest node, unlock the old one, free duplicates); at 
 prompt + output[:-1] (the last sampled token has no KV), free the private pages, unlock.
 
 Every match, insert, lock and unlock is timed alone (perf_counter_ns); slicing the tokens and
-the page table happens outside the timed call, as it does in the engine.
+the page table happens outside the timed call, as it does in the engine. Each request gets its
+own int objects for its tokens, as a tokenizer hands them out: comparing them with the tree's
+compares values, never just identities (which would flatter the tree).
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import numpy as np
 
 from tieredkv.bench.radix_workload import ChatTurn
 from tieredkv.cache.radix_node import RadixNode
 from tieredkv.cache.tiered_cache import TieredCache
 
 T = TypeVar("T")
+Timer = Callable[..., Any]  # (samples, call, *args) -> call(*args)
 PREFILL_CHUNK_TOKENS = 2048  # EngineConfig.max_batch_tokens: prefill inserts at chunk ends
 
 
@@ -36,6 +41,11 @@ class CallTimes:
     def clear(self) -> None:
         for samples in (self.match, self.insert, self.lock, self.unlock):
             samples.clear()
+
+
+def fresh_tokens(tokens: list[int]) -> list[int]:
+    """The same token ids as new int objects (a tokenizer's output for a new request)."""
+    return np.asarray(tokens, dtype=np.int64).tolist()
 
 
 def timed(samples: list[int], call: Callable[..., T], *args: object) -> T:
@@ -55,21 +65,28 @@ class _Request:
 
 class ChatDriver:
     """Runs turns against `cache` (a device-only cache large enough for them: the benchmark
-    times the tree, not eviction) in one namespace."""
+    times the tree, not eviction) in one namespace. `fresh`: new int objects per request (see
+    the module docstring); off, the workload's shared ints are inserted (a big tree, small)."""
 
-    def __init__(self, cache: TieredCache, namespace: str = "default") -> None:
+    def __init__(self, cache: TieredCache, namespace: str = "default", fresh: bool = True) -> None:
         self.cache = cache
+        self.fresh = fresh
         self.namespace = namespace
         self.page_size = cache.page_size
         self.times = CallTimes()
+        self.timer: Timer = timed  # replaceable (radix_profile profiles the same calls)
 
     def run(self, turn: ChatTurn) -> None:
         cache, times, ps = self.cache, self.times, self.page_size
-        timed(times.match, cache.match, turn.prompt, self.namespace)  # on arrival
-        match = timed(times.match, cache.match, turn.prompt, self.namespace)  # admission
+        tokens = turn.prompt + turn.output[:-1]  # what will have KV at finish
+        if self.fresh:
+            tokens = fresh_tokens(tokens)
+        prompt = tokens[: len(turn.prompt)]
+        self.timer(times.match, cache.match, prompt, self.namespace)  # on arrival
+        match = self.timer(times.match, cache.match, prompt, self.namespace)  # admission
         assert match.num_pages == match.device.num_pages, "a device-only cache matched lower"
         if match.last_node is not None:
-            timed(times.lock, cache.lock, match.last_node)
+            self.timer(times.lock, cache.lock, match.last_node)
         request = _Request(
             turn.prompt + turn.output[:-1],
             list(match.device.pages),
@@ -81,13 +98,13 @@ class ChatDriver:
         assert pages is not None, f"device too small for {needed} more pages"
         request.page_table.extend(pages)
         kv_len = match.matched_len
-        while kv_len < len(turn.prompt):  # prefill, chunk by chunk
-            kv_len = min(kv_len + PREFILL_CHUNK_TOKENS, len(turn.prompt))
+        while kv_len < len(prompt):  # prefill, chunk by chunk
+            kv_len = min(kv_len + PREFILL_CHUNK_TOKENS, len(prompt))
             self._insert(request, kv_len)
         self._insert(request, len(request.tokens))  # finish
         cache.free(request.page_table[request.tree_pages :])
         if request.locked is not None:
-            timed(times.unlock, cache.unlock, request.locked)
+            self.timer(times.unlock, cache.unlock, request.locked)
 
     def _insert(self, request: _Request, kv_len: int) -> None:
         full_pages = kv_len // self.page_size
@@ -95,11 +112,11 @@ class ChatDriver:
             return
         tokens = request.tokens[: full_pages * self.page_size]
         table: Sequence[int] = request.page_table[:full_pages]
-        result = timed(self.times.insert, self.cache.insert, tokens, self.namespace, table)
+        result = self.timer(self.times.insert, self.cache.insert, tokens, self.namespace, table)
         if result.node is not None and result.node is not request.locked:
-            timed(self.times.lock, self.cache.lock, result.node)
+            self.timer(self.times.lock, self.cache.lock, result.node)
             if request.locked is not None:
-                timed(self.times.unlock, self.cache.unlock, request.locked)
+                self.timer(self.times.unlock, self.cache.unlock, request.locked)
             request.locked = result.node
         request.page_table[: result.num_pages] = result.device_pages
         request.tree_pages = result.num_pages

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from tieredkv.bench.radix_driver import ChatDriver, timed
+from tieredkv.bench.radix_driver import ChatDriver, fresh_tokens, timed
 from tieredkv.bench.radix_workload import ChatShape, ChatWorkload
 from tieredkv.cache.device_pool import PageLayout
 from tieredkv.cache.executor import ManualTransferExecutor
@@ -123,12 +123,13 @@ def match_scaling(
 ) -> list[dict[str, object]]:
     """Match cost as the tree grows: the chat workload runs (untimed) until the tree has each
     of `node_counts` nodes, then `samples` past prompts, drawn uniformly from every turn so far
-    (reservoir sampling), are matched and timed."""
+    (reservoir sampling), are matched and timed (each as new int objects, as a tokenizer gives
+    them; the conversations themselves keep shared ints, so a 100k-node tree stays small)."""
     workload = ChatWorkload(seed + 1, active)
     nodes_per_user = 4  # at least, in this workload (a document, then two per turn)
     users_bound = max(node_counts) // nodes_per_user + active
     cache = tiny_cache(users_bound * pages_per_user(workload.shape))
-    driver = ChatDriver(cache)
+    driver = ChatDriver(cache, fresh=False)
     picker = random.Random(seed)
     reservoir: list[list[int]] = []
     turns = workload.turns(max_users=users_bound)
@@ -146,7 +147,8 @@ def match_scaling(
                 break
         gc.collect()
         match_ns: list[int] = []
-        for prompt in picker.choices(reservoir, k=samples):
+        for past in picker.choices(reservoir, k=samples):
+            prompt = fresh_tokens(past)
             start = time.perf_counter_ns()
             cache.match(prompt)
             match_ns.append(time.perf_counter_ns() - start)

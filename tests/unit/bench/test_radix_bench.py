@@ -19,8 +19,14 @@ def check_summary(summary: dict) -> None:
 
 def test_cli_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "radix.json"
-    assert cli_main(["bench", "radix", "--quick", "--json", str(out)]) == 0
+    assert cli_main(["bench", "radix", "--quick", "--profile", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
+    machine = report["machine"]
+    for when in ("before", "after"):
+        assert 0 < machine[f"cpu_share_{when}"]["share"] <= 1
+    assert machine["compare_floor_3k_tokens_us"] > 0
+    assert "match_prefix" in report["profile"]["match"]
+    assert "insert_pages" in report["profile"]["insert"]
     chat = report["chat"]
     assert chat["integrity_ok"] and report["eviction"]["integrity_ok"]
     for name in ("match", "insert", "lock", "unlock"):

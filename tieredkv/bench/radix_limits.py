@@ -1,0 +1,49 @@
+"""What this machine allows the tree right now, measured in the same run as the tree.
+
+- CPU share: a busy loop counts the time it was not running (gaps over 200 µs: another
+  process had the core). On a shared machine p99s are mostly these gaps, not the tree.
+- Compare floor: one C-level comparison of a prompt's tokens with a stored run of the same
+  values (new int objects, as a tokenizer hands them out), tuple conversion included: the
+  least any tree that keeps tokens must spend to confirm a whole-prompt match.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+GAP_NS = 200_000
+
+
+def cpu_share(seconds: float = 0.5) -> dict[str, float]:
+    """The share of `seconds` of wall time a busy loop actually ran, and its gaps."""
+    gaps: list[int] = []
+    start = last = time.perf_counter_ns()
+    end = start + int(seconds * 1e9)
+    while last < end:
+        now = time.perf_counter_ns()
+        if now - last > GAP_NS:
+            gaps.append(now - last)
+        last = now
+    elapsed = last - start
+    return {
+        "share": 1 - sum(gaps) / elapsed,
+        "gaps_per_s": len(gaps) / (elapsed / 1e9),
+        "median_gap_ms": statistics.median(gaps) / 1e6 if gaps else 0.0,
+    }
+
+
+def compare_floor_us(num_tokens: int, repeats: int, seed: int) -> float:
+    """Median µs of `stored == tuple(prompt)` over `num_tokens` equal values in new objects."""
+    ids = np.random.default_rng(seed).integers(256, 49152, num_tokens)
+    stored = tuple(ids.tolist())
+    times = []
+    for _ in range(repeats):
+        prompt = ids.tolist()  # new int objects each time
+        begin = time.perf_counter_ns()
+        equal = stored == tuple(prompt)
+        times.append(time.perf_counter_ns() - begin)
+        assert equal
+    return statistics.median(times) / 1e3
