@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tieredkv.bench import policy_grid
+from tieredkv.bench import policy_grid, tables
 from tieredkv.bench import report as reports
 from tieredkv.bench.disk_check import disk_read_bandwidth, drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
@@ -183,6 +183,7 @@ def run_managed(
         peer = run_workload(args.peer_url, workload, arrival, None, args.peer_name)
         peer["server"] = "peer"
         report["runs"].append(peer)
+        report["vs_peer"] = {run["label"]: tables.speedup(run, peer) for run in runs}
     if args.compare_policies:
         grid = run_all(policy_grid.grid_specs(base_spec), suite, workload, arrival)
         report["policy_grid"] = {**policy_grid.grid_summary(grid), "runs": grid}

@@ -2,10 +2,10 @@
 (`summary.md`, also printed), and the PNG plots, all in one output directory.
 
 Report shape (version 1): {"version", "command", "workload", "arrival", "machine", "disk",
-"runs": [run...], "baseline_label", "tables", "check_equal", "targets", "hf_prefill",
-"policy_grid", "plots"}; each run: {"label", "base_url", "model", "metrics_available",
-"summary": {"overall", "reuse_rounds", "by_round"}, "promotion", "transfer_bytes",
-"evicted_pages", "records", ...}. None is unknown, in JSON as null."""
+"runs": [run...], "baseline_label", "tables", "check_equal", "targets" (first run),
+"targets_by_run", "hf_prefill", "policy_grid", "vs_peer", "plots"}; each run: {"label",
+"base_url", "model", "metrics_available", "summary": {"overall", "reuse_rounds", "by_round"},
+"promotion", "transfer_bytes", "evicted_pages", "records", ...}. None is unknown (JSON null)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from tieredkv.bench import plots, tables
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.equality import describe
+from tieredkv.bench.records import fmt
 from tieredkv.bench.workload import WorkloadConfig
 
 REPORT_VERSION = 1
@@ -43,8 +44,10 @@ def new_report(argv: list[str], workload: WorkloadConfig, arrival: ArrivalConfig
         "tables": {},
         "check_equal": None,
         "targets": None,
+        "targets_by_run": None,
         "hf_prefill": None,
         "policy_grid": None,
+        "vs_peer": None,
         "plots": [],
     }
 
@@ -91,6 +94,12 @@ def summary_text(report: dict) -> str:
     parts.append(report["tables"]["runs"] + "\n")
     if "sweep" in report["tables"]:
         parts.append("## Capacity sweep\n\n" + report["tables"]["sweep"] + "\n")
+    if report.get("vs_peer"):
+        parts.append(
+            "TTFT p50 speed-up against the peer (peer p50 / ours): "
+            + ", ".join(f"{label}: {fmt(x, '.2f')}x" for label, x in report["vs_peer"].items())
+            + "\n"
+        )
     if report["hf_prefill"]:
         parts.append(_prefill_line(report) + "\n")
     if report["check_equal"]:
