@@ -117,10 +117,16 @@ class Demoter:
         while progress:
             progress = False
             for tier in Tier:
+                later = []  # children below still need this copy: they go first
                 while node := self.residency.heaps[tier].pop(self.residency.policy.evictable):
+                    if not copy_may_leave(node, tier):
+                        later.append(node)
+                        continue
                     dropped += node.num_pages
                     demoted = any(t > tier for t in node.copies)
                     self.residency.free_copy(node, tier, count_as=demoted)
                     self._after_free(node)
                     progress = True
+                for node in later:
+                    self.residency.refresh(node)
         return dropped
