@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tieredkv.bench.tier_breakdown import breakdown
 from tieredkv.bench.tier_copies import make_copier, memory_gbps, mover_disk_gbps
 from tieredkv.bench.tier_limits import RAW_PATTERNS, memcpy_gbps, raw_disk_gbps, xxh3_gbps
 from tieredkv.bench.tier_store import LAYOUT, random_pages, store_gbps
@@ -63,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--memcpy-bytes", type=int, default=512 << 20)
     add("--threads", default="1,2", help="DiskStore rows: callers splitting each batch")
     add("--store-config", default="4:2:32", help="DiskStore io_threads:io_depth:chunk_MiB")
+    add("--breakdown", action="store_true", help="also time each stage of the mover's jobs")
     add("--quick", action="store_true", help="tiny sizes, for tests (figures meaningless)")
     return parser
 
@@ -126,6 +128,7 @@ def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
             write, read, ok = mover_disk_gbps(copier, store, batch, args.reps, rng)
             add("host->disk", mover, batch, write, ok)
             add("disk->host", mover, batch, read, ok)
+        stages = breakdown(copier, store, max(batches), args.reps, rng) if args.breakdown else {}
         del copier  # its pools: the aligned store data below needs the memory
         data = random_pages(store.num_slots, rng)  # (num_slots, *page_shape) bf16, aligned
         for threads in (int(t) for t in args.threads.split(",")):
@@ -155,6 +158,7 @@ def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
         },
         "store_direct_io": direct_io,
         "rows": [row.to_json() for row in rows],
+        "breakdown": {"batch_pages": max(batches), "gbps": stages} if stages else None,
     }
 
 
@@ -184,6 +188,16 @@ def print_report(report: dict) -> None:
         )
 
 
+def print_breakdown(report: dict) -> None:
+    split = report.get("breakdown")
+    if not split:
+        return
+    memcpy = report["limits"]["memcpy_gbps"]
+    print(f"breakdown of the mover's jobs, {split['batch_pages']} pages (GB/s, % of memcpy):")
+    for name, gbps in split["gbps"].items():
+        print(f"  {name:<46}{gbps:>8.2f}{gbps / memcpy:>7.0%}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.quick:
@@ -192,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=root, prefix="tieredkv-bench-") as tmp:
         report = measure(args, Path(tmp))
     print_report(report)
+    print_breakdown(report)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -26,7 +26,7 @@ def positive(value: float) -> bool:
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("tiers")
     out = tmp / "report.json"
-    assert tiers.main(["--quick", "--dir", str(tmp), "--json", str(out)]) == 0
+    assert tiers.main(["--quick", "--breakdown", "--dir", str(tmp), "--json", str(out)]) == 0
     assert [p.name for p in tmp.iterdir()] == ["report.json"]  # temp files are gone
     return json.loads(out.read_text())
 
@@ -57,6 +57,16 @@ def test_every_path_and_batch_has_a_verified_row(report: dict) -> None:
         assert row["meets_target"] == (row["share"] >= row["target"])
         want = "memcpy" if "device" in row["path"] else "raw disk"
         assert row["limit"].startswith(want)
+
+
+def test_breakdown_times_every_stage(report: dict) -> None:
+    split = report["breakdown"]
+    assert split["batch_pages"] == 16
+    stages = split["gbps"]
+    for name in ("job host->device", "job device->host", "job host->disk", "job disk->host"):
+        assert name in stages
+    assert any(name.startswith("alt: ") for name in stages)
+    assert all(positive(gbps) for gbps in stages.values())
 
 
 def test_memory_jobs_move_the_right_bytes() -> None:
