@@ -12,7 +12,7 @@ The faults come from the environment variable TKV_FAULTS, a JSON object (every k
     max_file_bytes: int                 preallocating more fails with ENOSPC (at start)
     write_log: path                     one line per completed header write:
                                         "<offset> <num_bytes> <zero|data>"
-    audit_log: path                     one line per pickle/marshal load event in this process
+    audit_log: path                     one line per object unpickled in this process
     umask: int                          the process umask (e.g. 0, to check exact file modes)
 
 Runtime faults are armed once the engine has started (warm-up done, disk index rebuilt), so
@@ -36,7 +36,9 @@ from tieredkv.cache.disk_format import SUPERBLOCK_BYTES, decode_superblock
 from tieredkv.cache.disk_io import Buffer, DiskIOBackend, FaultInjectingIO, as_bytes
 from tieredkv.engine.async_engine import AsyncEngine
 
-_UNPICKLE_EVENTS = ("pickle.find_class", "marshal.loads", "marshal.load")
+# Unpickling any object resolves a global through find_class (marshal is left out: the import
+# system uses it for every .pyc).
+_UNPICKLE_EVENTS = ("pickle.find_class",)
 
 
 class KillingIO(FaultInjectingIO):

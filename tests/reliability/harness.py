@@ -64,6 +64,8 @@ def disk_args(directory: Path, size: str = "64MiB") -> list[str]:
 class FaultServer(ServerProcess):
     """`tieredkv serve` through tests/reliability/fault_server.py with `faults` (its TKV_FAULTS)."""
 
+    root: Path | None = None  # where a fixture keeps this server's files
+
     def __init__(
         self, args: list[str], log_path: Path, faults: dict | None = None, wait: bool = True
     ) -> None:
