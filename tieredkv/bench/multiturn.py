@@ -6,7 +6,7 @@ one configuration or a capacity sweep (`--sweep DEVICE:HOST,...`), the recompute
 (`--no-cache`, same binary) unless `--no-baseline`, optionally `--check-equal`,
 `--compare-policies` (write policy x page size) and a peer server (`--peer-url`, e.g. vLLM's
 CPU build started by benchmarks/vllm_cpu.sh). Writes report.json, summary.md and PNG plots
-to `--out`. Presets: `--preset quick` (about a minute) and `--preset default` (a few minutes
+to `--out`. Presets: `--preset quick` (1-2 minutes) and `--preset default` (a few minutes
 on a 2-core machine); explicit flags override a preset.
 """
 
@@ -33,8 +33,12 @@ from tieredkv.bench.workload_run import run_workload
 from tieredkv.errors import TieredKVError
 
 PRESETS = {
-    "quick": dict(users=4, rounds=3, system_words=80, document_words=400, max_tokens=16,
-                  device_cache="96MiB", host_cache="32MiB", disk_cache="1GiB", max_model_len=2048),
+    # quick: ~1-2 min on 2 cores; 6 conversations of ~560 tokens over a 48+16 MiB fp32 budget,
+    # so part of every round's history comes back from disk
+    "quick": dict(users=6, rounds=3, system_words=60, document_words=300, max_tokens=16,
+                  device_cache="48MiB", host_cache="16MiB", disk_cache="1GiB", max_model_len=1024),
+    # default: a few minutes; 8 conversations of 3.2k-3.4k tokens (~1.2 GB of fp32 KV) over a
+    # 384 MiB device + host budget: histories are promoted from host and disk
     "default": dict(users=8, rounds=3, system_words=150, document_words=2400, max_tokens=32,
                     device_cache="256MiB", host_cache="128MiB", disk_cache="4GiB",
                     max_model_len=4096),

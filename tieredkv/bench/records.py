@@ -94,3 +94,8 @@ def summarize(records: Sequence[RequestRecord]) -> dict:
 def fmt(value: float | None, spec: str = ".3f", scale: float = 1.0) -> str:
     """A number for people; unknown values print as "unknown", never as 0."""
     return "unknown" if value is None else format(value * scale, spec)
+
+
+def fmt_times(value: float | None) -> str:
+    """A speed-up factor ("12.3x"), or "unknown"."""
+    return "unknown" if value is None else f"{value:.1f}x"

@@ -18,7 +18,8 @@ from pathlib import Path
 from tieredkv.bench import plots, tables
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.equality import describe
-from tieredkv.bench.records import fmt
+from tieredkv.bench.records import fmt_times
+from tieredkv.bench.targets import targets_table
 from tieredkv.bench.workload import WorkloadConfig
 
 REPORT_VERSION = 1
@@ -97,7 +98,7 @@ def summary_text(report: dict) -> str:
     if report.get("vs_peer"):
         parts.append(
             "TTFT p50 speed-up against the peer (peer p50 / ours): "
-            + ", ".join(f"{label}: {fmt(x, '.2f')}x" for label, x in report["vs_peer"].items())
+            + ", ".join(f"{label}: {fmt_times(x)}" for label, x in report["vs_peer"].items())
             + "\n"
         )
     if report["hf_prefill"]:
@@ -105,7 +106,7 @@ def summary_text(report: dict) -> str:
     if report["check_equal"]:
         parts.append("\n".join(describe(report["check_equal"])) + "\n")
     if report["targets"]:
-        parts.append("## Targets\n\n```\n" + json.dumps(report["targets"], indent=1) + "\n```\n")
+        parts.append("## Targets (first run)\n\n" + targets_table(report["targets"]) + "\n")
     if report["policy_grid"]:
         parts.append("## Write policy x page size\n\n" + report["policy_grid"]["table"] + "\n")
         parts.append(f"best: {report['policy_grid']['best']}\n")

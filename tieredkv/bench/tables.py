@@ -4,7 +4,7 @@ is shown in the per-round table only."""
 
 from __future__ import annotations
 
-from tieredkv.bench.records import TIERS, fmt, ratio
+from tieredkv.bench.records import TIERS, fmt, fmt_times, ratio
 
 
 def _row(cells: list[str]) -> str:
@@ -43,7 +43,7 @@ def runs_table(runs: list[dict], baseline: dict | None) -> str:
             [
                 run["label"],
                 *(fmt(ttft[q], ".0f", 1000) for q in ("p50", "p90", "p99")),
-                fmt(speedup(run, baseline), ".1f") + ("x" if baseline else ""),
+                fmt_times(speedup(run, baseline)),
                 *(fmt(hits[t], ".1%") for t in TIERS),
                 *(_promo(promo.get(t)) for t in ("host", "disk")),
                 fmt(summary["output_tokens_per_s"], ".1f"),
@@ -60,7 +60,7 @@ def _promo(stats: dict | None) -> str:
 
 
 def rounds_table(run: dict) -> str:
-    header = ["round", "requests", "prompt tok", "TTFT p50 ms", "p90 ms", "p99 ms",
+    header = ["round", "requests", "prompt tok/req", "TTFT p50 ms", "p90 ms", "p99 ms",
               "hit device", "hit host", "hit disk"]  # fmt: skip
     rows = []
     for index, summary in enumerate(run["summary"]["by_round"]):
@@ -68,7 +68,7 @@ def rounds_table(run: dict) -> str:
             [
                 str(index),
                 str(summary["requests"]),
-                fmt(summary["prompt_tokens"], ".0f"),
+                fmt(ratio(summary["prompt_tokens"], summary["requests"]), ".0f"),
                 *(fmt(summary["ttft_s"][q], ".0f", 1000) for q in ("p50", "p90", "p99")),
                 *(fmt(summary["hit_ratio_by_tier"][t], ".1%") for t in TIERS),
             ]
@@ -88,7 +88,7 @@ def sweep_table(runs: list[dict], baseline: dict | None) -> str:
                 run["spec"]["device_cache"],
                 run["spec"]["host_cache"],
                 fmt(summary["ttft_s"]["p50"], ".0f", 1000),
-                fmt(speedup(run, baseline), ".1f") + ("x" if baseline else ""),
+                fmt_times(speedup(run, baseline)),
                 *(fmt(summary["hit_ratio_by_tier"][t], ".1%") for t in TIERS),
             ]
         )

@@ -4,7 +4,7 @@ says its measured value, its bound, and whether it was met (None when a figure i
 
 from __future__ import annotations
 
-from tieredkv.bench.records import percentile, ratio
+from tieredkv.bench.records import fmt, fmt_times, percentile, ratio
 
 LONG_CONTEXT_TOKENS = 3000
 TTFT_SLACK_S = 0.050
@@ -79,3 +79,29 @@ def evaluate(cached: dict, baseline: dict | None, disk_bytes_per_s: float | None
             "recompute_tok_per_s": prefill,
         },
     }
+
+
+def targets_table(targets: dict) -> str:
+    """The targets as a Markdown table (unknown values print "unknown")."""
+    rows = [
+        "| target | measured | bound | met |",
+        "| --- | --- | --- | --- |",
+    ]
+    met = {True: "yes", False: "NO", None: "unknown"}
+    speedup = targets["ttft_speedup_vs_recompute_p50"]
+    promo = targets["disk_promotion_p50_over_ideal"]
+    bound = targets["ttft_within_bound"]
+    rows.append(
+        f"| TTFT speed-up vs recompute, disk history, >= {LONG_CONTEXT_TOKENS} tokens "
+        f"({targets['disk_requests_at_3k']} requests) | {fmt_times(speedup['value'])} "
+        f"| >= 10x | {met[speedup['met']]} |"
+    )
+    rows.append(
+        f"| disk promotion p50 / (bytes ÷ disk bandwidth) | {fmt(promo['value'], '.2f')} "
+        f"(ideal {fmt(promo['ideal_s'], '.1f', 1000)} ms) | <= 1.5 | {met[promo['met']]} |"
+    )
+    rows.append(
+        f"| TTFT <= bytes/disk bw + suffix/prefill + 50 ms | {fmt(bound['value'], '.0%')} of "
+        f"requests | all | {met[bound['met']]} |"
+    )
+    return "\n".join(rows)

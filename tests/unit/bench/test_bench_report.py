@@ -36,7 +36,7 @@ def test_report_json_tables_and_pngs(tmp_path: Path) -> None:
     report["check_equal"] = compare_runs(cached["records"], baseline["records"], "float32")
     report["vs_peer"] = {"tieredkv": 2.0}
     text = reports.finish(report, tmp_path)
-    assert "tieredkv: 2.00x" in text
+    assert "tieredkv: 2.0x" in text
     loaded = json.loads((tmp_path / "report.json").read_text())
     assert loaded["version"] == 1
     assert loaded["workload"]["num_users"] == 2
