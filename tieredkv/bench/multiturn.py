@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
 from tieredkv.bench import policy_grid, tables
 from tieredkv.bench import report as reports
 from tieredkv.bench.disk_check import disk_read_bandwidth, drop_page_cache
@@ -30,17 +32,19 @@ from tieredkv.bench.suite import ServerSpec, SuiteConfig, measure_disk, run_all,
 from tieredkv.bench.targets import evaluate
 from tieredkv.bench.workload import Workload, WorkloadConfig
 from tieredkv.bench.workload_run import run_workload
-from tieredkv.errors import TieredKVError
+from tieredkv.config import parse_size
+from tieredkv.errors import ConfigError, TieredKVError
 
 PRESETS = {
     # quick: ~1-2 min on 2 cores; 6 conversations of ~560 tokens over a 48+16 MiB fp32 budget,
     # so part of every round's history comes back from disk
     "quick": dict(users=6, rounds=3, system_words=60, document_words=300, max_tokens=16,
                   device_cache="48MiB", host_cache="16MiB", disk_cache="1GiB", max_model_len=1024),
-    # default: a few minutes; 8 conversations of 3.2k-3.4k tokens (~1.2 GB of fp32 KV) over a
-    # 384 MiB device + host budget: histories are promoted from host and disk
-    "default": dict(users=8, rounds=3, system_words=150, document_words=2400, max_tokens=32,
-                    device_cache="256MiB", host_cache="128MiB", disk_cache="4GiB",
+    # default: a few minutes; 6 conversations of 3.2k-3.5k tokens (~0.95 GB of fp32 KV) over a
+    # 256 MiB device + host budget (the device holds one 4096-token sequence): histories come
+    # back from host and disk
+    "default": dict(users=6, rounds=3, system_words=150, document_words=2400, max_tokens=32,
+                    device_cache="192MiB", host_cache="64MiB", disk_cache="4GiB",
                     max_model_len=4096),
 }  # fmt: skip
 
@@ -65,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--ignore-eos", action="store_true", help="send ignore_eos (fixed answer lengths)")
     add("--out", type=Path, default=None, help="output dir (default bench-results/multiturn-TIME)")
     add("--no-plots", action="store_true")
-    add("--dtype", choices=("float32", "bfloat16"), default="float32")
+    add("--dtype", choices=("float32", "bfloat16"), default="float32",
+        help="servers' dtype (--check-equal judges by it)")  # fmt: skip
     add("--check-equal", action="store_true", help="compare greedy outputs with the baseline")
     client = p.add_argument_group("an existing server")
     client.add_argument("--base-url", help="drive this server only (no managed runs)")
@@ -93,6 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_sweep(text: str) -> list[tuple[str, str]]:
+    """ "DEVICE:HOST,DEVICE:HOST" as (device, host) size strings; ConfigError names a bad one."""
+    pairs = []
+    for item in text.split(","):
+        device, sep, host = item.strip().partition(":")
+        if not sep:
+            raise ConfigError(f"--sweep: expected DEVICE:HOST, got {item!r}")
+        for size in (device, host):
+            parse_size(size)  # ConfigError names a bad size
+        pairs.append((device, host))
+    return pairs
+
+
 def resolve(args: argparse.Namespace) -> argparse.Namespace:
     """Fill every flag left unset from the preset."""
     for key, value in PRESETS[args.preset].items():
@@ -110,6 +128,7 @@ def main(argv: list[str]) -> int:
             args.seed,
         )  # fmt: skip
         arrival = ArrivalConfig(args.concurrency, args.rate)
+        sweep = parse_sweep(args.sweep) if args.sweep else None
     except ValueError as exc:
         parser.error(str(exc))
     out = args.out or Path("bench-results") / time.strftime("multiturn-%Y%m%d-%H%M%S")
@@ -118,9 +137,12 @@ def main(argv: list[str]) -> int:
         if args.base_url:
             run_client(args, Workload(workload), arrival, report)
         else:
-            run_managed(args, Workload(workload), arrival, report)
-    except (TieredKVError, OSError) as exc:
+            run_managed(args, Workload(workload), arrival, report, sweep)
+    except (TieredKVError, OSError, httpx.HTTPError) as exc:
         print(f"tieredkv bench multiturn: error: {exc}", file=sys.stderr)
+        if report["runs"]:
+            reports.finish(report, out, make_plots=False)
+            print(f"partial report: {out / 'report.json'}", file=sys.stderr)
         return 1
     print(reports.finish(report, out, make_plots=not args.no_plots))
     print(f"report: {out / 'report.json'}")
@@ -155,7 +177,11 @@ def run_client(
 
 
 def run_managed(
-    args: argparse.Namespace, workload: Workload, arrival: ArrivalConfig, report: dict
+    args: argparse.Namespace,
+    workload: Workload,
+    arrival: ArrivalConfig,
+    report: dict,
+    sweep: list[tuple[str, str]] | None,
 ) -> None:
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="tieredkv-bench-"))
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -168,10 +194,10 @@ def run_managed(
     base_spec = ServerSpec("tieredkv", args.device_cache, args.host_cache, args.disk_cache,
                       args.page_size, args.write_policy)  # fmt: skip
     specs = [base_spec]
-    if args.sweep:
+    if sweep:
         specs = [
             dataclasses.replace(base_spec, label=f"tieredkv {d}+{h}", device_cache=d, host_cache=h)
-            for d, h in (pair.split(":") for pair in args.sweep.split(","))
+            for d, h in sweep
         ]
     runs = run_all(specs, suite, workload, arrival)
     for run in runs:
