@@ -30,7 +30,7 @@ def speedup(run: dict, baseline: dict | None) -> float | None:
 def runs_table(runs: list[dict], baseline: dict | None) -> str:
     """One row per run: TTFT percentiles, speed-up vs recompute, hit ratio per tier, promotion
     latency per source tier (bucket estimates), output throughput."""
-    header = ["run", "TTFT p50 ms", "p90 ms", "p99 ms", "vs recompute", "hit device",
+    header = ["run", "TTFT p50 ms", "p90 ms", "p99 ms", "vs recompute", "hit", "hit device",
               "hit host", "hit disk", "promo host p50/p99 ms", "promo disk p50/p99 ms",
               "out tok/s", "O_DIRECT"]  # fmt: skip
     rows = []
@@ -44,6 +44,7 @@ def runs_table(runs: list[dict], baseline: dict | None) -> str:
                 run["label"],
                 *(fmt(ttft[q], ".0f", 1000) for q in ("p50", "p90", "p99")),
                 fmt_times(speedup(run, baseline)),
+                fmt(summary["hit_ratio"], ".1%"),
                 *(fmt(hits[t], ".1%") for t in TIERS),
                 *(_promo(promo.get(t)) for t in ("host", "disk")),
                 fmt(summary["output_tokens_per_s"], ".1f"),
