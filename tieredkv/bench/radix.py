@@ -37,6 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     add("--samples", type=int, default=2000, help="matches timed at each tree size")
     add("--seed", type=int, default=0)
     add("--json", type=Path, default=None, metavar="PATH", help="also write the report here")
+    add(
+        "--shared-ints",
+        action="store_true",
+        help="requests reuse the workload's int objects (identity compares: flatters the tree)",
+    )
     add("--profile", action="store_true", help="then profile match and insert (cProfile)")
     add("--quick", action="store_true", help="tiny sizes, for tests (figures meaningless)")
     return parser
@@ -45,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
 def measure(args: argparse.Namespace) -> dict[str, object]:
     share_before = cpu_share()
     floor = compare_floor_us(3000, 200, args.seed)
-    chat, cache = chat_calls(args.users, args.active, args.seed)
+    chat, cache = chat_calls(args.users, args.active, args.seed, fresh=not args.shared_ints)
     eviction = eviction_cost(cache, args.evictions, args.evict_batch)
     del cache
     nodes = [int(n) for n in args.nodes.split(",")]
@@ -87,7 +92,8 @@ def print_report(report: dict) -> None:
         f"{chat['users']} users ({chat['active_users']} at once), {chat['turns']} turns, "
         f"prompts {prompts['min']}-{prompts['max']} tokens (mean {prompts['mean']:.0f}), "
         f"tree {chat['tree_nodes']} nodes / {chat['tree_pages']} pages, "
-        f"integrity {'ok' if chat['integrity_ok'] else 'FAILED'}"
+        f"integrity {'ok' if chat['integrity_ok'] else 'FAILED'}, tokens as "
+        + ("new int objects per request" if chat["fresh_token_objects"] else "shared int objects")
     )
     print(f"{'call':<10}{'count':>8}{'p50 µs':>9}{'p99 µs':>9}{'mean µs':>9}{'SGLang µs':>11}")
     for name in ("match", "insert", "lock", "unlock"):

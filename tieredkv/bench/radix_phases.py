@@ -57,12 +57,15 @@ def summary(samples_ns: list[int]) -> dict[str, float]:
     }
 
 
-def chat_calls(users: int, active: int, seed: int) -> tuple[dict[str, object], TieredCache]:
+def chat_calls(
+    users: int, active: int, seed: int, fresh: bool = True
+) -> tuple[dict[str, object], TieredCache]:
     """Every TieredCache call of `users` whole conversations, timed. The device holds them all
-    (no eviction during the run). Returns the report and the cache, full of their pages."""
+    (no eviction during the run). `fresh`: each request's tokens are new int objects (see
+    ChatDriver). Returns the report and the cache, full of their pages."""
     workload = ChatWorkload(seed, active)
     cache = tiny_cache(users * pages_per_user(workload.shape) + pages_per_user(workload.shape))
-    driver = ChatDriver(cache)
+    driver = ChatDriver(cache, fresh=fresh)
     prompt_lens: list[int] = []
     gc.collect()
     for turn in workload.turns(max_users=users):
@@ -72,6 +75,7 @@ def chat_calls(users: int, active: int, seed: int) -> tuple[dict[str, object], T
     report = {
         "users": users,
         "active_users": active,
+        "fresh_token_objects": fresh,
         "turns": len(prompt_lens),
         "prompt_tokens": {
             "min": min(prompt_lens),

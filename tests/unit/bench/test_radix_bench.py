@@ -28,6 +28,7 @@ def test_cli_writes_the_report(tmp_path: Path) -> None:
     assert "match_prefix" in report["profile"]["match"]
     assert "insert_pages" in report["profile"]["insert"]
     chat = report["chat"]
+    assert chat["fresh_token_objects"] is True
     assert chat["integrity_ok"] and report["eviction"]["integrity_ok"]
     for name in ("match", "insert", "lock", "unlock"):
         check_summary(chat[name])
@@ -40,6 +41,13 @@ def test_cli_writes_the_report(tmp_path: Path) -> None:
     for point in points:
         assert point["tree_nodes"] >= point["target_nodes"]
         check_summary(point["match"])
+
+
+def test_shared_ints_are_recorded(tmp_path: Path) -> None:
+    out = tmp_path / "radix.json"
+    assert cli_main(["bench", "radix", "--quick", "--shared-ints", "--json", str(out)]) == 0
+    chat = json.loads(out.read_text())["chat"]
+    assert chat["fresh_token_objects"] is False and chat["integrity_ok"]
 
 
 def test_workload_prompts_follow_the_shape() -> None:
