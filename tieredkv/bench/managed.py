@@ -45,7 +45,8 @@ class ManagedServer:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.direct_io: bool | None = None  # None: the server did not say (no disk tier)
-        self._listening = threading.Event()
+        self._listening = threading.Event()  # set on uvicorn's line, or when output ends
+        self._listening_seen = False
         command = [sys.executable, "-c", "from tieredkv.cli import main; raise SystemExit(main())"]
         command += ["serve", "--port", str(self.port), *self.args]
         env = dict(os.environ)
@@ -68,16 +69,22 @@ class ManagedServer:
                 if found:
                     self.direct_io = found.group(1) == "on"
                 if _LISTENING in text:
+                    self._listening_seen = True
                     self._listening.set()
         self._listening.set()  # the process ended: wake the waiter, who checks poll()
 
     def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         """Block until the server listens and /health is 200; else stop it and raise."""
         # SYNC: the reader thread sets the event when uvicorn listens or the child exits
-        if not self._listening.wait(timeout_s) or self.process.poll() is not None:
+        listening = self._listening.wait(timeout_s) and self._listening_seen
+        if not listening or self.process.poll() is not None:
             self.stop()
             raise ServerStartError(f"tieredkv serve did not start:\n{self.log_tail()}")
-        response = httpx.get(self.base_url + "/health", timeout=30)
+        try:
+            response = httpx.get(self.base_url + "/health", timeout=30)
+        except httpx.HTTPError as exc:
+            self.stop()
+            raise ServerStartError(f"/health failed: {exc}\n{self.log_tail()}") from None
         if response.status_code != 200:
             self.stop()
             raise ServerStartError(f"/health is {response.status_code}: {response.text[:300]}")
