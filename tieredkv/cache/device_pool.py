@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
+from tieredkv.cache.free_list import PageFreeList
 from tieredkv.config import ModelConfig
-from tieredkv.errors import ConfigError, OutOfPagesError
+from tieredkv.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,7 @@ class DevicePool:
             dtype=layout.dtype,
             device=self.device,
         )
-        # Pop from the end: the lowest ids go first, so a fresh pool hands out contiguous runs.
-        self._free: list[int] = list(range(num_pages - 1, -1, -1))
-        self._is_free = [True] * num_pages
+        self.free_list = PageFreeList(num_pages, "device")
 
     @classmethod
     def from_bytes(
@@ -90,33 +89,25 @@ class DevicePool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self.free_list.num_free
 
     @property
     def num_used(self) -> int:
-        return self.num_pages - len(self._free)
+        return self.free_list.num_used
 
     @property
     def capacity_bytes(self) -> int:
         return self.num_pages * self.layout.page_bytes
 
     def alloc(self, count: int) -> list[int]:
-        """Take `count` pages, all or nothing."""
-        if count > len(self._free):
-            raise OutOfPagesError(f"device pool: asked for {count} pages, {len(self._free)} free")
-        pages = [self._free.pop() for _ in range(count)]
-        for page in pages:
-            self._is_free[page] = False
-        return pages
+        """Take `count` pages, all or nothing (OutOfPagesError)."""
+        return self.free_list.alloc(count)
 
     def free(self, pages: list[int]) -> None:
-        for page in pages:
-            assert not self._is_free[page], f"device page {page} freed twice"
-            self._is_free[page] = True
-            self._free.append(page)
+        self.free_list.free(pages)
 
     def is_free(self, page: int) -> bool:
-        return self._is_free[page]
+        return self.free_list.is_free(page)
 
     def used_pages(self) -> list[int]:
-        return [page for page, free in enumerate(self._is_free) if not free]
+        return self.free_list.used_pages()

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from tieredkv.cache.device_pool import PageLayout
-from tieredkv.errors import ConfigError, OutOfPagesError
+from tieredkv.cache.free_list import PageFreeList
+from tieredkv.errors import ConfigError
 
 
 class HostPool:
@@ -32,8 +33,7 @@ class HostPool:
         self.kv = torch.zeros(
             (num_pages, *layout.page_shape), dtype=layout.dtype, pin_memory=self.pinned
         )
-        self._free: list[int] = list(range(num_pages - 1, -1, -1))
-        self._is_free = [True] * num_pages
+        self.free_list = PageFreeList(num_pages, "host")
 
     @classmethod
     def from_bytes(cls, layout: PageLayout, capacity_bytes: int) -> HostPool:
@@ -46,33 +46,25 @@ class HostPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self.free_list.num_free
 
     @property
     def num_used(self) -> int:
-        return self.num_pages - len(self._free)
+        return self.free_list.num_used
 
     @property
     def capacity_bytes(self) -> int:
         return self.num_pages * self.layout.page_bytes
 
     def alloc(self, count: int) -> list[int]:
-        """Take `count` pages, all or nothing."""
-        if count > len(self._free):
-            raise OutOfPagesError(f"host pool: asked for {count} pages, {len(self._free)} free")
-        pages = [self._free.pop() for _ in range(count)]
-        for page in pages:
-            self._is_free[page] = False
-        return pages
+        """Take `count` pages, all or nothing (OutOfPagesError)."""
+        return self.free_list.alloc(count)
 
     def free(self, pages: list[int]) -> None:
-        for page in pages:
-            assert not self._is_free[page], f"host page {page} freed twice"
-            self._is_free[page] = True
-            self._free.append(page)
+        self.free_list.free(pages)
 
     def is_free(self, page: int) -> bool:
-        return self._is_free[page]
+        return self.free_list.is_free(page)
 
     def used_pages(self) -> list[int]:
-        return [page for page, free in enumerate(self._is_free) if not free]
+        return self.free_list.used_pages()

@@ -1,0 +1,49 @@
+"""A pool's free list of page ids (engine thread only)."""
+
+from __future__ import annotations
+
+from tieredkv.errors import OutOfPagesError
+
+
+class PageFreeList:
+    """LIFO free list over page ids 0..num_pages-1, with double-free detection.
+
+    Pops from the end: a fresh list hands out the lowest ids first, in contiguous runs.
+    """
+
+    def __init__(self, num_pages: int, tier_label: str) -> None:
+        self.num_pages = num_pages
+        self._label = tier_label
+        self._free: list[int] = list(range(num_pages - 1, -1, -1))
+        self._is_free = [True] * num_pages
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_pages - len(self._free)
+
+    def alloc(self, count: int) -> list[int]:
+        """Take `count` pages, all or nothing."""
+        if count > len(self._free):
+            raise OutOfPagesError(
+                f"{self._label} pool: asked for {count} pages, {len(self._free)} free"
+            )
+        pages = [self._free.pop() for _ in range(count)]
+        for page in pages:
+            self._is_free[page] = False
+        return pages
+
+    def free(self, pages: list[int]) -> None:
+        for page in pages:
+            assert not self._is_free[page], f"{self._label} page {page} freed twice"
+            self._is_free[page] = True
+            self._free.append(page)
+
+    def is_free(self, page: int) -> bool:
+        return self._is_free[page]
+
+    def used_pages(self) -> list[int]:
+        return [page for page, free in enumerate(self._is_free) if not free]
