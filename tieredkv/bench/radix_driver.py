@@ -87,12 +87,7 @@ class ChatDriver:
         assert match.num_pages == match.device.num_pages, "a device-only cache matched lower"
         if match.last_node is not None:
             self.timer(times.lock, cache.lock, match.last_node)
-        request = _Request(
-            turn.prompt + turn.output[:-1],
-            list(match.device.pages),
-            match.num_pages,
-            match.last_node,
-        )
+        request = _Request(tokens, list(match.device.pages), match.num_pages, match.last_node)
         needed = -(-len(request.tokens) // ps) - len(request.page_table)
         pages = cache.allocate(needed)
         assert pages is not None, f"device too small for {needed} more pages"

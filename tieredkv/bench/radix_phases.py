@@ -130,7 +130,7 @@ def match_scaling(
     (reservoir sampling), are matched and timed (each as new int objects, as a tokenizer gives
     them; the conversations themselves keep shared ints, so a 100k-node tree stays small)."""
     workload = ChatWorkload(seed + 1, active)
-    nodes_per_user = 4  # at least, in this workload (a document, then two per turn)
+    nodes_per_user = 6  # fewer than seen (about 8: a document, then two per turn)
     users_bound = max(node_counts) // nodes_per_user + active
     cache = tiny_cache(users_bound * pages_per_user(workload.shape))
     driver = ChatDriver(cache, fresh=False)

@@ -7,6 +7,7 @@ from pathlib import Path
 from tieredkv.bench.radix_driver import ChatDriver
 from tieredkv.bench.radix_phases import chat_calls, eviction_cost, tiny_cache
 from tieredkv.bench.radix_workload import ChatShape, ChatWorkload
+from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.cli import main as cli_main
 
 
@@ -78,6 +79,20 @@ def test_driver_reuses_the_previous_turn() -> None:
     assert match.matched_len == used * 16  # the whole first turn is reused
     driver.run(second)
     assert not cache.lock_holders and cache.check_integrity().ok
+
+
+def stores_workload_objects(cache: TieredCache, tokens: list[int]) -> bool:
+    """Does the tree hold any of these exact int objects (not just equal values)?"""
+    ids = {id(t) for t in tokens if t > 256}  # Python shares the small ints itself
+    return any(id(t) in ids for node in cache.tree.iter_nodes() for t in node.tokens)
+
+
+def test_requests_bring_their_own_int_objects() -> None:
+    turn = next(ChatWorkload(seed=6, active_users=1).turns(max_users=1))
+    for fresh in (True, False):
+        cache = tiny_cache(400)
+        ChatDriver(cache, fresh=fresh).run(turn)
+        assert stores_workload_objects(cache, turn.prompt) is not fresh
 
 
 def test_eviction_frees_pages_from_a_full_device() -> None:
