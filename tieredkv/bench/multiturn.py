@@ -131,6 +131,8 @@ def main(argv: list[str]) -> int:
         sweep = parse_sweep(args.sweep) if args.sweep else None
     except ValueError as exc:
         parser.error(str(exc))
+    if args.check_equal and (args.no_baseline if not args.base_url else not args.baseline_url):
+        parser.error("--check-equal needs a baseline (drop --no-baseline, or give --baseline-url)")
     out = args.out or Path("bench-results") / time.strftime("multiturn-%Y%m%d-%H%M%S")
     report = reports.new_report(list(argv), workload, arrival)
     try:
@@ -189,7 +191,9 @@ def run_managed(
     common += ["--max-num-seqs", str(max(args.concurrency, 1) + 2)]
     if args.serve_model:
         common += ["--model", args.serve_model]
-    suite = SuiteConfig(common, work_dir, args.threads)
+    extra = {"ignore_eos": True} if args.ignore_eos else None
+    suite = SuiteConfig(common, work_dir, args.threads, extra_body=extra)
+    report["work_dir"] = str(work_dir)
     report["disk"] = measure_disk(suite)
     base_spec = ServerSpec("tieredkv", args.device_cache, args.host_cache, args.disk_cache,
                       args.page_size, args.write_policy)  # fmt: skip
@@ -210,7 +214,7 @@ def run_managed(
         report["runs"].append(baseline)
         report["baseline_label"] = "recompute"
     if args.peer_url:
-        peer = run_workload(args.peer_url, workload, arrival, None, args.peer_name)
+        peer = run_workload(args.peer_url, workload, arrival, None, args.peer_name, None, extra)
         peer["server"] = "peer"
         report["runs"].append(peer)
         report["vs_peer"] = {run["label"]: tables.speedup(run, peer) for run in runs}
@@ -224,11 +228,7 @@ def finish_analysis(
     args: argparse.Namespace, report: dict, runs: list[dict], baseline: dict | None
 ) -> None:
     """Check-equal, targets and transformers' prefill speed for the runs of `report`."""
-    if args.check_equal:
-        if baseline is None:
-            raise TieredKVError(
-                "--check-equal needs a baseline (drop --no-baseline, or give --baseline-url)"
-            )
+    if args.check_equal and baseline is not None:
         report["check_equal"] = compare_runs(runs[0]["records"], baseline["records"], args.dtype)
     disk_bw = report["disk"]["bytes_per_s"] if report["disk"] else None
     report["targets"] = evaluate(runs[0], baseline, disk_bw)

@@ -3,9 +3,10 @@
 
 Report shape (version 1): {"version", "command", "workload", "arrival", "machine", "disk",
 "runs": [run...], "baseline_label", "tables", "check_equal", "targets" (first run),
-"targets_by_run", "hf_prefill", "policy_grid", "vs_peer", "plots"}; each run: {"label",
-"base_url", "model", "metrics_available", "summary": {"overall", "reuse_rounds", "by_round"},
-"promotion", "transfer_bytes", "evicted_pages", "records", ...}. None is unknown (JSON null)."""
+"targets_by_run", "hf_prefill", "policy_grid", "vs_peer", "work_dir", "plots"}; each run:
+{"label", "base_url", "model", "metrics_available", "summary": {"overall", "reuse_rounds",
+"by_round"}, "promotion", "transfer_bytes", "evicted_pages", "records", ...}. None is unknown
+(JSON null)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def new_report(argv: list[str], workload: WorkloadConfig, arrival: ArrivalConfig
         "hf_prefill": None,
         "policy_grid": None,
         "vs_peer": None,
+        "work_dir": None,
         "plots": [],
     }
 

@@ -54,6 +54,7 @@ class SuiteConfig:
     work_dir: Path  # logs and the disk stores (its filesystem is the one measured)
     threads: int | None = None
     disk_probe_bytes: int = 256 * 2**20
+    extra_body: dict | None = None  # added to every request (e.g. ignore_eos)
 
 
 def run_server(
@@ -61,7 +62,6 @@ def run_server(
     suite: SuiteConfig,
     workload: Workload,
     arrival: ArrivalConfig,
-    extra_body: dict | None = None,
 ) -> dict:
     """Start tieredkv as `spec`, run the workload, stop it; the run's result plus how it ran."""
     with tempfile.TemporaryDirectory(prefix="kv-", dir=suite.work_dir) as disk_text:
@@ -76,7 +76,7 @@ def run_server(
 
         with ManagedServer(args, log_path, suite.threads) as server:
             result = run_workload(
-                server.base_url, workload, arrival, before_round, spec.label, None, extra_body
+                server.base_url, workload, arrival, before_round, spec.label, None, suite.extra_body
             )
             result["direct_io"] = server.direct_io
         result["server"] = "tieredkv"
