@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ import numpy as np
 from tieredkv.bench.tier_breakdown import breakdown
 from tieredkv.bench.tier_copies import make_copier, memory_gbps, mover_disk_gbps
 from tieredkv.bench.tier_limits import RAW_PATTERNS, memcpy_gbps, raw_disk_gbps, xxh3_gbps
+from tieredkv.bench.tier_report import print_breakdown, print_report
 from tieredkv.bench.tier_store import LAYOUT, random_pages, store_gbps
 from tieredkv.cache.disk_store import DiskStore
 
@@ -51,26 +53,60 @@ class BandwidthRow:
         return {**asdict(self), "share": self.share, "meets_target": self.share >= self.target}
 
 
+def _counts(text: str) -> list[int]:
+    """A comma-separated list of positive integers (argparse type)."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 64,256, got {text!r}") from None
+    if not counts or min(counts) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return counts
+
+
+def _store_config(text: str) -> tuple[int, int, int]:
+    """io_threads:io_depth:chunk_MiB (argparse type)."""
+    parts = _counts(text.replace(":", ","))
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"expected io_threads:io_depth:chunk_MiB, got {text!r}")
+    return parts[0], parts[1], parts[2]
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tieredkv bench tiers", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add = parser.add_argument
     add("--dir", type=Path, default=None, help="where temp files go (default: ~/.cache/tieredkv)")
     add("--json", type=Path, default=None, metavar="PATH", help="also write the report here")
-    add("--batches", default="64,256,1024", help="pages per transfer, comma-separated")
+    add(
+        "--batches",
+        type=_counts,
+        default=[64, 256, 1024],
+        help="pages per transfer, comma-separated",
+    )
     add("--reps", type=int, default=5, help="timed repetitions (medians), after one warm-up")
     add("--seed", type=int, default=0)
     add("--raw-bytes", type=int, default=1 << 30, help="raw O_DIRECT file (and store) size")
     add("--memcpy-bytes", type=int, default=512 << 20)
-    add("--threads", default="1,2", help="DiskStore rows: callers splitting each batch")
-    add("--store-config", default="4:2:32", help="DiskStore io_threads:io_depth:chunk_MiB")
+    add(
+        "--threads",
+        type=_counts,
+        default=[1, 2],
+        help="DiskStore rows: callers splitting each batch",
+    )
+    add(
+        "--store-config",
+        type=_store_config,
+        default=(4, 2, 32),
+        help="DiskStore io_threads:io_depth:chunk_MiB",
+    )
     add("--breakdown", action="store_true", help="also time each stage of the mover's jobs")
     add("--quick", action="store_true", help="tiny sizes, for tests (figures meaningless)")
     return parser
 
 
 def _quick(args: argparse.Namespace) -> None:
-    args.batches, args.reps, args.threads = "4,16", 1, "1"
+    args.batches, args.reps, args.threads = [4, 16], 1, [1]
     args.raw_bytes, args.memcpy_bytes = 16 << 20, 16 << 20
 
 
@@ -84,7 +120,7 @@ def default_dir() -> Path:
 def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
     """Every limit and every row, as the JSON report."""
     rng = np.random.default_rng(args.seed)
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches
     patterns = RAW_PATTERNS[:1] if args.quick else RAW_PATTERNS
     memcpy = memcpy_gbps(args.memcpy_bytes, args.reps, rng)
     xxh3 = xxh3_gbps(args.memcpy_bytes, args.reps, rng)
@@ -94,7 +130,7 @@ def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
     ]
     raw_write = max(r.write_gbps for r in raw)
     raw_read = max(r.read_gbps for r in raw)
-    io_threads, io_depth, chunk_mib = (int(part) for part in args.store_config.split(":"))
+    io_threads, io_depth, chunk_mib = args.store_config
     # the store spans as much disk as the raw file (and at least two largest batches)
     capacity = max(args.raw_bytes, 2 * max(batches) * LAYOUT.page_bytes) + (16 << 20)
     store = DiskStore(
@@ -131,7 +167,7 @@ def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
         stages = breakdown(copier, store, max(batches), args.reps, rng) if args.breakdown else {}
         del copier  # its pools: the aligned store data below needs the memory
         data = random_pages(store.num_slots, rng)  # (num_slots, *page_shape) bf16, aligned
-        for threads in (int(t) for t in args.threads.split(",")):
+        for threads in args.threads:
             via = f"DiskStore, aligned, {threads} caller(s)"
             for batch in batches:
                 write, read, ok = store_gbps(store, data, batch, threads, args.reps)
@@ -146,7 +182,7 @@ def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
             "seed": args.seed,
             "reps": args.reps,
             "page_bytes": LAYOUT.page_bytes,
-            "store_config": args.store_config,
+            "store_config": ":".join(map(str, args.store_config)),
             "quick": args.quick,
         },
         "limits": {
@@ -162,49 +198,17 @@ def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
     }
 
 
-def print_report(report: dict) -> None:
-    limits, settings = report["limits"], report["settings"]
-    print(
-        f"{report['machine']['cpus']} CPUs usable, page {settings['page_bytes']:,} B, "
-        f"seed {settings['seed']}, medians of {settings['reps']} after 1 warm-up, "
-        f"store O_DIRECT {'on' if report['store_direct_io'] else 'OFF'}"
-    )
-    print(f"limits: memcpy {limits['memcpy_gbps']:.2f} GB/s, xxh3 {limits['xxh3_gbps']:.2f} GB/s")
-    for r in limits["raw_patterns"]:
-        print(
-            f"  raw O_DIRECT {r['request_mib']} MiB x {r['in_flight']} in flight: "
-            f"write {r['write_gbps']:.2f} GB/s, read {r['read_gbps']:.2f} GB/s"
-        )
-    print(
-        f"{'path':<14}{'via':<40}{'pages':>6}{'GB/s':>8}  {'limit':<15}{'GB/s':>7}"
-        f"{'share':>7}{'target':>7}"
-    )
-    for row in report["rows"]:
-        mark = ("" if row["meets_target"] else "  MISS") + ("" if row["verified"] else "  BAD")
-        print(
-            f"{row['path']:<14}{row['via']:<40}{row['batch_pages']:>6}{row['gbps']:>8.2f}  "
-            f"{row['limit']:<15}{row['limit_gbps']:>7.2f}{row['share']:>7.0%}"
-            f"{row['target']:>7.0%}{mark}"
-        )
-
-
-def print_breakdown(report: dict) -> None:
-    split = report.get("breakdown")
-    if not split:
-        return
-    memcpy = report["limits"]["memcpy_gbps"]
-    print(f"breakdown of the mover's jobs, {split['batch_pages']} pages (GB/s, % of memcpy):")
-    for name, gbps in split["gbps"].items():
-        print(f"  {name:<46}{gbps:>8.2f}{gbps / memcpy:>7.0%}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.quick:
         _quick(args)
     root = args.dir if args.dir is not None else default_dir()
-    with tempfile.TemporaryDirectory(dir=root, prefix="tieredkv-bench-") as tmp:
-        report = measure(args, Path(tmp))
+    try:
+        with tempfile.TemporaryDirectory(dir=root, prefix="tieredkv-bench-") as tmp:
+            report = measure(args, Path(tmp))
+    except OSError as error:  # e.g. a --dir whose filesystem refuses O_DIRECT, or is full
+        print(f"tieredkv bench tiers: error: {error} (under {root})", file=sys.stderr)
+        return 1
     print_report(report)
     print_breakdown(report)
     if args.json is not None:

@@ -96,3 +96,14 @@ def test_raw_disk_removes_its_file(tmp_path: Path) -> None:
     result = raw_disk_gbps(tmp_path / "raw.bin", 4 << 20, 1, np.random.default_rng(0), 1, 2)
     assert positive(result.write_gbps) and positive(result.read_gbps)
     assert not (tmp_path / "raw.bin").exists()
+
+
+def test_a_missing_dir_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert tiers.main(["--quick", "--dir", str(tmp_path / "missing")]) == 1
+    assert capsys.readouterr().err.startswith("tieredkv bench tiers: error: ")
+
+
+def test_bad_batches_are_refused() -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        tiers.main(["--batches", "64,zero"])
+    assert exit_info.value.code == 2
