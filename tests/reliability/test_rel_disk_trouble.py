@@ -84,6 +84,7 @@ def test_small_disk_and_failing_reads(tmp_path: Path, baseline: Baseline) -> Non
     log = server.full_log()
     assert "no space for a 134213632-byte disk store" in log
     assert status == 200 and health["tiers"]["disk"] == "healthy"
+    assert health["tier_capacity_bytes"]["disk"] == capacity  # /health says it started smaller
     assert metrics['disk_page_errors_total{reason="io"}'] == 1  # the injected read
     assert totals["disk"] > 0  # the read after the failed one served from disk
     assert state["ok"], state["problems"]

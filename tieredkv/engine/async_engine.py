@@ -197,7 +197,10 @@ class AsyncEngine(EngineClient):
                 tiers[tier.label] = "disabled"
             else:
                 tiers[tier.label] = "healthy" if cache.tier_healthy(tier) else "degraded"
-        return {"ready": self._ready and not self._stopping, "tiers": tiers}
+        # the capacity in effect: a disk store that could not be preallocated starts smaller
+        capacity = {tier.label: cache.tier_capacity_bytes(tier) for tier in Tier}
+        ready = self._ready and not self._stopping
+        return {"ready": ready, "tiers": tiers, "tier_capacity_bytes": capacity}
 
     def render_metrics(self) -> str:
         return self.metrics.render()

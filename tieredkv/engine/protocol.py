@@ -89,7 +89,8 @@ class EngineClient(ABC):
 
     @abstractmethod
     def health(self) -> dict:
-        """{"ready": bool, "tiers": {"device": "healthy"|"degraded"|"disabled", ...}}"""
+        """{"ready": bool, "tiers": {"device": "healthy"|"degraded"|"disabled", ...},
+        "tier_capacity_bytes": {"device": int, ...}} (the capacities in effect)"""
 
     @abstractmethod
     def render_metrics(self) -> str:
