@@ -33,24 +33,36 @@ class RadixTree:
     def walk(
         self, root: RadixNode, tokens: Sequence[int], max_pages: int
     ) -> list[tuple[RadixNode, int]]:
-        """The matched path as (node, pages matched in it); only the last may be partial."""
+        """The matched path as (node, pages matched in it); only the last may be partial.
+
+        Each node's run is compared with the query in one comparison; only a node where they
+        diverge is searched (by halving) for its first differing page."""
         ps = self.page_size
+        end = min(max_pages, len(tokens) // ps) * ps
+        query = tuple(tokens[:end])  # one conversion; slices of it compare as tuples
         path: list[tuple[RadixNode, int]] = []
         node, pos = root, 0
-        while pos < max_pages:
-            child = node.children.get(tuple(tokens[pos * ps : (pos + 1) * ps]))
+        while pos < end:
+            child = node.children.get(query[pos : pos + ps])
             if child is None:
                 break
-            count = 1
-            limit = min(child.num_pages, max_pages - pos)
-            while count < limit and child.page_tokens(count, ps) == tuple(
-                tokens[(pos + count) * ps : (pos + count + 1) * ps]
-            ):
-                count += 1
+            run = child.tokens
+            length = min(len(run), end - pos)
+            if query[pos : pos + length] == (run if length == len(run) else run[:length]):
+                count = length // ps
+            else:  # pages [0, low) are equal; the first differing page is in [low, high)
+                low, high = 1, length // ps
+                while high - low > 1:
+                    mid = (low + high) // 2
+                    if query[pos + low * ps : pos + mid * ps] == run[low * ps : mid * ps]:
+                        low = mid
+                    else:
+                        high = mid
+                count = low
             path.append((child, count))
             if count < child.num_pages:
                 break
-            node, pos = child, pos + count
+            node, pos = child, pos + count * ps
         return path
 
     def add_child(self, parent: RadixNode, tokens: Sequence[int]) -> RadixNode:
