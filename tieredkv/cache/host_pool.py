@@ -2,7 +2,9 @@
 
 Layout `[num_pages, num_layers, 2, page_size, num_kv_heads, head_dim]`: each page is one
 contiguous run of bytes (all layers), so it moves to disk with one write and to the device with
-one copy. Pinned when CUDA is present, so host<->device copies can run asynchronously.
+one copy. Pinned when CUDA is present, so host<->device copies can run asynchronously;
+otherwise page-aligned (an anonymous mapping), so a run of host pages moves to and from an
+O_DIRECT disk store in place, without a bounce copy.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from tieredkv.cache.device_pool import PageLayout
+from tieredkv.cache.disk_io import aligned_empty
 from tieredkv.cache.free_list import PageFreeList
 from tieredkv.errors import ConfigError
 
@@ -29,10 +32,13 @@ class HostPool:
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
         self.pinned = pin_memory and num_pages > 0
-        # (num_pages, layers, 2, page_size, kv_heads, head_dim)
-        self.kv = torch.zeros(
-            (num_pages, *layout.page_shape), dtype=layout.dtype, pin_memory=self.pinned
-        )
+        shape = (num_pages, *layout.page_shape)
+        if self.pinned:  # cudaHostAlloc memory is page-aligned too
+            self.kv = torch.zeros(shape, dtype=layout.dtype, pin_memory=True)
+        else:  # zero-filled by the kernel, page by page on first touch
+            raw = aligned_empty(num_pages * layout.page_bytes)
+            # (num_pages, layers, 2, page_size, kv_heads, head_dim)
+            self.kv = torch.from_numpy(raw).view(layout.dtype).view(shape)
         self.free_list = PageFreeList(num_pages, "host")
 
     @classmethod

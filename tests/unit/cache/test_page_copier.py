@@ -1,0 +1,153 @@
+"""PageCopier jobs move every byte of every page, in all directions, for shuffled page ids,
+on both data paths (CPU page by page, and the staged path CUDA uses), in chunks, in place."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.unit.cache.disk_cases import chain, open_store
+from tieredkv.cache.device_pool import DevicePool, PageLayout
+from tieredkv.cache.disk_store import DiskStore
+from tieredkv.cache.host_pool import HostPool
+from tieredkv.cache.page_copier import PageCopier
+from tieredkv.cache.tier import Tier
+
+NUM_PAGES = 12
+LAYOUTS = {
+    # 256 B pages, bf16 (2-byte views; the store bounces unaligned page sizes)
+    "bf16-256B": PageLayout(
+        num_layers=2, num_kv_heads=1, head_dim=8, page_size=4, dtype=torch.bfloat16
+    ),
+    # 4 KiB pages, fp32: host runs move to and from O_DIRECT in place
+    "fp32-4KiB": PageLayout(
+        num_layers=2, num_kv_heads=1, head_dim=64, page_size=4, dtype=torch.float32
+    ),
+}
+
+
+def _fill_random(tensor: torch.Tensor, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    tensor.view(torch.int16).random_(generator=generator)  # every bit pattern, NaNs too
+
+
+def _device_page(copier: PageCopier, page: int) -> torch.Tensor:
+    # (layers, 2, pages, page_size, heads, dim) -> one page (layers, 2, page_size, heads, dim)
+    return copier.device_pool.kv[:, :, page].contiguous().view(torch.int16)
+
+
+def _host_page(copier: PageCopier, page: int) -> torch.Tensor:
+    return copier.host_pool.kv[page].view(torch.int16)
+
+
+def _copier(layout: PageLayout, staged: bool, disk: DiskStore | None = None) -> PageCopier:
+    device = DevicePool(layout, NUM_PAGES, "cpu")
+    host = HostPool(layout, NUM_PAGES)
+    _fill_random(device.kv, 1)
+    _fill_random(host.kv, 2)
+    return PageCopier(device, host, disk, staged=staged)
+
+
+def _shuffled(count: int, seed: int) -> tuple[list[int], list[int]]:
+    rng = random.Random(seed)
+    return rng.sample(range(NUM_PAGES), count), rng.sample(range(NUM_PAGES), count)
+
+
+@pytest.fixture(params=sorted(LAYOUTS))
+def layout(request: pytest.FixtureRequest) -> PageLayout:
+    return LAYOUTS[request.param]
+
+
+@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize("stage_pages", [1, 3, 64])
+def test_memory_jobs_move_every_byte_of_shuffled_pages(
+    layout: PageLayout, staged: bool, stage_pages: int
+) -> None:
+    copier = _copier(layout, staged)
+    copier.stage_pages = stage_pages  # chunked staging (the staged path) still moves all
+    host_pages, device_pages = _shuffled(7, seed=stage_pages)
+    before = {page: _host_page(copier, page).clone() for page in range(NUM_PAGES)}
+
+    assert copier.job(Tier.HOST, Tier.DEVICE, host_pages, device_pages, [])() == [True] * 7
+    for host, device in zip(host_pages, device_pages, strict=True):
+        assert torch.equal(_device_page(copier, device), _host_page(copier, host))
+
+    _fill_random(copier.device_pool.kv, 3)
+    assert copier.job(Tier.DEVICE, Tier.HOST, device_pages, host_pages, [])() == [True] * 7
+    for host, device in zip(host_pages, device_pages, strict=True):
+        assert torch.equal(_host_page(copier, host), _device_page(copier, device))
+    for page in set(range(NUM_PAGES)) - set(host_pages):  # nothing else was touched
+        assert torch.equal(_host_page(copier, page), before[page])
+
+
+def test_consecutive_runs_move_as_one_copy(layout: PageLayout) -> None:
+    copier = _copier(layout, staged=False)
+    host_pages, device_pages = [3, 4, 5, 9, 10], [0, 1, 2, 7, 6]
+    copier.job(Tier.HOST, Tier.DEVICE, host_pages, device_pages, [])()
+    for host, device in zip(host_pages, device_pages, strict=True):
+        assert torch.equal(_device_page(copier, device), _host_page(copier, host))
+
+
+@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize("consecutive", [False, True])
+def test_disk_jobs_round_trip_every_byte(
+    tmp_path: Path, layout: PageLayout, staged: bool, consecutive: bool
+) -> None:
+    store = open_store(tmp_path, layout=layout, capacity=1 << 20)
+    copier = _copier(layout, staged, store)
+    copier.stage_pages = 3
+    count = 8
+    records = chain(count, layout=layout)
+    host_pages = list(range(2, 2 + count)) if consecutive else _shuffled(count, 5)[0]
+    device_pages = _shuffled(count, 6)[1]
+    written = [_host_page(copier, page).clone() for page in host_pages]
+    device_written = [_device_page(copier, page).clone() for page in device_pages]
+    host_slots, device_slots = store.alloc(count), store.alloc(count)
+    try:
+        assert copier.job(Tier.HOST, Tier.DISK, host_pages, host_slots, records)() == [True] * count
+        assert (
+            copier.job(Tier.DEVICE, Tier.DISK, device_pages, device_slots, records)()
+            == [True] * count
+        )
+        _fill_random(copier.host_pool.kv, 7)
+        _fill_random(copier.device_pool.kv, 8)
+        # slots read back in another order, into consecutive or other shuffled host pages
+        order = random.Random(9).sample(range(count), count)
+        back = host_pages if consecutive else _shuffled(count, 10)[0]
+        read_slots = host_slots if consecutive else [host_slots[i] for i in order]
+        expect = written if consecutive else [written[i] for i in order]
+        read_records = records if consecutive else [records[i] for i in order]
+        page_ok = copier.job(Tier.DISK, Tier.HOST, read_slots, back, read_records)()
+        assert page_ok == [True] * count
+        for page, want in zip(back, expect, strict=True):
+            assert torch.equal(_host_page(copier, page), want)
+        # disk -> device, and host-written records land in device pages too
+        assert (
+            copier.job(Tier.DISK, Tier.DEVICE, device_slots, device_pages, records)()
+            == [True] * count
+        )
+        for page, want in zip(device_pages, device_written, strict=True):
+            assert torch.equal(_device_page(copier, page), want)
+    finally:
+        store.close()
+
+
+def test_a_record_that_fails_verification_is_a_miss_and_zeroed(
+    tmp_path: Path, layout: PageLayout
+) -> None:
+    store = open_store(tmp_path, layout=layout, capacity=1 << 20)
+    copier = _copier(layout, staged=False, disk=store)
+    records = chain(4, layout=layout)
+    slots = store.alloc(4)
+    try:
+        copier.job(Tier.HOST, Tier.DISK, [0, 1, 2, 3], slots, records)()
+        wrong = [records[0], records[2], records[2], records[3]]  # slot 1 holds another key
+        page_ok = copier.job(Tier.DISK, Tier.HOST, slots, [4, 5, 6, 7], wrong)()
+        assert page_ok == [True, False, True, True]
+        assert not _host_page(copier, 5).any()
+        assert torch.equal(_host_page(copier, 6), _host_page(copier, 2))
+    finally:
+        store.close()

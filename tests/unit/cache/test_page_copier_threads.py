@@ -1,0 +1,122 @@
+"""Copy jobs on the thread executor at once, per-thread staging, runs, the aligned host pool."""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.unit.cache.disk_cases import chain, open_store
+from tieredkv.cache.device_pool import DevicePool, PageLayout
+from tieredkv.cache.executor import ThreadTransferExecutor
+from tieredkv.cache.host_pool import HostPool
+from tieredkv.cache.mover import TransferTicket
+from tieredkv.cache.page_copier import PageCopier
+from tieredkv.cache.page_rows import paired_runs
+from tieredkv.cache.page_staging import StagingBuffers
+from tieredkv.cache.tier import Tier
+
+# 4 KiB pages, bf16
+LAYOUT = PageLayout(num_layers=2, num_kv_heads=2, head_dim=64, page_size=4, dtype=torch.bfloat16)
+NUM_PAGES = 48
+
+
+def _random(tensor: torch.Tensor, seed: int) -> None:
+    tensor.view(torch.int16).random_(generator=torch.Generator().manual_seed(seed))
+
+
+def _device_page(copier: PageCopier, page: int) -> torch.Tensor:
+    return copier.device_pool.kv[:, :, page].contiguous().view(torch.int16)
+
+
+def _host_page(copier: PageCopier, page: int) -> torch.Tensor:
+    return copier.host_pool.kv[page].view(torch.int16)
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_concurrent_jobs_on_the_thread_executor_each_move_their_own_pages(
+    tmp_path: Path, staged: bool
+) -> None:
+    store = open_store(tmp_path, layout=LAYOUT, capacity=1 << 20)
+    device, host = DevicePool(LAYOUT, NUM_PAGES, "cpu"), HostPool(LAYOUT, NUM_PAGES)
+    _random(device.kv, 1)
+    _random(host.kv, 2)
+    copier = PageCopier(device, host, store, staged=staged)
+    copier.stage_pages = 2  # several staging refills per job
+    rng = random.Random(3)
+    host_order, device_order = rng.sample(range(NUM_PAGES), 48), rng.sample(range(NUM_PAGES), 48)
+    # 12 jobs of 4 pages on disjoint pages: 4 host->device, 4 device->host, 4 host->disk
+    jobs = []
+    device_want: dict[int, torch.Tensor] = {}  # device page -> the bytes it must end with
+    host_want: dict[int, torch.Tensor] = {}
+    disk_want: list[tuple[list[int], list[int]]] = []  # (slots, host pages written there)
+    slots = store.alloc(16)
+    records = chain(4, layout=LAYOUT)
+    for index in range(12):
+        hosts = host_order[4 * index : 4 * index + 4]
+        devices = device_order[4 * index : 4 * index + 4]
+        if index < 4:
+            jobs.append(copier.job(Tier.HOST, Tier.DEVICE, hosts, devices, []))
+            for h, d in zip(hosts, devices, strict=True):
+                device_want[d] = _host_page(copier, h).clone()
+        elif index < 8:
+            jobs.append(copier.job(Tier.DEVICE, Tier.HOST, devices, hosts, []))
+            for h, d in zip(hosts, devices, strict=True):
+                host_want[h] = _device_page(copier, d).clone()
+        else:
+            group = slots[4 * (index - 8) : 4 * (index - 7)]
+            jobs.append(copier.job(Tier.HOST, Tier.DISK, hosts, group, records))
+            disk_want.append((group, hosts))
+    outcomes: list[list[bool] | None] = []
+    done = threading.Event()
+
+    def report(ticket: TransferTicket, page_ok: list[bool] | None, error: object) -> None:
+        assert error is None, error
+        outcomes.append(page_ok)
+        if len(outcomes) == len(jobs):
+            done.set()
+
+    executor = ThreadTransferExecutor(num_workers=4, name="test-copy")
+    for index, job in enumerate(jobs):
+        executor.submit(TransferTicket(index, Tier.HOST, Tier.DEVICE, 4, 0.0), job, report)
+    executor.shutdown()
+    assert done.is_set() and outcomes == [[True] * 4] * 12
+    for page, want in device_want.items():
+        assert torch.equal(_device_page(copier, page), want)
+    for page, want in host_want.items():
+        assert torch.equal(_host_page(copier, page), want)
+    for group, hosts in disk_want:  # the records read back equal to the pages written
+        back = torch.empty((4, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
+        assert store.read_pages(group, records, back) == [True] * 4
+        assert torch.equal(back.view(torch.int16), host.kv[hosts].view(torch.int16))
+    store.close()
+
+
+def test_staging_is_reused_per_thread_and_never_shared() -> None:
+    staging = StagingBuffers(LAYOUT, pinned=False, device=torch.device("cpu"))
+    first = staging.host(4)
+    assert staging.host(3).data_ptr() == first.data_ptr()  # reused on this thread
+    assert first.data_ptr() % 4096 == 0 and tuple(first.shape) == (4, *LAYOUT.page_shape)
+    other: list[int] = []
+    thread = threading.Thread(target=lambda: other.append(staging.host(4).data_ptr()))
+    thread.start()
+    thread.join()
+    assert other[0] != first.data_ptr()
+    assert staging.host(9).shape[0] == 9  # grows when a job needs more
+
+
+def test_paired_runs_split_where_either_side_breaks() -> None:
+    assert paired_runs([3, 4, 5, 9, 10], [0, 1, 2, 7, 6]) == [(3, 0, 3), (9, 7, 1), (10, 6, 1)]
+    assert paired_runs([], []) == []
+    assert paired_runs([5], [2]) == [(5, 2, 1)]
+
+
+def test_host_pool_is_page_aligned_and_zeroed() -> None:
+    pool = HostPool(LAYOUT, 5)
+    assert pool.kv.data_ptr() % 4096 == 0 and pool.kv.is_contiguous()
+    assert not pool.kv.view(torch.int16).any()
+    pool.kv[4] = 1.0
+    assert bool((pool.kv[4] == 1.0).all()) and not pool.kv[3].view(torch.int16).any()

@@ -1,0 +1,62 @@
+"""Reusable staging buffers for copy jobs, one set per mover thread.
+
+A job runs start to finish on one worker thread, so a thread-local buffer is never used by two
+jobs at once. Host staging is page-aligned (O_DIRECT moves it without a bounce copy) and
+pre-touched, or pinned when the host pool is pinned (CUDA), so the copy to or from the device is
+asynchronous. An asynchronous device copy that reads or writes the pinned buffer is fenced
+(`fence`): the next job on the thread waits for it before touching the buffer again.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from tieredkv.cache.device_pool import PageLayout
+from tieredkv.cache.disk_io import aligned_empty
+
+
+class StagingBuffers:
+    """Thread-local, grow-only page-major buffers: `host(n)` on the CPU, `device(n)` on the
+    device pool's device (CUDA only)."""
+
+    def __init__(self, layout: PageLayout, pinned: bool, device: torch.device) -> None:
+        self.layout = layout
+        self.pinned = pinned
+        self.device = device
+        self._local = threading.local()
+
+    def host(self, count: int) -> torch.Tensor:
+        """(count, *page_shape) CPU staging of this thread; its old contents are garbage."""
+        fence: torch.cuda.Event | None = getattr(self._local, "fence", None)
+        if fence is not None:
+            fence.synchronize()  # SYNC: the last async copy from/to this buffer has landed
+            self._local.fence = None
+        buffer: torch.Tensor | None = getattr(self._local, "host", None)
+        if buffer is None or buffer.shape[0] < count:
+            buffer = self._local.host = self._new_host(count)
+        return buffer[:count]
+
+    def device_buffer(self, count: int) -> torch.Tensor:
+        """(count, *page_shape) device staging of this thread. Stream-ordered reuse: a thread
+        always queues on the same stream, so a later job's writes follow earlier reads."""
+        buffer: torch.Tensor | None = getattr(self._local, "device", None)
+        if buffer is None or buffer.shape[0] < count:
+            shape = (count, *self.layout.page_shape)
+            buffer = torch.empty(shape, dtype=self.layout.dtype, device=self.device)
+            self._local.device = buffer
+        return buffer[:count]
+
+    def fence(self) -> None:
+        """Call after queueing an asynchronous copy that reads or writes `host` staging."""
+        if self.device.type == "cuda":
+            self._local.fence = torch.cuda.current_stream(self.device).record_event()
+
+    def _new_host(self, count: int) -> torch.Tensor:
+        shape = (count, *self.layout.page_shape)
+        if self.pinned:
+            return torch.empty(shape, dtype=self.layout.dtype, pin_memory=True)
+        raw = aligned_empty(count * self.layout.page_bytes)
+        raw.fill(0)  # fault the pages in now, not inside a timed copy
+        return torch.from_numpy(raw).view(self.layout.dtype).view(shape)
