@@ -11,7 +11,9 @@ Clean lower copies go first (they cost nothing to drop), then least recently use
 The heap is incremental: a node is pushed whenever it may have become evictable, and each push
 bumps the node's per-tier stamp, so older entries are skipped when popped (lazy deletion).
 Popping re-checks the predicate, so an entry made stale by a neighbour's change is harmless.
-No operation scans the tree.
+A match or insert only sets `last_access` on its path (no push): popping an entry whose node
+was used since it was pushed re-pushes it with its current priority instead of returning it,
+so nodes still leave in exact LRU order. No operation scans the tree.
 """
 
 from __future__ import annotations
@@ -72,10 +74,14 @@ class LruEvictionPolicy:
 
 
 class TierHeap:
-    """Evictable copies of one tier, cheapest to evict first, with lazy deletion."""
+    """Evictable copies of one tier, cheapest to evict first, with lazy deletion and lazy
+    re-prioritisation (`priority` gives a node's current priority when it is popped)."""
 
-    def __init__(self, tier: Tier) -> None:
+    def __init__(
+        self, tier: Tier, priority: Callable[[RadixNode, Tier], Priority] | None = None
+    ) -> None:
         self.tier = tier
+        self._priority = priority or LruEvictionPolicy.priority
         self._entries: list[tuple[Priority, int, int, RadixNode]] = []
         self._seq = itertools.count()
         self._compact_at = _MIN_COMPACT_LEN
@@ -91,12 +97,19 @@ class TierHeap:
             self._compact()
 
     def pop(self, evictable: Callable[[RadixNode, Tier], bool]) -> RadixNode | None:
-        """Remove and return the first live entry whose node is still evictable."""
+        """Remove and return the first live entry whose node is still evictable; an entry
+        older than its node's current priority (the node was used since) goes back in first."""
+        tier = self.tier
         while self._entries:
-            _, _, stamp, node = heapq.heappop(self._entries)
-            if stamp == node.stamps[self.tier] and evictable(node, self.tier):
-                node.stamps[self.tier] += 1  # popped: no live entry remains
-                return node
+            priority, _, stamp, node = heapq.heappop(self._entries)
+            if stamp != node.stamps[tier] or not evictable(node, tier):
+                continue
+            current = self._priority(node, tier)
+            if current > priority:
+                self.push(node, current)  # where an eager push at its last use put it
+                continue
+            node.stamps[tier] += 1  # popped: no live entry remains
+            return node
         return None
 
     def _compact(self) -> None:
