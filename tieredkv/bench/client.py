@@ -107,3 +107,20 @@ async def scrape_metrics(http: httpx.AsyncClient, base_url: str) -> str | None:
     except httpx.HTTPError:
         return None
     return response.text if response.status_code == 200 else None
+
+
+async def fetch_health(http: httpx.AsyncClient, base_url: str) -> dict | None:
+    """GET /health as JSON (tieredkv: tiers, capacities), or None when absent or not JSON."""
+    try:
+        response = await http.get(base_url.rstrip("/") + "/health")
+        body = response.json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def direct_io_of(health: dict | None) -> bool | None:
+    """Whether the server says its disk tier uses O_DIRECT (`"direct_io"` in /health, a field
+    tieredkv does not expose yet); None: unknown."""
+    value = (health or {}).get("direct_io")
+    return value if isinstance(value, bool) else None

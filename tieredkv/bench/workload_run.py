@@ -10,7 +10,13 @@ from collections.abc import Callable
 
 import httpx
 
-from tieredkv.bench.client import ChatClient, scrape_metrics, served_model
+from tieredkv.bench.client import (
+    ChatClient,
+    direct_io_of,
+    fetch_health,
+    scrape_metrics,
+    served_model,
+)
 from tieredkv.bench.driver import ArrivalConfig, WorkloadDriver
 from tieredkv.bench.records import RequestRecord, summarize
 from tieredkv.bench.server_stats import eviction_counts, promotion_stats, transfer_bytes
@@ -50,6 +56,7 @@ async def _run(
     ) as http:
         model = model or await served_model(http, base_url)
         client = ChatClient(http, base_url, model, extra_body)
+        health = await fetch_health(http, base_url)
         before = await scrape_metrics(http, base_url)
         driver = WorkloadDriver(workload, client, arrival, before_round, label)
         records = await driver.run()
@@ -59,6 +66,8 @@ async def _run(
         "base_url": base_url,
         "model": model,
         "metrics_available": before is not None and after is not None,
+        "health": health,
+        "direct_io": direct_io_of(health),
         "summary": summaries(records, workload.config.num_rounds),
         "promotion": promotion_stats(before, after),
         "transfer_bytes": transfer_bytes(before, after),

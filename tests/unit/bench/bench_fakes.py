@@ -27,6 +27,10 @@ class FakeServer:
     def handle(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
             return httpx.Response(200, json={"object": "list", "data": [{"id": "fake-model"}]})
+        if request.url.path == "/health":
+            if not self.tieredkv:
+                return httpx.Response(404, json={"error": "no health"})
+            return httpx.Response(200, json={"status": "ok", "ready": True, "direct_io": True})
         if request.url.path == "/metrics":
             if not self.tieredkv:
                 return httpx.Response(404, json={"error": "no metrics"})

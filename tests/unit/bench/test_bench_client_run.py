@@ -52,6 +52,7 @@ def test_round_robin_run_against_a_tieredkv_like_server() -> None:
     assert reuse["hit_ratio_by_tier"]["disk"] > 0
     assert run["summary"]["by_round"][0]["hit_ratio"] == 0.0
     assert run["metrics_available"] is True
+    assert run["direct_io"] is True  # from /health
     assert run["promotion"]["disk"]["count"] == 6  # rounds 1 and 2, three users
     assert run["promotion"]["disk"]["bytes_per_promotion"] == 4096.0
 
@@ -66,6 +67,7 @@ def test_a_plain_server_reports_unknown_not_zero() -> None:
     assert reuse["hit_ratio"] is None
     assert reuse["hit_ratio_by_tier"] == {"device": None, "host": None, "disk": None}
     assert run["metrics_available"] is False
+    assert run["direct_io"] is None
     assert run["promotion"]["disk"]["p50_s"] is None
 
 
