@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 
 
 def _walk_exact(
-    cache: TieredCache, root: RadixNode, tokens: Sequence[int], max_pages: int
+    cache: TieredCache, root: RadixNode, tokens: Sequence[int], max_pages: int, first_page: int = 0
 ) -> list[RadixNode]:
-    walked = cache.tree.walk(root, tokens, max_pages)
+    walked = cache.tree.walk(root, tokens, max_pages, first_page)
     nodes = [node for node, _ in walked]
     if walked and walked[-1][1] < walked[-1][0].num_pages:
         node, count = walked[-1]
@@ -32,10 +32,11 @@ def _walk_exact(
 
 
 def _touch(cache: TieredCache, nodes: list[RadixNode]) -> None:
-    cache.access_clock += 1
-    for node in nodes:
-        node.last_access = cache.access_clock
-        cache.residency.refresh(node)
+    """Mark `nodes` used now, in path order (one clock tick each, so ties keep the order the
+    path gives). No heap push: `TierHeap.pop` re-prioritises lazily."""
+    for clock, node in enumerate(nodes, cache.access_clock + 1):
+        node.last_access = clock
+    cache.access_clock += len(nodes)
 
 
 def match_prefix(cache: TieredCache, tokens: Sequence[int], namespace: str) -> MatchResult:
@@ -67,8 +68,31 @@ def match_prefix(cache: TieredCache, tokens: Sequence[int], namespace: str) -> M
     )
 
 
+def _start_path(
+    root: RadixNode, start_node: RadixNode | None, start_pages: int, num_pages: int
+) -> list[RadixNode]:
+    """The path to `start_node`, checked cheaply against the caller's claim that it holds
+    exactly the first `start_pages` pages (its tokens are taken on trust)."""
+    if start_node is None:
+        assert start_pages == 0, f"start_pages={start_pages} without a start_node"
+        return []
+    assert start_node.attached and start_node.root_key == root.root_key, f"start at {start_node}"
+    path = start_node.path()
+    depth = sum(node.num_pages for node in path)
+    assert depth == start_pages <= num_pages, (
+        f"{start_node} ends at page {depth}, not {start_pages}"
+    )
+    assert path[0].parent is root
+    return path
+
+
 def insert_pages(
-    cache: TieredCache, tokens: Sequence[int], namespace: str, device_pages: Sequence[int]
+    cache: TieredCache,
+    tokens: Sequence[int],
+    namespace: str,
+    device_pages: Sequence[int],
+    start_node: RadixNode | None = None,
+    start_pages: int = 0,
 ) -> InsertResult:
     ps = cache.page_size
     num_pages = min(len(tokens) // ps, len(device_pages))
@@ -76,19 +100,23 @@ def insert_pages(
         return InsertResult(0, 0, None, (), ())
     root = cache.tree.root(namespace_root_key(cache.fingerprint, namespace), create=True)
     assert root is not None
-    existing = _walk_exact(cache, root, tokens, num_pages)
+    existing = _start_path(root, start_node, start_pages, num_pages)
+    existing += _walk_exact(cache, start_node or root, tokens, num_pages, start_pages)
     tree_pages: list[int] = []
     duplicates: list[int] = []
     covered = 0
     touched: list[RadixNode] = []
+    copied: list[RadixNode] = []  # nodes given a device copy here: new heap entries
     for node in existing:
         mine = list(device_pages[covered : covered + node.num_pages])
         if Tier.DEVICE in node.copies:
             theirs = node.copies[Tier.DEVICE]
-            duplicates.extend(a for a, b in zip(mine, theirs, strict=True) if a != b)
+            if mine != theirs:  # usually equal: the request's table starts with the tree's
+                duplicates.extend(a for a, b in zip(mine, theirs, strict=True) if a != b)
         elif Tier.DEVICE not in node.inflight and parent_committed(node, Tier.DEVICE):
             _take(cache, mine)  # the tree had these pages on host or disk only: adopt ours
             node.set_copy(Tier.DEVICE, mine)
+            copied.append(node)
             cache.residency.refresh(node.parent)
             cache.residency.commit_waiting_children(node)
         else:
@@ -107,8 +135,11 @@ def insert_pages(
         tree_pages.extend(new_pages)
         covered = num_pages
         touched.append(deepest)
+        copied.append(deepest)
         cache.residency.refresh(parent)
     _touch(cache, touched)
+    for node in copied:
+        cache.residency.refresh(node)
     return InsertResult(num_existing, covered, deepest, tuple(tree_pages), tuple(duplicates))
 
 

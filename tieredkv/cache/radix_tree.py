@@ -31,15 +31,17 @@ class RadixTree:
         return node
 
     def walk(
-        self, root: RadixNode, tokens: Sequence[int], max_pages: int
+        self, root: RadixNode, tokens: Sequence[int], max_pages: int, first_page: int = 0
     ) -> list[tuple[RadixNode, int]]:
         """The matched path as (node, pages matched in it); only the last may be partial.
 
-        Each node's run is compared with the query in one comparison; only a node where they
-        diverge is searched (by halving) for its first differing page."""
+        Walks pages `first_page` to `max_pages` of `tokens` down from `root` (a namespace root,
+        or the node the first `first_page` pages end at). Each node's run is compared with the
+        query in one comparison; only a node where they diverge is searched (by halving) for
+        its first differing page."""
         ps = self.page_size
-        end = min(max_pages, len(tokens) // ps) * ps
-        query = tuple(tokens[:end])  # one conversion; slices of it compare as tuples
+        end = (min(max_pages, len(tokens) // ps) - first_page) * ps
+        query = tuple(tokens[first_page * ps : first_page * ps + max(end, 0)])  # one conversion
         path: list[tuple[RadixNode, int]] = []
         node, pos = root, 0
         while pos < end:

@@ -123,13 +123,24 @@ class TieredCache:
         return match_prefix(self, tokens, namespace)
 
     def insert(
-        self, tokens: Sequence[int], namespace: str, device_pages: Sequence[int]
+        self,
+        tokens: Sequence[int],
+        namespace: str,
+        device_pages: Sequence[int],
+        *,
+        start_node: RadixNode | None = None,
+        start_pages: int = 0,
     ) -> InsertResult:
         """Index the full pages of `tokens` whose KV is in `device_pages` (the request's page
         table, one device page per full page; pages already the tree's stay so). Leading pages
         the tree already has are reported, not replaced: see `InsertResult`. Pages the tree
-        takes stop being the caller's. Does not lock: lock `result.node` next."""
-        result = insert_pages(self, tokens, namespace, device_pages)
+        takes stop being the caller's. Does not lock: lock `result.node` next.
+
+        `start_node` (a node the caller holds locked, in `namespace`) and `start_pages` say the
+        first `start_pages` pages of `tokens` are the path ending at `start_node`: the walk
+        goes on from there instead of comparing those pages again. The result is the same as
+        without them; a node whose depth is not `start_pages` is a programming error."""
+        result = insert_pages(self, tokens, namespace, device_pages, start_node, start_pages)
         if self.write_policy is WritePolicy.WRITE_THROUGH and result.node is not None:
             self._write_through_path(result.node)
         return result
