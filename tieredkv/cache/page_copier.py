@@ -10,12 +10,15 @@ whether it arrived intact (a disk record that fails verification is False, never
   disk    *       host run in place, else staging    (device: staging -> device, scatter)
 
 Staging is reused (per worker thread, see page_staging) and bounded: a staged transfer moves
-STAGE_BYTES at a time. A disk transfer whose host pages are consecutive reads or writes them
-in place (the host pool is page-aligned, so O_DIRECT needs no bounce copy either).
+at most STAGE_BYTES at a time, double-buffered. A disk transfer overlaps its staging copies with
+its I/O: while a helper thread writes (reads) one chunk, the job stages the next (unstages the
+previous). A chunk whose host pages are consecutive moves in place, without staging (the host
+pool is page-aligned, so O_DIRECT needs no bounce copy either).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 import torch
@@ -31,7 +34,8 @@ from tieredkv.kernels.backend import select_backend
 if TYPE_CHECKING:
     from tieredkv.cache.disk_store import DiskRecord, DiskStore
 
-STAGE_BYTES = 32 << 20  # staging per worker thread, at most
+STAGE_BYTES = 16 << 20  # per staging buffer; two per worker thread
+DISK_HELPERS = 4  # threads running the store calls of staged disk jobs (one per disk worker)
 
 
 def _index(pages: list[int], device: torch.device) -> torch.Tensor:
@@ -40,6 +44,11 @@ def _index(pages: list[int], device: torch.device) -> torch.Tensor:
 
 def _one_run(pages: list[int]) -> bool:
     return len(paired_runs(pages, pages)) == 1
+
+
+def _settle(pending: Future | None) -> None:
+    if pending is not None:
+        wait([pending])  # SYNC: no store call outlives its job (nor uses staging after it)
 
 
 class PageCopier:
@@ -67,6 +76,7 @@ class PageCopier:
         self._host_rows = PageRows.page_major(host_pool.kv)
         # the device pool seen page by page: only where it lives in CPU memory
         self._device_rows = None if self.staged else PageRows.layer_major(device_pool.kv)
+        self._helpers = ThreadPoolExecutor(DISK_HELPERS, thread_name_prefix="tkv-stage")
 
     def job(
         self,
@@ -94,19 +104,22 @@ class PageCopier:
         if self._device_rows is not None and Tier.DISK not in (src_tier, dst_tier):
             copy_pages(self._rows(dst_tier), dst, self._rows(src_tier), src)
             return [True] * len(src)
-        page_ok: list[bool] = []
-        for start in range(0, len(src), self.stage_pages):
-            end = start + self.stage_pages
-            src_chunk, dst_chunk = src[start:end], dst[start:end]
-            if src_tier is Tier.DISK:
-                page_ok += self._from_disk(src_chunk, records[start:end], dst_tier, dst_chunk)
-                continue
-            if dst_tier is Tier.DISK:
-                self._to_disk(src_tier, src_chunk, dst_chunk, records[start:end])
-            else:
-                self._write(dst_tier, dst_chunk, self._read(src_tier, src_chunk))
-            page_ok += [True] * len(src_chunk)
-        return page_ok
+        if src_tier is Tier.DISK:
+            return self._from_disk(src, records, dst_tier, dst)
+        if dst_tier is Tier.DISK:
+            self._to_disk(src_tier, src, dst, records)
+        else:
+            for index, (start, end) in enumerate(self._chunks(len(src))):
+                slot = index % 2
+                self._write(
+                    dst_tier, dst[start:end], self._read(src_tier, src[start:end], slot), slot
+                )
+        return [True] * len(src)
+
+    def _chunks(self, count: int) -> list[tuple[int, int]]:
+        """(start, end) of about equal chunks of at most `stage_pages` pages."""
+        step = -(-count // -(-count // self.stage_pages)) if count else 1
+        return [(start, min(start + step, count)) for start in range(0, count, step)]
 
     def _rows(self, tier: Tier) -> PageRows:
         assert tier is not Tier.DISK
@@ -115,9 +128,9 @@ class PageCopier:
         assert self._device_rows is not None, "page-by-page device access needs a CPU pool"
         return self._device_rows
 
-    def _read(self, tier: Tier, pages: list[int]) -> torch.Tensor:
-        """The pages in this thread's CPU staging, (n, *page_shape)."""
-        staging = self.staging.host(len(pages))
+    def _read(self, tier: Tier, pages: list[int], slot: int) -> torch.Tensor:
+        """The pages in this thread's CPU staging `slot`, (n, *page_shape)."""
+        staging = self.staging.host(len(pages), slot)
         if tier is Tier.HOST or self._device_rows is not None:
             copy_pages(
                 PageRows.page_major(staging), list(range(len(pages))), self._rows(tier), pages
@@ -129,8 +142,8 @@ class PageCopier:
         staging.copy_(gathered)  # synchronous: the staging is complete on return
         return staging
 
-    def _write(self, tier: Tier, pages: list[int], staging: torch.Tensor) -> None:
-        """Copy this thread's CPU staging (n, *page_shape) into the pages of `tier`."""
+    def _write(self, tier: Tier, pages: list[int], staging: torch.Tensor, slot: int) -> None:
+        """Copy this thread's CPU staging `slot` (n, *page_shape) into the pages of `tier`."""
         if tier is Tier.HOST or self._device_rows is not None:
             copy_pages(
                 self._rows(tier), pages, PageRows.page_major(staging), list(range(len(pages)))
@@ -139,27 +152,67 @@ class PageCopier:
         kv = self.device_pool.kv
         arrived = self.staging.device_buffer(len(pages))
         arrived.copy_(staging, non_blocking=True)
-        self.staging.fence()  # the next job on this thread waits before reusing the staging
+        self.staging.fence(slot)  # the staging's next user waits for this copy
         self.kernels.scatter_pages(kv, _index(pages, kv.device), arrived)
+
+    def _in_place(self, tier: Tier, pages: list[int]) -> torch.Tensor | None:
+        """The host pages themselves, (n, *page_shape), when they are one consecutive run."""
+        if tier is Tier.HOST and _one_run(pages):
+            return self.host_pool.kv[pages[0] : pages[0] + len(pages)]
+        return None
 
     def _to_disk(
         self, tier: Tier, pages: list[int], slots: list[int], records: list[DiskRecord]
     ) -> None:
+        """Chunk k is staged while chunk k - 1 is written (staging slot k % 2)."""
         assert self.disk is not None
-        if tier is Tier.HOST and _one_run(pages):  # in place: no staging at all
-            payload = self.host_pool.kv[pages[0] : pages[0] + len(pages)]
-        else:
-            payload = self._read(tier, pages)
-        self.disk.write_pages(slots, records, payload)
+        pending: Future | None = None
+        try:
+            for index, (start, end) in enumerate(self._chunks(len(pages))):
+                payload = self._in_place(tier, pages[start:end])
+                if payload is None:
+                    payload = self._read(tier, pages[start:end], index % 2)
+                if pending is not None:
+                    pending.result()  # SYNC: chunk k - 1 written; its slot is free again
+                pending = self._helpers.submit(
+                    self.disk.write_pages, slots[start:end], records[start:end], payload
+                )
+            if pending is not None:
+                pending.result()  # SYNC: the last chunk written
+        finally:
+            _settle(pending)
 
     def _from_disk(
         self, slots: list[int], records: list[DiskRecord], tier: Tier, pages: list[int]
     ) -> list[bool]:
-        assert self.disk is not None
-        if tier is Tier.HOST and _one_run(pages):  # in place: no staging at all
-            out = self.host_pool.kv[pages[0] : pages[0] + len(pages)]
-            return self.disk.read_pages(slots, list(records), out)
-        staging = self.staging.host(len(pages))
-        page_ok = self.disk.read_pages(slots, list(records), staging)
-        self._write(tier, pages, staging)
+        """Chunk k + 1 is read while chunk k is copied out of staging (slot k % 2)."""
+        disk = self.disk
+        assert disk is not None
+        chunks = self._chunks(len(pages))
+
+        def submit(index: int) -> tuple[Future, torch.Tensor, bool]:
+            start, end = chunks[index]
+            out = self._in_place(tier, pages[start:end])
+            staged = out is None
+            if out is None:
+                out = self.staging.host(end - start, index % 2)
+            future = self._helpers.submit(
+                disk.read_pages, slots[start:end], records[start:end], out
+            )
+            return future, out, staged
+
+        page_ok: list[bool] = []
+        pending = submit(0) if chunks else None
+        try:
+            for index, (start, end) in enumerate(chunks):
+                assert pending is not None
+                future, out, staged = pending
+                pending = None
+                page_ok += future.result()  # SYNC: chunk k read
+                if index + 1 < len(chunks):
+                    pending = submit(index + 1)
+                if staged:
+                    self._write(tier, pages[start:end], out, index % 2)
+        finally:
+            _settle(pending[0] if pending is not None else None)
         return page_ok

@@ -27,15 +27,17 @@ class StagingBuffers:
         self.device = device
         self._local = threading.local()
 
-    def host(self, count: int) -> torch.Tensor:
-        """(count, *page_shape) CPU staging of this thread; its old contents are garbage."""
-        fence: torch.cuda.Event | None = getattr(self._local, "fence", None)
+    def host(self, count: int, slot: int = 0) -> torch.Tensor:
+        """(count, *page_shape) CPU staging `slot` (0 or 1: double buffering) of this thread;
+        its old contents are garbage."""
+        fences: dict[int, torch.cuda.Event] = self._state("fences")
+        fence = fences.pop(slot, None)
         if fence is not None:
             fence.synchronize()  # SYNC: the last async copy from/to this buffer has landed
-            self._local.fence = None
-        buffer: torch.Tensor | None = getattr(self._local, "host", None)
+        buffers: dict[int, torch.Tensor] = self._state("host")
+        buffer = buffers.get(slot)
         if buffer is None or buffer.shape[0] < count:
-            buffer = self._local.host = self._new_host(count)
+            buffer = buffers[slot] = self._new_host(count)
         return buffer[:count]
 
     def device_buffer(self, count: int) -> torch.Tensor:
@@ -48,10 +50,17 @@ class StagingBuffers:
             self._local.device = buffer
         return buffer[:count]
 
-    def fence(self) -> None:
-        """Call after queueing an asynchronous copy that reads or writes `host` staging."""
+    def fence(self, slot: int) -> None:
+        """Call after queueing an asynchronous copy that reads or writes `host(_, slot)`."""
         if self.device.type == "cuda":
-            self._local.fence = torch.cuda.current_stream(self.device).record_event()
+            self._state("fences")[slot] = torch.cuda.current_stream(self.device).record_event()
+
+    def _state(self, name: str) -> dict:
+        state = getattr(self._local, name, None)
+        if state is None:
+            state = {}
+            setattr(self._local, name, state)
+        return state
 
     def _new_host(self, count: int) -> torch.Tensor:
         shape = (count, *self.layout.page_shape)

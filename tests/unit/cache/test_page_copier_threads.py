@@ -99,6 +99,7 @@ def test_staging_is_reused_per_thread_and_never_shared() -> None:
     staging = StagingBuffers(LAYOUT, pinned=False, device=torch.device("cpu"))
     first = staging.host(4)
     assert staging.host(3).data_ptr() == first.data_ptr()  # reused on this thread
+    assert staging.host(4, slot=1).data_ptr() != first.data_ptr()  # double buffering
     assert first.data_ptr() % 4096 == 0 and tuple(first.shape) == (4, *LAYOUT.page_shape)
     other: list[int] = []
     thread = threading.Thread(target=lambda: other.append(staging.host(4).data_ptr()))
