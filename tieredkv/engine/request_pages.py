@@ -78,7 +78,14 @@ class RequestPages:
         if not self.reuse or full_pages <= request.tree_pages:
             return
         tokens = request.tokens[: full_pages * self.page_size]
-        result = self.cache.insert(tokens, request.spec.namespace, request.page_table[:full_pages])
+        result = self.cache.insert(
+            tokens,
+            request.spec.namespace,
+            request.page_table[:full_pages],
+            # the tree pages end at the node the request holds locked: walk on from there
+            start_node=request.locked_node,
+            start_pages=request.tree_pages if request.locked_node is not None else 0,
+        )
         if result.node is not None and result.node is not request.locked_node:
             self.cache.lock(result.node)
             if request.locked_node is not None:
