@@ -18,6 +18,8 @@ from tieredkv.cache.tier import Tier
 if TYPE_CHECKING:
     from tieredkv.cache.tiered_cache import TieredCache
 
+_TIERS = tuple(Tier)  # iterating the enum itself is slow
+
 
 def _walk_exact(
     cache: TieredCache, root: RadixNode, tokens: Sequence[int], max_pages: int, first_page: int = 0
@@ -50,7 +52,7 @@ def match_prefix(cache: TieredCache, tokens: Sequence[int], namespace: str) -> M
                 break  # emptied by a failed read, kept only by a lock: a miss from here
             nodes.append(node)
         _touch(cache, nodes)
-    by_tier: dict[Tier, tuple[list[RadixNode], list[int]]] = {t: ([], []) for t in Tier}
+    by_tier: dict[Tier, tuple[list[RadixNode], list[int]]] = {t: ([], []) for t in _TIERS}
     previous = Tier.DEVICE
     for node in nodes:
         tier = node.fastest_copy()
@@ -58,7 +60,7 @@ def match_prefix(cache: TieredCache, tokens: Sequence[int], namespace: str) -> M
         previous = tier
         by_tier[tier][0].append(node)
         by_tier[tier][1].extend(node.copies[tier])
-    segments = [MatchSegment(t, tuple(by_tier[t][0]), tuple(by_tier[t][1])) for t in Tier]
+    segments = [MatchSegment(t, tuple(by_tier[t][0]), tuple(by_tier[t][1])) for t in _TIERS]
     return MatchResult(
         key,
         len(tokens),

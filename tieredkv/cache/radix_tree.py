@@ -40,10 +40,13 @@ class RadixTree:
         query in one comparison; only a node where they diverge is searched (by halving) for
         its first differing page."""
         ps = self.page_size
-        end = (min(max_pages, len(tokens) // ps) - first_page) * ps
-        query = tuple(tokens[first_page * ps : first_page * ps + max(end, 0)])  # one conversion
+        start, end = first_page * ps, min(max_pages, len(tokens) // ps) * ps
+        # one conversion (slices of a tuple compare with the nodes' tuples): from the root the
+        # whole list (tuple(list) copies once, tuple(list[:end]) twice), else the part walked
+        query = tuple(tokens) if start == 0 else tuple(tokens[start:end])
+        pos, end = 0, end - start  # positions in `query`
         path: list[tuple[RadixNode, int]] = []
-        node, pos = root, 0
+        node = root
         while pos < end:
             child = node.children.get(query[pos : pos + ps])
             if child is None:

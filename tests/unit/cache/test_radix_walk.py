@@ -53,7 +53,7 @@ def _variant(rng: random.Random, base: list[int]) -> list[int]:
 
 def test_walk_equals_the_page_by_page_walk_on_random_trees() -> None:
     rng = random.Random(7)
-    checked_partial = 0
+    checked_partial = checked_from_node = 0
     for _ in range(40):
         tree = RadixTree(PS)
         root = tree.root(namespace_root_key(b"fp", "ns"), create=True)
@@ -68,7 +68,17 @@ def test_walk_equals_the_page_by_page_walk_on_random_trees() -> None:
             assert tree.walk(root, query, max_pages) == expected
             assert tree.walk(root, tuple(query), max_pages) == expected
             checked_partial += bool(expected) and expected[-1][1] < expected[-1][0].num_pages
+            # from any node the path passes whole: the rest of the same path
+            depth = 0
+            for index, (node, count) in enumerate(expected):
+                if count < node.num_pages:
+                    break
+                depth += count
+                rest = tree.walk(node, query, max_pages, first_page=depth)
+                assert rest == expected[index + 1 :]
+                checked_from_node += 1
     assert checked_partial > 50  # divergence inside a node was exercised, not only at ends
+    assert checked_from_node > 50
 
 
 def test_walk_finds_the_first_differing_page_of_a_long_node() -> None:
