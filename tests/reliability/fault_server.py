@@ -10,8 +10,8 @@ The faults come from the environment variable TKV_FAULTS, a JSON object (every k
                                         keep_bytes bytes, then the process is killed (-9)
     tear_payload: [n, keep_bytes]       the same for the n-th payload write
     max_file_bytes: int                 preallocating more fails with ENOSPC (at start)
-    write_log: path                     one line per completed header write:
-                                        "<offset> <num_bytes> <zero|data>"
+    write_log: path                     two lines per record-header write, before and after:
+                                        "<start|done> <offset> <num_bytes> <zero|data>"
     audit_log: path                     one line per object unpickled in this process
     umask: int                          the process umask (e.g. 0, to check exact file modes)
 
@@ -80,11 +80,16 @@ class KillingIO(FaultInjectingIO):
                 # the torn write itself, then the kill: nothing else of this write lands
                 DiskIOBackend.pwrite(self, handle, offset, as_bytes(data)[: target[1]])
                 self._crash()
+        self._log_header("start", kind, offset, data)
         super().pwrite(handle, offset, data)
+        self._log_header("done", kind, offset, data)
+
+    def _log_header(self, event: str, kind: str | None, offset: int, data: Buffer) -> None:
+        """A kill can fall between a write and its "done" line: "start" brackets it."""
         if kind == "header" and self._log_fd is not None:
             view = as_bytes(data)
             state = "data" if view.any() else "zero"
-            os.write(self._log_fd, f"{offset} {view.nbytes} {state}\n".encode())
+            os.write(self._log_fd, f"{event} {offset} {view.nbytes} {state}\n".encode())
 
     def _crash(self) -> None:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -132,6 +132,14 @@ class FaultServer(ServerProcess):
         return int(match.group(1)) * 1024
 
 
+def disk_read_bytes(metrics: dict[str, float]) -> float:
+    """Bytes read back from the disk tier (towards host or device)."""
+    return sum(
+        metrics[f'transfer_bytes_total{{from_tier="disk",to_tier="{tier}"}}']
+        for tier in ("host", "device")
+    )
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     values = {}
     for line in text.splitlines():
@@ -256,15 +264,28 @@ def reachable_from_prompt_start(scan: StoreScan, first_token: int) -> set[int]:
     return reached
 
 
-def live_slots_from_write_log(log: Path, scan: StoreScan) -> set[int]:
-    """Slots whose latest completed header write (per the launcher's log) holds a record."""
+def slots_from_write_log(log: Path, scan: StoreScan) -> tuple[set[int], set[int]]:
+    """From the launcher's header-write log: (slots whose latest completed header write holds
+    a record, slots whose header write had started but not been logged done at the end)."""
     live: dict[int, bool] = {}
+    started: dict[int, bool] = {}
     for line in log.read_text().splitlines():
-        offset, num_bytes, state = line.split()
+        event, offset, num_bytes, state = line.split()
         first = (int(offset) - SUPERBLOCK_BYTES) // scan.header_bytes
         for slot in range(first, first + int(num_bytes) // scan.header_bytes):
-            live[slot] = state == "data"
-    return {slot for slot, written in live.items() if written}
+            if event == "start":
+                started[slot] = state == "data"
+            else:
+                live[slot] = started.pop(slot)
+    completed = {slot for slot, written in live.items() if written and slot not in started}
+    return completed, set(started)
+
+
+def live_slots_from_write_log(log: Path, scan: StoreScan) -> set[int]:
+    """Slots whose latest header write holds a record, every write logged done."""
+    completed, in_flight = slots_from_write_log(log, scan)
+    assert not in_flight, f"header writes never completed: {sorted(in_flight)}"
+    return completed
 
 
 def flip_bytes(path: Path, offset: int, count: int = 1) -> None:

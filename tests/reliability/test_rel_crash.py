@@ -21,10 +21,11 @@ from tests.reliability.harness import (
     StoreScan,
     assert_answers_like_baseline,
     disk_args,
-    live_slots_from_write_log,
+    disk_read_bytes,
     opening,
     reachable_from_prompt_start,
     scan_store,
+    slots_from_write_log,
     wait_until,
 )
 
@@ -46,9 +47,9 @@ def chat_until_dead(server: FaultServer, seeds: range) -> list[list[dict]]:
 
 def restart_and_check(
     tmp_path: Path, disk: Path, scan: StoreScan, sent: list[list[dict]], baseline: Baseline
-) -> dict[str, int]:
+) -> float:
     """Restart on `disk`: the index holds exactly the verified records, torn ones are counted,
-    and every chat answers like the no-cache server. Returns cached tokens per tier."""
+    and every chat answers like the no-cache server. Returns the bytes read from disk."""
     args = [*COMMON, *TINY_TIERS, *disk_args(disk), "--debug-endpoints"]
     server = FaultServer(args, tmp_path / "restart.log")
     try:
@@ -59,13 +60,14 @@ def restart_and_check(
         metrics = server.metrics()
         assert metrics['tier_used_bytes{tier="disk"}'] == indexed * PAGE_BYTES
         assert metrics['disk_page_errors_total{reason="checksum"}'] == len(scan.bad_headers)
-        totals = assert_answers_like_baseline(server, baseline, sent)
+        assert_answers_like_baseline(server, baseline, sent)
+        read_back = disk_read_bytes(server.metrics())
         state = server.debug_cache()
         assert state["ok"], state["problems"]
         assert state["locked_nodes"] == 0
     finally:
         server.stop()
-    return totals
+    return read_back
 
 
 @pytest.mark.parametrize(
@@ -85,14 +87,15 @@ def test_crash_mid_demotion_keeps_exactly_the_completed_records(
     sent = chat_until_dead(server, range(12))
     assert server.wait_dead() == -signal.SIGKILL
     scan = scan_store(disk)
-    completed = live_slots_from_write_log(write_log, scan)
+    completed, in_flight = slots_from_write_log(write_log, scan)
     assert completed, "no record write completed before the crash"
-    assert set(scan.live) == completed  # every completed write, nothing else
+    # every completed write is there; nothing else but writes the kill interrupted
+    assert completed <= set(scan.live) <= completed | in_flight
     assert scan.bad_payloads == []  # a header is written after its payload
     assert len(scan.bad_headers) == torn_headers
     reachable = reachable_from_prompt_start(scan, IM_START)
-    totals = restart_and_check(tmp_path, disk, scan, sent, baseline)
-    assert (totals["disk"] > 0) == bool(reachable), totals  # found again and served
+    read_back = restart_and_check(tmp_path, disk, scan, sent, baseline)
+    assert read_back > 0 or not reachable  # the records found again were served
 
 
 def load(server: FaultServer, seed: int, stop: threading.Event, sent: list) -> None:
