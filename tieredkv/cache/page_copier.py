@@ -34,7 +34,7 @@ from tieredkv.kernels.backend import select_backend
 if TYPE_CHECKING:
     from tieredkv.cache.disk_store import DiskRecord, DiskStore
 
-STAGE_BYTES = 16 << 20  # per staging buffer; two per worker thread
+STAGE_BYTES = 32 << 20  # per staging buffer, two per worker thread: the store's own chunk size
 DISK_HELPERS = 4  # threads running the store calls of staged disk jobs (one per disk worker)
 
 

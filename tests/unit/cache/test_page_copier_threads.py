@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,70 @@ def test_host_pool_is_page_aligned_and_zeroed() -> None:
     assert not pool.kv.view(torch.int16).any()
     pool.kv[4] = 1.0
     assert bool((pool.kv[4] == 1.0).all()) and not pool.kv[3].view(torch.int16).any()
+
+
+class _SlowStore:
+    """Stands in for a DiskStore: each call takes a while (the job stages the next chunk
+    meanwhile) and call number `fail_at` raises."""
+
+    def __init__(self, fail_at: int = 0) -> None:
+        self.fail_at = fail_at
+        self.calls = 0
+        self.running = 0
+
+    def _call(self) -> list[bool]:
+        self.calls += 1
+        self.running += 1
+        try:
+            if self.calls == self.fail_at:
+                raise OSError("injected disk failure")
+            threading.Event().wait(0.05)
+            return [True] * 2
+        finally:
+            self.running -= 1
+
+    def write_pages(self, slots: list[int], records: list, payload: torch.Tensor) -> None:
+        self._call()
+
+    def read_pages(self, slots: list[int], records: list, out: torch.Tensor) -> list[bool]:
+        return self._call()
+
+
+def _failing_job(store: _SlowStore, src_tier: Tier, dst_tier: Tier, copy_fails: bool) -> None:
+    device, host = DevicePool(LAYOUT, 8, "cpu"), HostPool(LAYOUT, 8)
+    copier = PageCopier(device, host, store)  # type: ignore[arg-type]
+    copier.stage_pages = 2
+    if copy_fails:  # the second staging copy fails while a store call is in flight
+        copies = {"read": copier._read, "write": copier._write}
+        count = [0]
+
+        def failing(name: str) -> Callable[..., object]:
+            def copy(*args: object) -> object:
+                count[0] += 1
+                if count[0] == 2:
+                    raise RuntimeError("injected copy failure")
+                return copies[name](*args)
+
+            return copy
+
+        copier._read = failing("read")  # type: ignore[method-assign]
+        copier._write = failing("write")  # type: ignore[method-assign]
+    copier.job(src_tier, dst_tier, [7, 2, 5, 0, 3, 1], [6, 1, 4, 2, 0, 3], [None] * 6)()
+
+
+@pytest.mark.parametrize("src_tier, dst_tier", [(Tier.HOST, Tier.DISK), (Tier.DISK, Tier.HOST)])
+def test_a_failing_store_call_fails_the_job(src_tier: Tier, dst_tier: Tier) -> None:
+    store = _SlowStore(fail_at=2)
+    with pytest.raises(OSError, match="injected"):
+        _failing_job(store, src_tier, dst_tier, copy_fails=False)
+    assert store.calls == 2 and store.running == 0
+
+
+@pytest.mark.parametrize("src_tier, dst_tier", [(Tier.HOST, Tier.DISK), (Tier.DISK, Tier.HOST)])
+def test_a_failing_copy_returns_only_after_the_store_call_in_flight(
+    src_tier: Tier, dst_tier: Tier
+) -> None:
+    store = _SlowStore()
+    with pytest.raises(RuntimeError, match="injected"):
+        _failing_job(store, src_tier, dst_tier, copy_fails=True)
+    assert store.calls >= 1 and store.running == 0  # no store call outlives the job
