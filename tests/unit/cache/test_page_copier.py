@@ -151,3 +151,26 @@ def test_a_record_that_fails_verification_is_a_miss_and_zeroed(
         assert torch.equal(_host_page(copier, 6), _host_page(copier, 2))
     finally:
         store.close()
+
+
+def test_reference_gather_and_scatter_match_index_select_for_shuffled_pages(
+    layout: PageLayout,
+) -> None:
+    from tieredkv.kernels import reference
+
+    copier = _copier(layout, staged=True)
+    pool = copier.device_pool.kv  # (layers, 2, pages, page_size, heads, dim)
+    ids = torch.tensor(_shuffled(7, 11)[0])
+    want = pool.index_select(2, ids).permute(2, 0, 1, 3, 4, 5).contiguous().view(torch.int16)
+    assert torch.equal(reference.gather_pages(pool, ids).view(torch.int16), want)
+    target = torch.zeros_like(pool)
+    reference.scatter_pages(target, ids, reference.gather_pages(pool, ids))
+    assert torch.equal(
+        target.index_select(2, ids).view(torch.int16), pool.index_select(2, ids).view(torch.int16)
+    )
+    others = torch.tensor(sorted(set(range(NUM_PAGES)) - set(ids.tolist())))
+    assert not target.index_select(2, others).view(torch.int16).any()
+    with pytest.raises(IndexError):
+        reference.gather_pages(pool, torch.tensor([0, NUM_PAGES]))
+    with pytest.raises(IndexError):
+        reference.scatter_pages(target, torch.tensor([-1]), want[:1].view(layout.dtype))
