@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from tieredkv.cache.tiered_cache import TieredCache
 
 _TIERS = tuple(Tier)  # iterating the enum itself is slow
+_NO_SEGMENT = {tier: MatchSegment(tier) for tier in _TIERS}  # immutable: shared by results
 
 
 def _walk_exact(
@@ -52,15 +53,23 @@ def match_prefix(cache: TieredCache, tokens: Sequence[int], namespace: str) -> M
                 break  # emptied by a failed read, kept only by a lock: a miss from here
             nodes.append(node)
         _touch(cache, nodes)
-    by_tier: dict[Tier, tuple[list[RadixNode], list[int]]] = {t: ([], []) for t in _TIERS}
+    by_tier: dict[Tier, tuple[list[RadixNode], list[int]]] = {}
     previous = Tier.DEVICE
     for node in nodes:
-        tier = node.fastest_copy()
-        assert tier is not None and tier >= previous, f"match tiers out of order at {node}"
+        tier = min(node.copies)  # its fastest copy (`node.copies` is not empty)
+        assert tier >= previous, f"match tiers out of order at {node}"
         previous = tier
-        by_tier[tier][0].append(node)
-        by_tier[tier][1].extend(node.copies[tier])
-    segments = [MatchSegment(t, tuple(by_tier[t][0]), tuple(by_tier[t][1])) for t in _TIERS]
+        group = by_tier.get(tier)
+        if group is None:
+            group = by_tier[tier] = ([], [])
+        group[0].append(node)
+        group[1].extend(node.copies[tier])
+    segments = [
+        MatchSegment(t, tuple(group[0]), tuple(group[1]))
+        if (group := by_tier.get(t))
+        else _NO_SEGMENT[t]
+        for t in _TIERS
+    ]
     return MatchResult(
         key,
         len(tokens),
