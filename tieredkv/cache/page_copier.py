@@ -35,7 +35,10 @@ if TYPE_CHECKING:
     from tieredkv.cache.disk_store import DiskRecord, DiskStore
 
 STAGE_BYTES = 32 << 20  # per staging buffer, two per worker thread: the store's own chunk size
-DISK_HELPERS = 4  # threads running the store calls of staged disk jobs (one per disk worker)
+# Threads that run the store calls of disk jobs, shared by every copier in the process (a
+# store call never waits on this pool, so sharing cannot deadlock; a copier owns no threads).
+DISK_HELPERS = 8
+_helpers = ThreadPoolExecutor(DISK_HELPERS, thread_name_prefix="tkv-stage")  # threads on demand
 
 
 def _index(pages: list[int], device: torch.device) -> torch.Tensor:
@@ -76,7 +79,7 @@ class PageCopier:
         self._host_rows = PageRows.page_major(host_pool.kv)
         # the device pool seen page by page: only where it lives in CPU memory
         self._device_rows = None if self.staged else PageRows.layer_major(device_pool.kv)
-        self._helpers = ThreadPoolExecutor(DISK_HELPERS, thread_name_prefix="tkv-stage")
+        self._helpers = _helpers
 
     def job(
         self,
