@@ -8,12 +8,18 @@ from pathlib import Path
 
 from tieredkv.bench.records import TIERS
 from tieredkv.config import parse_size
+from tieredkv.errors import TieredKVError
 
 TIER_COLORS = {"device": "#2b6cb0", "host": "#38a169", "disk": "#dd6b20"}
 
 
 def _pyplot():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise TieredKVError(
+            "the plots need matplotlib: pip install 'tieredkv[bench]', or pass --no-plots"
+        ) from None
 
     matplotlib.use("Agg")  # files only: no display on a server
     import matplotlib.pyplot as plt
