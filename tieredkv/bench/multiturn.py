@@ -146,7 +146,12 @@ def main(argv: list[str]) -> int:
             reports.finish(report, out, make_plots=False)
             print(f"partial report: {out / 'report.json'}", file=sys.stderr)
         return 1
-    print(reports.finish(report, out, make_plots=not args.no_plots))
+    try:
+        print(reports.finish(report, out, make_plots=not args.no_plots))
+    except TieredKVError as exc:
+        print(f"tieredkv bench multiturn: error: {exc}", file=sys.stderr)
+        reports.finish(report, out, make_plots=False)
+        return 1
     print(f"report: {out / 'report.json'}")
     return 0
 
