@@ -19,8 +19,7 @@ from tieredkv.cache.disk_io import aligned_empty
 
 class StagingBuffers:
     """Thread-local, grow-only page-major buffers: `host(n, slot)` on the CPU (two slots),
-    `device_buffer(n)` on the
-    device pool's device (CUDA only)."""
+    `device_buffer(n)` on the device pool's device (CUDA only)."""
 
     def __init__(self, layout: PageLayout, pinned: bool, device: torch.device) -> None:
         self.layout = layout
