@@ -13,6 +13,7 @@ compares values, never just identities (which would flatter the tree).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -107,7 +108,14 @@ class ChatDriver:
             return
         tokens = request.tokens[: full_pages * self.page_size]
         table: Sequence[int] = request.page_table[:full_pages]
-        result = self.timer(self.times.insert, self.cache.insert, tokens, self.namespace, table)
+        # as the engine does: walk on from the node the request holds locked
+        start = request.locked if request.tree_pages else None
+        insert = functools.partial(
+            self.cache.insert,
+            start_node=start,
+            start_pages=request.tree_pages if start is not None else 0,
+        )
+        result = self.timer(self.times.insert, insert, tokens, self.namespace, table)
         if result.node is not None and result.node is not request.locked:
             self.timer(self.times.lock, self.cache.lock, result.node)
             if request.locked is not None:

@@ -26,7 +26,8 @@ def profile_calls(users: int, active: int, seed: int, top: int = 14) -> dict[str
     profiles = {name: cProfile.Profile() for name in PROFILED}
 
     def profiled(samples: list[int], call: Callable[..., object], *args: object) -> object:
-        profile = profiles.get(getattr(call, "__name__", ""))
+        target = getattr(call, "func", call)  # a functools.partial names its function
+        profile = profiles.get(getattr(target, "__name__", ""))
         if profile is None:
             return call(*args)
         profile.enable()

@@ -78,13 +78,15 @@ class RequestPages:
         if not self.reuse or full_pages <= request.tree_pages:
             return
         tokens = request.tokens[: full_pages * self.page_size]
+        # the tree pages end at the node the request holds locked: walk on from there (an
+        # insert that took no page leaves tree_pages 0 with an older lock still held)
+        start = request.locked_node if request.tree_pages else None
         result = self.cache.insert(
             tokens,
             request.spec.namespace,
             request.page_table[:full_pages],
-            # the tree pages end at the node the request holds locked: walk on from there
-            start_node=request.locked_node,
-            start_pages=request.tree_pages if request.locked_node is not None else 0,
+            start_node=start,
+            start_pages=request.tree_pages if start is not None else 0,
         )
         if result.node is not None and result.node is not request.locked_node:
             self.cache.lock(result.node)
