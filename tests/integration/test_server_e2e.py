@@ -96,6 +96,14 @@ def model_name(server: ServerProcess) -> str:
     return client(server).models.list().data[0].id
 
 
+def test_health_lists_tiers_and_o_direct(server: ServerProcess) -> None:
+    health = httpx.get(server.base_url + "/health", timeout=10).json()
+    assert health["ready"] is True
+    assert health["tiers"] == {"device": "healthy", "host": "healthy", "disk": "healthy"}
+    assert isinstance(health["direct_io"], bool)
+    assert health["tier_capacity_bytes"]["device"] == 136 * 737_280
+
+
 def test_models_chat_and_completions(server: ServerProcess) -> None:
     name = model_name(server)
     assert name == MODEL

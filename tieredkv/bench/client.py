@@ -120,7 +120,7 @@ async def fetch_health(http: httpx.AsyncClient, base_url: str) -> dict | None:
 
 
 def direct_io_of(health: dict | None) -> bool | None:
-    """Whether the server says its disk tier uses O_DIRECT (`"direct_io"` in /health, a field
-    tieredkv does not expose yet); None: unknown."""
+    """Whether the server says its disk tier uses O_DIRECT (`"direct_io"` in tieredkv's /health);
+    None: unknown (another server, or no disk tier)."""
     value = (health or {}).get("direct_io")
     return value if isinstance(value, bool) else None

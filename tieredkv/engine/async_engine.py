@@ -200,7 +200,14 @@ class AsyncEngine(EngineClient):
         # the capacity in effect: a disk store that could not be preallocated starts smaller
         capacity = {tier.label: cache.tier_capacity_bytes(tier) for tier in Tier}
         ready = self._ready and not self._stopping
-        return {"ready": ready, "tiers": tiers, "tier_capacity_bytes": capacity}
+        disk = cache.pools.disk
+        direct_io = None if disk is None else disk.direct_io  # None: no disk tier
+        return {
+            "ready": ready,
+            "tiers": tiers,
+            "tier_capacity_bytes": capacity,
+            "direct_io": direct_io,
+        }
 
     def render_metrics(self) -> str:
         return self.metrics.render()

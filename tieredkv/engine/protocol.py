@@ -90,7 +90,8 @@ class EngineClient(ABC):
     @abstractmethod
     def health(self) -> dict:
         """{"ready": bool, "tiers": {"device": "healthy"|"degraded"|"disabled", ...},
-        "tier_capacity_bytes": {"device": int, ...}} (the capacities in effect)"""
+        "tier_capacity_bytes": {"device": int, ...} (the capacities in effect),
+        "direct_io": bool | None (whether the disk tier uses O_DIRECT; None: no disk tier)}"""
 
     @abstractmethod
     def render_metrics(self) -> str:
