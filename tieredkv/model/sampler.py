@@ -89,7 +89,10 @@ class Sampler:
 
     @staticmethod
     def _draw(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
-        logits = logits / p.temperature  # (vocab,)
+        # the max first, and no temperature below the dtype's smallest normal (fp32 rounds
+        # 1e-300 to 0): a tiny temperature then sends the others to -inf, not the top to inf
+        temperature = max(p.temperature, torch.finfo(logits.dtype).tiny)
+        logits = (logits - logits.max()) / temperature  # (vocab,)
         if p.top_k:
             k = min(p.top_k, logits.shape[-1])
             kth = torch.topk(logits, k).values[-1]
