@@ -1,9 +1,10 @@
 """The mover's own copy paths: PageCopier jobs, exactly the callables Residency submits.
 
-  host -> device   index_select the host pages into staging, scatter into the layer-major pool
-  device -> host   gather the device pages (layer-major -> page-major), index_copy_ into host
-  host -> disk     index_select the host pages, DiskStore.write_pages
-  disk -> host     DiskStore.read_pages into a bounce tensor, index_copy_ into the host pages
+  host -> device   page by page (runs of consecutive pages at once) into the layer-major pool
+  device -> host   page by page out of the layer-major pool into page-major host pages
+  host -> disk     DiskStore.write_pages from the host pages in place, or through reused
+                   aligned staging (double-buffered, 32 MiB chunks) when they are scattered
+  disk -> host     DiskStore.read_pages into reused aligned staging (or in place), then out
 
 One job per batch, run on the calling thread (a mover worker runs the same callable). Page ids
 are a seeded random permutation of each pool, as a pool's free list hands them out after a
