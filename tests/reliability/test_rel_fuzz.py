@@ -126,6 +126,7 @@ FIELDS = {
     "huge-temperature": ({"temperature": 1e308}, 400),
     "negative-temperature": ({"temperature": -0.5}, 400),
     "tiny-temperature": ({"temperature": 1e-300}, 200),
+    "tiny-top-p": ({"temperature": 1.0, "top_p": 1e-300}, 200),
     "huge-seed": ({"seed": 2**64}, 400),
     "huge-top-k": ({"top_k": 2**70}, 400),
     "negative-stop-id": ({"stop_token_ids": [-5]}, 400),

@@ -18,3 +18,13 @@ def test_tiny_temperature_draws_the_argmax(temperature: float, extra: dict) -> N
     sampler = Sampler(seed=0)
     generators = [sampler.new_generator(p) for p in params]
     assert sampler.sample(logits, params, generators) == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 1.3e-251, 1e-46])
+def test_tiny_top_p_keeps_the_top_token(top_p: float) -> None:
+    """The fuzz's second find: a top_p that fp32 rounds to 0 dropped every token."""
+    logits = torch.randn(2, 200, generator=torch.Generator().manual_seed(1)) * 10  # (2, vocab)
+    params = [SamplingParams(temperature=1.0, top_p=top_p, seed=row) for row in range(2)]
+    sampler = Sampler(seed=0)
+    generators = [sampler.new_generator(p) for p in params]
+    assert sampler.sample(logits, params, generators) == logits.argmax(-1).tolist()

@@ -102,6 +102,7 @@ class Sampler:
             probs = sorted_logits.softmax(-1)
             # drop a token when the tokens before it already cover top_p; the first always stays
             drop = probs.cumsum(-1) - probs >= p.top_p
+            drop[0] = False  # even when top_p rounds to 0 in fp32 (1e-300)
             logits = logits.index_put((order[drop],), torch.tensor(float("-inf")))
         probs = logits.softmax(-1)
         return int(torch.multinomial(probs, 1, generator=generator).item())
