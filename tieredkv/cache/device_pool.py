@@ -1,4 +1,4 @@
-"""The device tier's memory: one layer-major KV tensor and its free list.
+"""The device tier's memory: one layer-major KV tensor and its free list (a PagePool).
 
 Layout `[num_layers, 2, num_pages, page_size, num_kv_heads, head_dim]` (2 = K, V) lets attention
 read a layer's pages in place. On a CPU-only machine the tensor lives in RAM; the tier semantics
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tieredkv.cache.free_list import PageFreeList
+from tieredkv.cache.free_list import PageFreeList, PagePool
 from tieredkv.config import ModelConfig
 from tieredkv.errors import ConfigError
 
@@ -54,7 +54,7 @@ class PageLayout:
         )
 
 
-class DevicePool:
+class DevicePool(PagePool):
     """Owns the device KV tensor and a LIFO free list of page ids.
 
     Not thread-safe: only the engine thread allocates and frees.
@@ -79,6 +79,7 @@ class DevicePool:
             dtype=layout.dtype,
             device=self.device,
         )
+        self.page_bytes = layout.page_bytes
         self.free_list = PageFreeList(num_pages, "device")
 
     @classmethod
@@ -86,28 +87,3 @@ class DevicePool:
         cls, layout: PageLayout, capacity_bytes: int, device: torch.device | str
     ) -> DevicePool:
         return cls(layout, capacity_bytes // layout.page_bytes, device)
-
-    @property
-    def num_free(self) -> int:
-        return self.free_list.num_free
-
-    @property
-    def num_used(self) -> int:
-        return self.free_list.num_used
-
-    @property
-    def capacity_bytes(self) -> int:
-        return self.num_pages * self.layout.page_bytes
-
-    def alloc(self, count: int) -> list[int]:
-        """Take `count` pages, all or nothing (OutOfPagesError)."""
-        return self.free_list.alloc(count)
-
-    def free(self, pages: list[int]) -> None:
-        self.free_list.free(pages)
-
-    def is_free(self, page: int) -> bool:
-        return self.free_list.is_free(page)
-
-    def used_pages(self) -> list[int]:
-        return self.free_list.used_pages()

@@ -47,3 +47,37 @@ class PageFreeList:
 
     def used_pages(self) -> list[int]:
         return [page for page, free in enumerate(self._is_free) if not free]
+
+
+class PagePool:
+    """What every in-memory tier's pool offers: `num_pages` pages of `page_bytes` behind a
+    `PageFreeList`. Subclasses own the tensor and set `num_pages`, `page_bytes`, `free_list`."""
+
+    num_pages: int
+    page_bytes: int
+    free_list: PageFreeList
+
+    @property
+    def num_free(self) -> int:
+        return self.free_list.num_free
+
+    @property
+    def num_used(self) -> int:
+        return self.free_list.num_used
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.num_pages * self.page_bytes
+
+    def alloc(self, count: int) -> list[int]:
+        """Take `count` pages, all or nothing (OutOfPagesError)."""
+        return self.free_list.alloc(count)
+
+    def free(self, pages: list[int]) -> None:
+        self.free_list.free(pages)
+
+    def is_free(self, page: int) -> bool:
+        return self.free_list.is_free(page)
+
+    def used_pages(self) -> list[int]:
+        return self.free_list.used_pages()

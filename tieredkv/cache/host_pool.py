@@ -13,11 +13,11 @@ import torch
 
 from tieredkv.cache.device_pool import PageLayout
 from tieredkv.cache.disk_io import aligned_empty
-from tieredkv.cache.free_list import PageFreeList
+from tieredkv.cache.free_list import PageFreeList, PagePool
 from tieredkv.errors import ConfigError
 
 
-class HostPool:
+class HostPool(PagePool):
     """Owns the host KV tensor and a LIFO free list of page ids.
 
     `num_pages == 0` is a disabled tier (`--host-cache-size 0`). Not thread-safe: only the
@@ -39,6 +39,7 @@ class HostPool:
             raw = aligned_empty(num_pages * layout.page_bytes)
             # (num_pages, layers, 2, page_size, kv_heads, head_dim)
             self.kv = torch.from_numpy(raw).view(layout.dtype).view(shape)
+        self.page_bytes = layout.page_bytes
         self.free_list = PageFreeList(num_pages, "host")
 
     @classmethod
@@ -49,28 +50,3 @@ class HostPool:
     @property
     def enabled(self) -> bool:
         return self.num_pages > 0
-
-    @property
-    def num_free(self) -> int:
-        return self.free_list.num_free
-
-    @property
-    def num_used(self) -> int:
-        return self.free_list.num_used
-
-    @property
-    def capacity_bytes(self) -> int:
-        return self.num_pages * self.layout.page_bytes
-
-    def alloc(self, count: int) -> list[int]:
-        """Take `count` pages, all or nothing (OutOfPagesError)."""
-        return self.free_list.alloc(count)
-
-    def free(self, pages: list[int]) -> None:
-        self.free_list.free(pages)
-
-    def is_free(self, page: int) -> bool:
-        return self.free_list.is_free(page)
-
-    def used_pages(self) -> list[int]:
-        return self.free_list.used_pages()
