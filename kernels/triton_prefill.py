@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .checks import check_attention_args
+from .triton_paged_kv import load_kv_block
 from .triton_support import check_device, dot_in_fp32, dot_precision
 
 _LOG2_E = 1.4426950408889634
@@ -61,17 +62,11 @@ def _prefill_kernel(
     for start_n in range(0, kv_stop, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
         n_ok = offs_n < kv_len
-        page = tl.load(page_table_ptr + seq * stride_pt + offs_n // PAGE_SIZE, mask=n_ok, other=0)
-        page = page.to(tl.int64)
-        in_page = offs_n % PAGE_SIZE
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k_off = page * stride_kp + in_page * stride_ks + kv_head * stride_kh
-        k = tl.load(k_ptr + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v_off = page * stride_vp + in_page * stride_vs + kv_head * stride_vh
-        v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv_block(
+            k_ptr, v_ptr, page_table_ptr, seq, stride_pt, offs_n, n_ok, offs_d, d_ok, kv_head,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+            PAGE_SIZE, DOT_FP32,
+        )  # fmt: skip
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
         allowed = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
         s = tl.where(allowed, s, float("-inf"))
