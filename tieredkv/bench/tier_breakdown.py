@@ -34,9 +34,10 @@ def _pool_views(copier: PageCopier) -> tuple[np.ndarray, np.ndarray]:
 
 
 def breakdown(
-    copier: PageCopier, store: DiskStore, batch: int, reps: int, rng: np.random.Generator
+    copier: PageCopier, store: DiskStore | None, batch: int, reps: int, rng: np.random.Generator
 ) -> dict[str, float]:
-    """GB/s of each stage and alternative for one batch of `batch` pages (see module doc)."""
+    """GB/s of each stage and alternative for one batch of `batch` pages (see module doc);
+    without a `store`, the memory stages only."""
     num_pages = copier.host_pool.num_pages
     host_pages = rng.permutation(num_pages)[:batch].tolist()
     device_pages = rng.permutation(num_pages)[:batch].tolist()
@@ -46,11 +47,7 @@ def breakdown(
     shape = (batch, *LAYOUT.page_shape)
     reused = torch.empty(shape, dtype=LAYOUT.dtype)
     reused.fill_(0)
-    aligned = aligned_pages(batch)
     device_np, host_np = _pool_views(copier)
-    slots = store.alloc(batch)
-    records = make_records(batch)
-    forget = lambda: drop_cache(store.directory / STORE_FILE)  # noqa: E731
 
     def per_page(to_device: bool) -> None:
         for host_page, device_page in zip(host_pages, device_pages, strict=True):
@@ -81,6 +78,24 @@ def breakdown(
         "host index_copy_ of staging": lambda: host_kv.index_copy_(0, host_index, reused),
         "alt: numpy copy per page host->device": lambda: per_page(True),
         "alt: numpy copy per page device->host": lambda: per_page(False),
+    }
+    result = {name: median_seconds(run, reps) for name, run in stages.items()}
+    if store is not None:
+        result |= _disk_stages(copier, store, host_pages, reps)
+    return {name: batch * LAYOUT.page_bytes / seconds / 1e9 for name, seconds in result.items()}
+
+
+def _disk_stages(
+    copier: PageCopier, store: DiskStore, host_pages: list[int], reps: int
+) -> dict[str, float]:
+    """Seconds of each disk stage for the host pages `host_pages`."""
+    batch = len(host_pages)
+    shape = (batch, *LAYOUT.page_shape)
+    aligned = aligned_pages(batch)
+    slots = store.alloc(batch)
+    records = make_records(batch)
+    forget = lambda: drop_cache(store.directory / STORE_FILE)  # noqa: E731
+    stages = {
         "job host->disk": lambda: copier.job(Tier.HOST, Tier.DISK, host_pages, slots, records)(),
         "write_pages from torch.empty": lambda: store.write_pages(
             slots, records, torch.empty(shape, dtype=LAYOUT.dtype)
@@ -101,4 +116,4 @@ def breakdown(
     }
     result |= {name: median_seconds(run, reps, forget) for name, run in reads.items()}
     store.free(slots)
-    return {name: batch * LAYOUT.page_bytes / seconds / 1e9 for name, seconds in result.items()}
+    return result

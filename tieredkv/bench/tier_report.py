@@ -5,27 +5,36 @@ from __future__ import annotations
 
 def print_report(report: dict) -> None:
     limits, settings = report["limits"], report["settings"]
+    direct_io = report["store_direct_io"]
+    store = "n/a" if direct_io is None else ("on" if direct_io else "OFF")
     print(
         f"{report['machine']['cpus']} CPUs usable, page {settings['page_bytes']:,} B, "
         f"seed {settings['seed']}, medians of {settings['reps']} after 1 warm-up, "
-        f"store O_DIRECT {'on' if report['store_direct_io'] else 'OFF'}"
+        f"store O_DIRECT {store}"
     )
-    print(f"limits: memcpy {limits['memcpy_gbps']:.2f} GB/s, xxh3 {limits['xxh3_gbps']:.2f} GB/s")
-    for r in limits["raw_patterns"]:
+    line = (
+        f"limits: memcpy {limits['memcpy_gbps']:.2f} GB/s on 1 thread, "
+        f"{limits['memcpy_2t_gbps']:.2f} GB/s on 2"
+    )
+    if "xxh3_gbps" in limits:
+        line += f", xxh3 {limits['xxh3_gbps']:.2f} GB/s"
+    print(line)
+    for r in limits.get("raw_patterns", []):
         print(
             f"  raw O_DIRECT {r['request_mib']} MiB x {r['in_flight']} in flight: "
             f"write {r['write_gbps']:.2f} GB/s, read {r['read_gbps']:.2f} GB/s"
         )
     print(
-        f"{'path':<14}{'via':<40}{'pages':>6}{'GB/s':>8}  {'limit':<15}{'GB/s':>7}"
-        f"{'share':>7}{'target':>7}"
+        f"{'path':<14}{'via':<42}{'pages':>6}{'thr':>4}{'GB/s':>8}  {'limit':<15}{'GB/s':>7}"
+        f"{'share':>7}{'target':>7}{'of 2t':>7}"
     )
     for row in report["rows"]:
         mark = ("" if row["meets_target"] else "  MISS") + ("" if row["verified"] else "  BAD")
+        share_2t = "" if row["share_2t"] is None else f"{row['share_2t']:.0%}"
         print(
-            f"{row['path']:<14}{row['via']:<40}{row['batch_pages']:>6}{row['gbps']:>8.2f}  "
-            f"{row['limit']:<15}{row['limit_gbps']:>7.2f}{row['share']:>7.0%}"
-            f"{row['target']:>7.0%}{mark}"
+            f"{row['path']:<14}{row['via']:<42}{row['batch_pages']:>6}{row['threads']:>4}"
+            f"{row['gbps']:>8.2f}  {row['limit']:<15}{row['limit_gbps']:>7.2f}"
+            f"{row['share']:>7.0%}{row['target']:>7.0%}{share_2t:>7}{mark}"
         )
 
 

@@ -1,12 +1,16 @@
 """`tieredkv bench tiers`: tier transfer bandwidth beside this machine's limits, in one run.
 
     tieredkv bench tiers [--dir DIR] [--batches 64,256,1024] [--reps 5] [--json PATH]
+                         [--memory-only] [--breakdown]
 
-Limits (tier_limits): numpy memcpy, xxh3 on one core, raw O_DIRECT write and read of a file of
---raw-bytes (>= 1 GiB by default) under --dir. Tiers, for realistic pages (the default model in
-bf16, 368,640 B) in batches: host<->device and host<->disk through the mover's PageCopier jobs
-(tier_copies), and the DiskStore on its own from aligned memory (tier_store). Targets: disk
-paths >= 80% of raw disk, memory paths >= 70% of memcpy. Seeded data, one warm-up, medians.
+Limits (tier_limits): numpy memcpy on one thread and on two, xxh3 on one core, raw O_DIRECT
+write and read of a file of --raw-bytes (>= 1 GiB by default) under --dir. Tiers, for realistic
+pages (the default model in bf16, 368,640 B) in batches: host<->device and host<->disk through
+the mover's PageCopier jobs (tier_copies), and the DiskStore on its own from aligned memory
+(tier_store). host<->device rows come twice: as the server runs them (a job of 8+ pages shares
+its copy with a helper thread; `threads` says how many copied) and held to one thread. Targets:
+disk paths >= 80% of raw disk, memory paths >= 70% of one-thread memcpy (the share of two-thread
+memcpy is reported beside it). --memory-only skips every disk figure. Seeded, one warm-up, medians.
 """
 
 from __future__ import annotations
@@ -16,41 +20,18 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from tieredkv.bench.tier_breakdown import breakdown
-from tieredkv.bench.tier_copies import make_copier, memory_gbps, mover_disk_gbps
+from tieredkv.bench.tier_copies import make_copier, mover_disk_gbps
 from tieredkv.bench.tier_limits import RAW_PATTERNS, memcpy_gbps, raw_disk_gbps, xxh3_gbps
 from tieredkv.bench.tier_report import print_breakdown, print_report
+from tieredkv.bench.tier_rows import DISK_TARGET, MOVER, BandwidthRow, memory_rows
 from tieredkv.bench.tier_store import LAYOUT, random_pages, store_gbps
 from tieredkv.cache.disk_store import DiskStore
-
-DISK_TARGET = 0.80  # of the raw O_DIRECT bandwidth in the same direction
-MEMORY_TARGET = 0.70  # of numpy memcpy
-
-
-@dataclass(frozen=True)
-class BandwidthRow:
-    """One measured path beside the limit it is judged against."""
-
-    path: str  # "host->device", "disk->host", ...
-    via: str  # the code path measured
-    batch_pages: int
-    gbps: float
-    limit: str  # "memcpy", "raw disk write", "raw disk read"
-    limit_gbps: float
-    target: float  # the share of the limit the issue asks for
-    verified: bool  # the bytes arrived intact
-
-    @property
-    def share(self) -> float:
-        return self.gbps / self.limit_gbps
-
-    def to_json(self) -> dict[str, object]:
-        return {**asdict(self), "share": self.share, "meets_target": self.share >= self.target}
 
 
 def _counts(text: str) -> list[int]:
@@ -101,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
         help="DiskStore io_threads:io_depth:chunk_MiB",
     )
     add("--breakdown", action="store_true", help="also time each stage of the mover's jobs")
+    add("--memory-only", action="store_true", help="only memcpy and host<->device (no disk)")
     add("--quick", action="store_true", help="tiny sizes, for tests (figures meaningless)")
     return parser
 
@@ -118,18 +100,57 @@ def default_dir() -> Path:
 
 
 def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
-    """Every limit and every row, as the JSON report."""
+    """Every limit and every row, as the JSON report (no disk figures with --memory-only)."""
     rng = np.random.default_rng(args.seed)
     batches = args.batches
-    patterns = RAW_PATTERNS[:1] if args.quick else RAW_PATTERNS
     memcpy = memcpy_gbps(args.memcpy_bytes, args.reps, rng)
-    xxh3 = xxh3_gbps(args.memcpy_bytes, args.reps, rng)
+    memcpy_2t = memcpy_gbps(args.memcpy_bytes, args.reps, rng, threads=2)
+    limits: dict[str, object] = {"memcpy_gbps": memcpy, "memcpy_2t_gbps": memcpy_2t}
+    if args.memory_only:
+        copier = make_copier(2 * max(batches), None, args.seed)
+        rows = memory_rows(copier, args.batches, args.reps, args.seed, (memcpy, memcpy_2t))
+        stages = breakdown(copier, None, max(batches), args.reps, rng) if args.breakdown else {}
+        direct_io = None
+    else:
+        rows, stages, direct_io = _all_rows(args, directory, rng, limits)
+    return {
+        "machine": {"cpus": len(os.sched_getaffinity(0)), "dir": str(directory)},
+        "settings": {
+            "seed": args.seed,
+            "reps": args.reps,
+            "page_bytes": LAYOUT.page_bytes,
+            "store_config": ":".join(map(str, args.store_config)),
+            "quick": args.quick,
+            "memory_only": args.memory_only,
+        },
+        "limits": limits,
+        "store_direct_io": direct_io,
+        "rows": [row.to_json() for row in rows],
+        "breakdown": {"batch_pages": max(batches), "gbps": stages} if stages else None,
+    }
+
+
+def _all_rows(
+    args: argparse.Namespace,
+    directory: Path,
+    rng: np.random.Generator,
+    limits: dict[str, object],
+) -> tuple[list[BandwidthRow], dict[str, float], bool]:
+    """The disk limits (added to `limits`), then the memory, mover disk and DiskStore rows."""
+    batches = args.batches
+    patterns = RAW_PATTERNS[:1] if args.quick else RAW_PATTERNS
+    limits["xxh3_gbps"] = xxh3_gbps(args.memcpy_bytes, args.reps, rng)
     raw = [
         raw_disk_gbps(directory / "raw.bin", args.raw_bytes, args.reps, rng, mib, depth)
         for mib, depth in patterns
     ]
     raw_write = max(r.write_gbps for r in raw)
     raw_read = max(r.read_gbps for r in raw)
+    limits |= {
+        "raw_write_gbps": raw_write,
+        "raw_read_gbps": raw_read,
+        "raw_patterns": [asdict(r) for r in raw],
+    }
     io_threads, io_depth, chunk_mib = args.store_config
     # the store spans as much disk as the raw file (and at least two largest batches)
     capacity = max(args.raw_bytes, 2 * max(batches) * LAYOUT.page_bytes) + (16 << 20)
@@ -142,28 +163,23 @@ def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
         io_depth=io_depth,
         chunk_bytes=chunk_mib << 20,
     )
-    limit_of = {
-        "host->device": ("memcpy", memcpy, MEMORY_TARGET),
-        "device->host": ("memcpy", memcpy, MEMORY_TARGET),
+    disk_limit = {
         "host->disk": ("raw disk write", raw_write, DISK_TARGET),
         "disk->host": ("raw disk read", raw_read, DISK_TARGET),
     }
-    rows: list[BandwidthRow] = []
 
-    def add(path: str, via: str, batch: int, gbps: float, ok: bool) -> None:
-        rows.append(BandwidthRow(path, via, batch, gbps, *limit_of[path], ok))
+    def disk_row(path: str, via: str, batch: int, gbps: float, ok: bool) -> BandwidthRow:
+        return BandwidthRow(path, via, batch, gbps, *disk_limit[path], ok)
 
-    mover = "PageCopier job (mover)"
     try:
         copier = make_copier(2 * max(batches), store, args.seed)
-        for batch in batches:
-            to_device, to_host, ok = memory_gbps(copier, batch, args.reps, rng)
-            add("host->device", mover, batch, to_device, ok)
-            add("device->host", mover, batch, to_host, ok)
+        memcpy, memcpy_2t = limits["memcpy_gbps"], limits["memcpy_2t_gbps"]
+        assert isinstance(memcpy, float) and isinstance(memcpy_2t, float)
+        rows = memory_rows(copier, args.batches, args.reps, args.seed, (memcpy, memcpy_2t))
         for batch in batches:
             write, read, ok = mover_disk_gbps(copier, store, batch, args.reps, rng)
-            add("host->disk", mover, batch, write, ok)
-            add("disk->host", mover, batch, read, ok)
+            rows.append(disk_row("host->disk", MOVER, batch, write, ok))
+            rows.append(disk_row("disk->host", MOVER, batch, read, ok))
         stages = breakdown(copier, store, max(batches), args.reps, rng) if args.breakdown else {}
         del copier  # its pools: the aligned store data below needs the memory
         data = random_pages(store.num_slots, rng)  # (num_slots, *page_shape) bf16, aligned
@@ -171,31 +187,11 @@ def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
             via = f"DiskStore, aligned, {threads} caller(s)"
             for batch in batches:
                 write, read, ok = store_gbps(store, data, batch, threads, args.reps)
-                add("host->disk", via, batch, write, ok)
-                add("disk->host", via, batch, read, ok)
-        direct_io = store.direct_io
+                rows.append(disk_row("host->disk", via, batch, write, ok))
+                rows.append(disk_row("disk->host", via, batch, read, ok))
+        return rows, stages, store.direct_io
     finally:
         store.close()
-    return {
-        "machine": {"cpus": len(os.sched_getaffinity(0)), "dir": str(directory)},
-        "settings": {
-            "seed": args.seed,
-            "reps": args.reps,
-            "page_bytes": LAYOUT.page_bytes,
-            "store_config": ":".join(map(str, args.store_config)),
-            "quick": args.quick,
-        },
-        "limits": {
-            "memcpy_gbps": memcpy,
-            "xxh3_gbps": xxh3,
-            "raw_write_gbps": raw_write,
-            "raw_read_gbps": raw_read,
-            "raw_patterns": [asdict(r) for r in raw],
-        },
-        "store_direct_io": direct_io,
-        "rows": [row.to_json() for row in rows],
-        "breakdown": {"batch_pages": max(batches), "gbps": stages} if stages else None,
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,10 +4,14 @@ A job touches only the pages it was given (the engine thread pinned them) and re
 whether it arrived intact (a disk record that fails verification is False, never served).
 
   from    to      CPU device pool                    CUDA device pool
-  host    device  page by page, no staging           pinned staging -> device staging, scatter
-  device  host    page by page, no staging           gather -> pinned staging -> host pages
+  host    device  page by page, no staging, 2 threads  pinned staging -> device staging, scatter
+  device  host    page by page, no staging, 2 threads  gather -> pinned staging -> host pages
   *       disk    host run in place, else staging    (device: gather -> pinned staging)
   disk    *       host run in place, else staging    (device: staging -> device, scatter)
+
+On a CPU device pool, a host<->device job of `SPLIT_MIN_PAGES` pages or more shares its pages
+with one helper thread (page_rows: one thread reaches ~60-80% of memcpy on these strided copies,
+two reach ~100%); `copy_threads(n)` says how many threads a job of n pages uses.
 
 Staging is reused (per worker thread, see page_staging) and bounded: a staged transfer moves
 at most STAGE_BYTES at a time, double-buffered. A disk transfer overlaps its staging copies with
@@ -26,7 +30,7 @@ import torch
 from tieredkv.cache.device_pool import DevicePool
 from tieredkv.cache.executor import CopyJob
 from tieredkv.cache.host_pool import HostPool
-from tieredkv.cache.page_rows import PageRows, copy_pages, paired_runs
+from tieredkv.cache.page_rows import PageRows, copy_pages, copy_threads, paired_runs
 from tieredkv.cache.page_staging import StagingBuffers
 from tieredkv.cache.tier import Tier
 from tieredkv.kernels.backend import select_backend
@@ -35,8 +39,9 @@ if TYPE_CHECKING:
     from tieredkv.cache.disk_store import DiskRecord, DiskStore
 
 STAGE_BYTES = 32 << 20  # per staging buffer, two per worker thread: the store's own chunk size
-# Threads that run the store calls of disk jobs, shared by every copier in the process (a
-# store call never waits on this pool, so sharing cannot deadlock; a copier owns no threads).
+# Threads that run the store calls of disk jobs and the helper half of host<->device copies,
+# shared by every copier in the process (neither a store call nor a copy part ever waits on
+# this pool, so sharing cannot deadlock; a copier owns no threads).
 DISK_HELPERS = 8
 _helpers = ThreadPoolExecutor(DISK_HELPERS, thread_name_prefix="tkv-stage")  # threads on demand
 
@@ -59,7 +64,8 @@ class PageCopier:
     a job reads and writes only its own pages. Jobs may run on any number of threads at once.
 
     `staged=True` forces the CUDA data path (staging buffers, gather/scatter kernels) on a CPU
-    device pool too, so tests cover it on a machine without a GPU."""
+    device pool too, so tests cover it on a machine without a GPU. `split_copies=False` keeps
+    every host<->device job on its own thread (the bench measures both)."""
 
     def __init__(
         self,
@@ -67,6 +73,7 @@ class PageCopier:
         host_pool: HostPool,
         disk: DiskStore | None,
         staged: bool | None = None,
+        split_copies: bool = True,
     ) -> None:
         self.device_pool = device_pool
         self.host_pool = host_pool
@@ -80,6 +87,11 @@ class PageCopier:
         # the device pool seen page by page: only where it lives in CPU memory
         self._device_rows = None if self.staged else PageRows.layer_major(device_pool.kv)
         self._helpers = _helpers
+        self._copy_helper = _helpers if split_copies and not self.staged else None
+
+    def copy_threads(self, num_pages: int) -> int:
+        """Threads a host<->device job of `num_pages` pages copies on (1 or 2)."""
+        return copy_threads(num_pages, self._copy_helper)
 
     def job(
         self,
@@ -105,7 +117,7 @@ class PageCopier:
     ) -> list[bool]:
         assert len(src) == len(dst), f"{len(src)} source pages vs {len(dst)} destination pages"
         if self._device_rows is not None and Tier.DISK not in (src_tier, dst_tier):
-            copy_pages(self._rows(dst_tier), dst, self._rows(src_tier), src)
+            copy_pages(self._rows(dst_tier), dst, self._rows(src_tier), src, self._copy_helper)
             return [True] * len(src)
         if src_tier is Tier.DISK:
             return self._from_disk(src, records, dst_tier, dst)

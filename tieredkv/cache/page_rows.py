@@ -8,16 +8,35 @@ elements; only the axis that indexes pages differs:
 
 so any page moves between any two layouts with one strided `np.copyto`, and a run of pages that
 is consecutive on both sides moves with one call. numpy releases the GIL for these copies, so
-mover workers copy in parallel; the Python loop costs about a microsecond per run.
+threads copy in parallel; the Python loop costs about a microsecond per run.
+
+One thread cannot reach memcpy speed on these copies: every page is `layers * 2` separate runs
+of a few KiB (6 KiB for the default model), each a fresh stream for the hardware prefetcher,
+and the layer-major reads are the slowest (measured on the 2-core dev box, numpy memcpy at
+~18-21 GB/s: one thread ~16 GB/s into the device pool, ~12 GB/s out of it, whatever the visit
+order: per page, per layer row, blocks of pages x rows, staged through a cache-sized buffer, or
+torch copies instead of numpy; a wider element type changes nothing, numpy ends in memmove).
+Two threads overlap their misses and reach ~26 GB/s and ~20 GB/s, so a batch of at least
+`SPLIT_MIN_PAGES` pages is shared with one helper thread (`copy_pages(..., helper=...)`).
 """
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Executor
+
 import numpy as np
 import torch
 
+# A batch this large is shared with a helper thread: a hand-off costs tens of microseconds,
+# a page copy ~25 us, and the helper gains from 8 pages on (measured by `bench tiers`).
+SPLIT_MIN_PAGES = 8
+PART_PAGES = 4  # pages per claimed part: small enough that a late helper still balances
 
-def paired_runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
+Run = tuple[int, int, int]  # (src first page, dst first page, pages)
+
+
+def paired_runs(src: list[int], dst: list[int]) -> list[Run]:
     """(src start, dst start, length) of each maximal run where both src and dst go up by one."""
     assert len(src) == len(dst), f"{len(src)} source pages vs {len(dst)} destination pages"
     runs = []
@@ -70,12 +89,78 @@ class PageRows:
         return self._array[first : first + count]
 
 
-def copy_pages(dst: PageRows, dst_pages: list[int], src: PageRows, src_pages: list[int]) -> None:
+def copy_threads(num_pages: int, helper: Executor | None) -> int:
+    """How many threads `copy_pages` uses for a batch of `num_pages` pages."""
+    return 2 if helper is not None and num_pages >= SPLIT_MIN_PAGES else 1
+
+
+def copy_pages(
+    dst: PageRows,
+    dst_pages: list[int],
+    src: PageRows,
+    src_pages: list[int],
+    helper: Executor | None = None,
+) -> None:
     """dst page dst_pages[i] <- src page src_pages[i] for every i (dst pages distinct).
 
     Runs go in address order of the layer-major side, whose strided runs are the slow ones
-    (measured: about 15% faster than the given order for shuffled pages)."""
+    (measured: about 15% faster than the given order for shuffled pages). With a `helper`
+    executor and `copy_threads(...) == 2`, the caller and one helper task claim parts of
+    `PART_PAGES` pages in turn; returns once every part is copied. A helper task that has not
+    started when the caller runs out of parts is cancelled, so a busy pool never delays the copy.
+    """
     runs = paired_runs(src_pages, dst_pages)
     runs.sort(key=lambda run: run[0] if src.layer_major_layout else run[1])
+    if copy_threads(len(src_pages), helper) == 1:
+        _copy_runs(dst, src, runs)
+        return
+    assert helper is not None
+    parts = _PartQueue(_split(runs, PART_PAGES))
+
+    def drain() -> None:
+        while (part := parts.take()) is not None:
+            _copy_runs(dst, src, part)
+
+    helping = helper.submit(drain)
+    try:
+        drain()
+    finally:
+        if not helping.cancel():
+            helping.result()  # SYNC: the helper's last part is in place (or its error raised)
+
+
+def _copy_runs(dst: PageRows, src: PageRows, runs: list[Run]) -> None:
     for src_first, dst_first, count in runs:
         np.copyto(dst.span(dst_first, count), src.span(src_first, count))
+
+
+def _split(runs: list[Run], part_pages: int) -> list[list[Run]]:
+    """The runs, in order, cut into parts of `part_pages` pages (the last may be smaller)."""
+    parts: list[list[Run]] = [[]]
+    room = part_pages
+    for src_first, dst_first, count in runs:
+        done = 0
+        while done < count:
+            if room == 0:
+                parts.append([])
+                room = part_pages
+            take = min(room, count - done)
+            parts[-1].append((src_first + done, dst_first + done, take))
+            done += take
+            room -= take
+    return parts
+
+
+class _PartQueue:
+    """Parts handed out once each, to whichever thread asks first."""
+
+    def __init__(self, parts: list[list[Run]]) -> None:
+        self._parts = parts
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> list[Run] | None:
+        with self._lock:
+            index = self._next
+            self._next += 1
+        return self._parts[index] if index < len(self._parts) else None

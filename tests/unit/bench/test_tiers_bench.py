@@ -13,6 +13,7 @@ from tieredkv.bench.tier_copies import make_copier, memory_gbps, mover_disk_gbps
 from tieredkv.bench.tier_limits import raw_disk_gbps
 from tieredkv.bench.tier_store import LAYOUT
 from tieredkv.cache.disk_store import DiskStore
+from tieredkv.cache.page_rows import SPLIT_MIN_PAGES
 from tieredkv.cache.tier import Tier
 
 PATHS = {"host->device", "device->host", "host->disk", "disk->host"}
@@ -33,7 +34,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_limits_are_measured(report: dict) -> None:
     limits = report["limits"]
-    for name in ("memcpy_gbps", "xxh3_gbps", "raw_write_gbps", "raw_read_gbps"):
+    for name in ("memcpy_gbps", "memcpy_2t_gbps", "xxh3_gbps", "raw_write_gbps", "raw_read_gbps"):
         assert positive(limits[name]), name
     raw = limits["raw_patterns"]
     assert raw and limits["raw_read_gbps"] == max(r["read_gbps"] for r in raw)
@@ -57,6 +58,31 @@ def test_every_path_and_batch_has_a_verified_row(report: dict) -> None:
         assert row["meets_target"] == (row["share"] >= row["target"])
         want = "memcpy" if "device" in row["path"] else "raw disk"
         assert row["limit"].startswith(want)
+
+
+def test_memory_rows_say_how_many_threads_copied(report: dict) -> None:
+    memcpy_2t = report["limits"]["memcpy_2t_gbps"]
+    memory = [r for r in report["rows"] if "device" in r["path"]]
+    assert len(memory) == 2 * 2 * 2  # 2 paths x 2 batches x (as served, one thread only)
+    for row in memory:
+        one_thread_only = row["via"].endswith("1 thread only")
+        split = not one_thread_only and row["batch_pages"] >= SPLIT_MIN_PAGES
+        assert row["threads"] == (2 if split else 1), row
+        assert row["limit_2t_gbps"] == memcpy_2t
+        assert row["share_2t"] == pytest.approx(row["gbps"] / memcpy_2t)
+    for row in report["rows"]:
+        if "disk" in row["path"]:
+            assert row["threads"] == 1 and row["share_2t"] is None
+
+
+def test_memory_only_measures_no_disk(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "report.json"
+    assert tiers.main(["--quick", "--memory-only", "--dir", str(tmp_path), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["limits"]) == {"memcpy_gbps", "memcpy_2t_gbps"}
+    assert {r["path"] for r in report["rows"]} == {"host->device", "device->host"}
+    assert all(r["verified"] for r in report["rows"]) and report["store_direct_io"] is None
+    assert "store O_DIRECT n/a" in capsys.readouterr().out
 
 
 def test_breakdown_times_every_stage(report: dict) -> None:

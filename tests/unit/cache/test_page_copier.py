@@ -14,6 +14,7 @@ from tieredkv.cache.device_pool import DevicePool, PageLayout
 from tieredkv.cache.disk_store import DiskStore
 from tieredkv.cache.host_pool import HostPool
 from tieredkv.cache.page_copier import PageCopier
+from tieredkv.cache.page_rows import SPLIT_MIN_PAGES
 from tieredkv.cache.tier import Tier
 
 NUM_PAGES = 12
@@ -63,20 +64,22 @@ def layout(request: pytest.FixtureRequest) -> PageLayout:
 
 @pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize("stage_pages", [1, 3, 64])
+@pytest.mark.parametrize("count", [7, NUM_PAGES])  # 12 pages: shared with a helper thread
 def test_memory_jobs_move_every_byte_of_shuffled_pages(
-    layout: PageLayout, staged: bool, stage_pages: int
+    layout: PageLayout, staged: bool, stage_pages: int, count: int
 ) -> None:
     copier = _copier(layout, staged)
     copier.stage_pages = stage_pages  # chunked staging (the staged path) still moves all
-    host_pages, device_pages = _shuffled(7, seed=stage_pages)
+    host_pages, device_pages = _shuffled(count, seed=stage_pages)
+    assert copier.copy_threads(count) == (2 if count >= SPLIT_MIN_PAGES and not staged else 1)
     before = {page: _host_page(copier, page).clone() for page in range(NUM_PAGES)}
 
-    assert copier.job(Tier.HOST, Tier.DEVICE, host_pages, device_pages, [])() == [True] * 7
+    assert copier.job(Tier.HOST, Tier.DEVICE, host_pages, device_pages, [])() == [True] * count
     for host, device in zip(host_pages, device_pages, strict=True):
         assert torch.equal(_device_page(copier, device), _host_page(copier, host))
 
     _fill_random(copier.device_pool.kv, 3)
-    assert copier.job(Tier.DEVICE, Tier.HOST, device_pages, host_pages, [])() == [True] * 7
+    assert copier.job(Tier.DEVICE, Tier.HOST, device_pages, host_pages, [])() == [True] * count
     for host, device in zip(host_pages, device_pages, strict=True):
         assert torch.equal(_host_page(copier, host), _device_page(copier, device))
     for page in set(range(NUM_PAGES)) - set(host_pages):  # nothing else was touched

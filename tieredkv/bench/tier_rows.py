@@ -1,0 +1,63 @@
+"""The rows of `tieredkv bench tiers`: one measured path beside the limit it is judged against,
+and the host<->device rows, measured through the mover's copy jobs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from tieredkv.bench.tier_copies import memory_gbps
+from tieredkv.cache.page_copier import PageCopier
+
+DISK_TARGET = 0.80  # of the raw O_DIRECT bandwidth in the same direction
+MEMORY_TARGET = 0.70  # of numpy memcpy on one thread (the issue's limit)
+MOVER = "PageCopier job (mover)"
+
+
+@dataclass(frozen=True)
+class BandwidthRow:
+    """One measured path beside the limit it is judged against."""
+
+    path: str  # "host->device", "disk->host", ...
+    via: str  # the code path measured
+    batch_pages: int
+    gbps: float
+    limit: str  # "memcpy", "raw disk write", "raw disk read"
+    limit_gbps: float
+    target: float  # the share of the limit the issue asks for
+    verified: bool  # the bytes arrived intact
+    threads: int = 1  # threads the measured copy ran on
+    limit_2t_gbps: float | None = None  # the same limit measured on two threads, where known
+
+    @property
+    def share(self) -> float:
+        return self.gbps / self.limit_gbps
+
+    def to_json(self) -> dict[str, object]:
+        share_2t = None if self.limit_2t_gbps is None else self.gbps / self.limit_2t_gbps
+        return {
+            **asdict(self),
+            "share": self.share,
+            "share_2t": share_2t,
+            "meets_target": self.share >= self.target,
+        }
+
+
+def memory_rows(
+    copier: PageCopier, batches: list[int], reps: int, seed: int, memcpy: tuple[float, float]
+) -> list[BandwidthRow]:
+    """host<->device through the mover's jobs as the server runs them (shared with a helper
+    thread from SPLIT_MIN_PAGES pages on: `threads` says so), and the same jobs on one thread,
+    judged against `memcpy` = (one-thread, two-thread) GB/s."""
+    rng = np.random.default_rng(seed + 1)
+    one_thread = PageCopier(copier.device_pool, copier.host_pool, None, split_copies=False)
+    rows = []
+    for batch in batches:
+        for jobs, via in ((copier, MOVER), (one_thread, f"{MOVER}, 1 thread only")):
+            threads = jobs.copy_threads(batch)
+            to_device, to_host, ok = memory_gbps(jobs, batch, reps, rng)
+            for path, gbps in (("host->device", to_device), ("device->host", to_host)):
+                row = BandwidthRow(path, via, batch, gbps, "memcpy", memcpy[0], MEMORY_TARGET, ok)
+                rows.append(replace(row, threads=threads, limit_2t_gbps=memcpy[1]))
+    return rows
