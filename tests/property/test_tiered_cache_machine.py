@@ -31,6 +31,7 @@ from tieredkv.cache.page_key import page_key
 from tieredkv.cache.radix_tree import RadixNode
 from tieredkv.cache.testing import expected_pages, make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.token_run import PackedTokens
 from tieredkv.config import WritePolicy
 
 PAGE_SIZE = 2
@@ -192,10 +193,11 @@ class TieredCacheMachine(RuleBasedStateMachine):
         return running
 
     @precondition(lambda self: self.running)
-    @rule(data=st.data(), keep_lock=st.booleans())
-    def finish_request(self, data: st.DataObject, keep_lock: bool) -> None:
+    @rule(data=st.data(), keep_lock=st.booleans(), packed=st.booleans())
+    def finish_request(self, data: st.DataObject, keep_lock: bool, packed: bool) -> None:
         run = self._end_request(data)
-        result = self.cache.insert(run.tokens, run.namespace, run.page_table)
+        tokens = PackedTokens.from_ids(run.tokens) if packed else run.tokens
+        result = self.cache.insert(tokens, run.namespace, run.page_table)
         if result.num_pages and len(self.inserted) < 8:
             self.inserted.append((run.namespace, run.tokens[: result.num_pages * PAGE_SIZE]))
         assert result.device_pages[: len(run.page_table) - len(run.private)] == tuple(
@@ -222,9 +224,9 @@ class TieredCacheMachine(RuleBasedStateMachine):
         if run.lock is not None:
             self.cache.unlock(run.lock)
 
-    @rule(namespace=namespace_st, tokens=tokens_st, promote=st.booleans(), prefetch=st.booleans())
-    def match(self, namespace: str, tokens: list[int], promote: bool, prefetch: bool) -> None:
-        self._match(namespace, tokens, promote, prefetch)
+    @rule(namespace=namespace_st, tokens=tokens_st, promote=st.booleans(), flags=st.integers(0, 3))
+    def match(self, namespace: str, tokens: list[int], promote: bool, flags: int) -> None:
+        self._match(namespace, tokens, promote, prefetch=bool(flags & 1), packed=bool(flags & 2))
 
     @precondition(lambda self: self.inserted)
     @rule(data=st.data(), prefetch=st.booleans(), wait=st.booleans())
@@ -238,8 +240,11 @@ class TieredCacheMachine(RuleBasedStateMachine):
                 self.executor.complete(ticket)
             self._poll()
 
-    def _match(self, namespace: str, tokens: list[int], promote: bool, prefetch: bool) -> None:
-        match = self.cache.match(tokens, namespace)
+    def _match(
+        self, namespace: str, tokens: list[int], promote: bool, prefetch: bool, packed: bool = False
+    ) -> None:
+        """`packed`: the query is PackedTokens, not ids (the results must not differ)."""
+        match = self.cache.match(PackedTokens.from_ids(tokens) if packed else tokens, namespace)
         assert match.matched_len <= max(len(tokens) - 1, 0)
         assert match.matched_len % PAGE_SIZE == 0
         self._check_match(match, namespace, tokens)
@@ -316,7 +321,7 @@ class TieredCacheMachine(RuleBasedStateMachine):
             return
         node = data.draw(st.sampled_from(nodes))
         index = data.draw(st.integers(0, node.num_pages - 1))
-        slot, tokens = node.copies[Tier.DISK][index], node.page_tokens(index, PAGE_SIZE)
+        slot, tokens = node.copies[Tier.DISK][index], node.page_ids(index, PAGE_SIZE)
         record = DiskRecord(page_key(b"other chain" * 2, tokens), b"other chain" * 2, tokens)
         zeros = torch.zeros((1, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
         disk.write_pages([slot], [record], zeros)

@@ -4,9 +4,13 @@
 
 A real TieredCache on tiny pages (radix_phases), driven the way the engine drives it
 (radix_driver) by many users' multi-turn chats (radix_workload: 2.5k-3.5k-token prompts, page
-size 16). Reports match and insert p50 / p99 in µs (each call timed alone), lock and unlock,
-the cost of one eviction on a full device, and match cost as the tree grows. Beside them,
-SGLang's pure-Python RadixCache as measured on this machine by the issue's author.
+size 16). Each request arrives as a new list of ints (as from a tokenizer) and is packed once
+into int32 bytes, as the engine does; match and insert take the packed tokens. Reports the
+packing ("pack"), match and insert p50 / p99 in µs (each call timed alone), lock and unlock, the
+cost of one eviction on a full device, and match cost as the tree grows. Beside them, SGLang's
+pure-Python RadixCache as measured on this machine by the issue's author (its match takes the
+list of ints each call: compare it with pack + match), and two floors measured in the same run:
+one comparison of a 3k-token prompt as ints, and packing it plus one memcmp.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from tieredkv.bench.radix_limits import compare_floor_us, cpu_share
+from tieredkv.bench.radix_limits import compare_floor_us, cpu_share, packed_floor_us
 from tieredkv.bench.radix_phases import chat_calls, eviction_cost, match_scaling
 from tieredkv.bench.radix_profile import profile_calls
 
@@ -37,11 +41,6 @@ def _parser() -> argparse.ArgumentParser:
     add("--samples", type=int, default=2000, help="matches timed at each tree size")
     add("--seed", type=int, default=0)
     add("--json", type=Path, default=None, metavar="PATH", help="also write the report here")
-    add(
-        "--shared-ints",
-        action="store_true",
-        help="requests reuse the workload's int objects (identity compares: flatters the tree)",
-    )
     add("--profile", action="store_true", help="then profile match and insert (cProfile)")
     add("--quick", action="store_true", help="tiny sizes, for tests (figures meaningless)")
     return parser
@@ -50,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
 def measure(args: argparse.Namespace) -> dict[str, object]:
     share_before = cpu_share()
     floor = compare_floor_us(3000, 200, args.seed)
-    chat, cache = chat_calls(args.users, args.active, args.seed, fresh=not args.shared_ints)
+    packed_floor = packed_floor_us(3000, 200, args.seed)
+    chat, cache = chat_calls(args.users, args.active, args.seed)
     eviction = eviction_cost(cache, args.evictions, args.evict_batch)
     del cache
     nodes = [int(n) for n in args.nodes.split(",")]
@@ -61,6 +61,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
             "cpu_share_before": share_before,
             "cpu_share_after": cpu_share(),
             "compare_floor_3k_tokens_us": floor,
+            "packed_floor_3k_tokens_us": packed_floor,
         },
         "settings": {"seed": args.seed, "page_size": 16, "quick": args.quick},
         "sglang_reference_us": {"match": SGLANG_MATCH_US, "insert": SGLANG_INSERT_US},
@@ -84,7 +85,8 @@ def print_report(report: dict) -> None:
         )
     print(
         f"{machine['cpus']} CPUs; floor: one comparison of a 3k-token prompt with a stored "
-        f"copy takes {machine['compare_floor_3k_tokens_us']:.1f} µs here"
+        f"copy takes {machine['compare_floor_3k_tokens_us']:.1f} µs here; packing it and one "
+        f"memcmp with a packed copy {machine['packed_floor_3k_tokens_us']:.1f} µs"
     )
     ref = report["sglang_reference_us"]
     prompts = chat["prompt_tokens"]
@@ -92,11 +94,11 @@ def print_report(report: dict) -> None:
         f"{chat['users']} users ({chat['active_users']} at once), {chat['turns']} turns, "
         f"prompts {prompts['min']}-{prompts['max']} tokens (mean {prompts['mean']:.0f}), "
         f"tree {chat['tree_nodes']} nodes / {chat['tree_pages']} pages, "
-        f"integrity {'ok' if chat['integrity_ok'] else 'FAILED'}, tokens as "
-        + ("new int objects per request" if chat["fresh_token_objects"] else "shared int objects")
+        f"integrity {'ok' if chat['integrity_ok'] else 'FAILED'}; each prompt arrives as new "
+        "int objects and is packed once (pack), match and insert take it packed"
     )
     print(f"{'call':<10}{'count':>8}{'p50 µs':>9}{'p99 µs':>9}{'mean µs':>9}{'SGLang µs':>11}")
-    for name in ("match", "insert", "lock", "unlock"):
+    for name in ("pack", "match", "insert", "lock", "unlock"):
         s = chat[name]
         sglang = f"{ref[name]:>11.0f}" if name in ref else ""
         print(

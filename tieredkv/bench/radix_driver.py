@@ -1,14 +1,15 @@
 """Drives a TieredCache with chat turns the way the engine does (engine/request_pages.py).
 
-Per turn: match on arrival; match again at admission and lock the matched path; allocate
-private device pages for the rest of the sequence; after each prefill chunk insert the prompt's
-full pages (lock the new deepest node, unlock the old one, free duplicates); at finish insert
+Per turn: pack the prompt (a request arrives as a new list of ints, as a tokenizer hands it
+out; the engine packs it once, engine/request.py); match on arrival; match again at admission
+and lock the matched path; allocate private device pages for the rest of the sequence; after
+each prefill chunk insert the prompt's full pages (lock the new deepest node, unlock the old
+one, free duplicates); append the output tokens one by one as decode would; at finish insert
 prompt + output[:-1] (the last sampled token has no KV), free the private pages, unlock.
 
-Every match, insert, lock and unlock is timed alone (perf_counter_ns); slicing the tokens and
-the page table happens outside the timed call, as it does in the engine. Each request gets its
-own int objects for its tokens, as a tokenizer hands them out: comparing them with the tree's
-compares values, never just identities (which would flatter the tree).
+The packing, every match, insert, lock and unlock is timed alone (perf_counter_ns); slicing the
+tokens and the page table and appending generated tokens happen outside the timed calls, as in
+the engine. Match and insert take the packed tokens, as the engine passes them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from tieredkv.bench.radix_workload import ChatTurn
 from tieredkv.cache.radix_node import RadixNode
 from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.cache.token_run import PackedTokens, TokenPacker
 
 T = TypeVar("T")
 Timer = Callable[..., Any]  # (samples, call, *args) -> call(*args)
@@ -32,21 +34,29 @@ PREFILL_CHUNK_TOKENS = 2048  # EngineConfig.max_batch_tokens: prefill inserts at
 
 @dataclass
 class CallTimes:
-    """Nanoseconds per call, by TieredCache method."""
+    """Nanoseconds per call, by TieredCache method; `pack`: packing a prompt at arrival."""
 
+    pack: list[int] = field(default_factory=list)
     match: list[int] = field(default_factory=list)
     insert: list[int] = field(default_factory=list)
     lock: list[int] = field(default_factory=list)
     unlock: list[int] = field(default_factory=list)
 
     def clear(self) -> None:
-        for samples in (self.match, self.insert, self.lock, self.unlock):
+        for samples in (self.pack, self.match, self.insert, self.lock, self.unlock):
             samples.clear()
 
 
 def fresh_tokens(tokens: list[int]) -> list[int]:
     """The same token ids as new int objects (a tokenizer's output for a new request)."""
     return np.asarray(tokens, dtype=np.int64).tolist()
+
+
+def pack_prompt(ids: list[int]) -> TokenPacker:
+    """A request's tokens at arrival: its prompt, packed once (engine/request.py does the same)."""
+    packer = TokenPacker(ids)
+    packer.packed()
+    return packer
 
 
 def timed(samples: list[int], call: Callable[..., T], *args: object) -> T:
@@ -58,7 +68,7 @@ def timed(samples: list[int], call: Callable[..., T], *args: object) -> T:
 
 @dataclass
 class _Request:
-    tokens: list[int]
+    tokens: PackedTokens
     page_table: list[int]
     tree_pages: int  # page_table[:tree_pages] belong to the tree, the rest are private
     locked: RadixNode | None
@@ -66,12 +76,10 @@ class _Request:
 
 class ChatDriver:
     """Runs turns against `cache` (a device-only cache large enough for them: the benchmark
-    times the tree, not eviction) in one namespace. `fresh`: new int objects per request (see
-    the module docstring); off, the workload's shared ints are inserted (a big tree, small)."""
+    times the tree, not eviction) in one namespace."""
 
-    def __init__(self, cache: TieredCache, namespace: str = "default", fresh: bool = True) -> None:
+    def __init__(self, cache: TieredCache, namespace: str = "default") -> None:
         self.cache = cache
-        self.fresh = fresh
         self.namespace = namespace
         self.page_size = cache.page_size
         self.times = CallTimes()
@@ -79,17 +87,16 @@ class ChatDriver:
 
     def run(self, turn: ChatTurn) -> None:
         cache, times, ps = self.cache, self.times, self.page_size
-        tokens = turn.prompt + turn.output[:-1]  # what will have KV at finish
-        if self.fresh:
-            tokens = fresh_tokens(tokens)
-        prompt = tokens[: len(turn.prompt)]
+        packer = self.timer(times.pack, pack_prompt, fresh_tokens(turn.prompt))  # arrival
+        prompt = packer.packed()
         self.timer(times.match, cache.match, prompt, self.namespace)  # on arrival
         match = self.timer(times.match, cache.match, prompt, self.namespace)  # admission
         assert match.num_pages == match.device.num_pages, "a device-only cache matched lower"
         if match.last_node is not None:
             self.timer(times.lock, cache.lock, match.last_node)
-        request = _Request(tokens, list(match.device.pages), match.num_pages, match.last_node)
-        needed = -(-len(request.tokens) // ps) - len(request.page_table)
+        request = _Request(prompt, list(match.device.pages), match.num_pages, match.last_node)
+        num_tokens = len(turn.prompt) + len(turn.output) - 1  # what will have KV at finish
+        needed = -(-num_tokens // ps) - len(request.page_table)
         pages = cache.allocate(needed)
         assert pages is not None, f"device too small for {needed} more pages"
         request.page_table.extend(pages)
@@ -97,7 +104,10 @@ class ChatDriver:
         while kv_len < len(prompt):  # prefill, chunk by chunk
             kv_len = min(kv_len + PREFILL_CHUNK_TOKENS, len(prompt))
             self._insert(request, kv_len)
-        self._insert(request, len(request.tokens))  # finish
+        for token in fresh_tokens(turn.output[:-1]):  # decode: one token per step
+            packer.append(token)
+        request.tokens = packer.packed()
+        self._insert(request, num_tokens)  # finish
         cache.free(request.page_table[request.tree_pages :])
         if request.locked is not None:
             self.timer(times.unlock, cache.unlock, request.locked)

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from tieredkv.bench.radix_driver import ChatDriver, fresh_tokens, timed
+from tieredkv.bench.radix_driver import ChatDriver, fresh_tokens, pack_prompt, timed
 from tieredkv.bench.radix_workload import ChatShape, ChatWorkload
 from tieredkv.cache.device_pool import PageLayout
 from tieredkv.cache.executor import ManualTransferExecutor
@@ -57,15 +57,13 @@ def summary(samples_ns: list[int]) -> dict[str, float]:
     }
 
 
-def chat_calls(
-    users: int, active: int, seed: int, fresh: bool = True
-) -> tuple[dict[str, object], TieredCache]:
-    """Every TieredCache call of `users` whole conversations, timed. The device holds them all
-    (no eviction during the run). `fresh`: each request's tokens are new int objects (see
-    ChatDriver). Returns the report and the cache, full of their pages."""
+def chat_calls(users: int, active: int, seed: int) -> tuple[dict[str, object], TieredCache]:
+    """Every TieredCache call of `users` whole conversations, timed, and the packing of each
+    prompt. The device holds them all (no eviction during the run). Returns the report and the
+    cache, full of their pages."""
     workload = ChatWorkload(seed, active)
     cache = tiny_cache(users * pages_per_user(workload.shape) + pages_per_user(workload.shape))
-    driver = ChatDriver(cache, fresh=fresh)
+    driver = ChatDriver(cache)
     prompt_lens: list[int] = []
     gc.collect()
     for turn in workload.turns(max_users=users):
@@ -75,7 +73,6 @@ def chat_calls(
     report = {
         "users": users,
         "active_users": active,
-        "fresh_token_objects": fresh,
         "turns": len(prompt_lens),
         "prompt_tokens": {
             "min": min(prompt_lens),
@@ -87,7 +84,7 @@ def chat_calls(
         "integrity_ok": integrity.ok,
         **{
             name: summary(getattr(driver.times, name))
-            for name in ("match", "insert", "lock", "unlock")
+            for name in ("pack", "match", "insert", "lock", "unlock")
         },
     }
     return report, cache
@@ -127,13 +124,12 @@ def match_scaling(
 ) -> list[dict[str, object]]:
     """Match cost as the tree grows: the chat workload runs (untimed) until the tree has each
     of `node_counts` nodes, then `samples` past prompts, drawn uniformly from every turn so far
-    (reservoir sampling), are matched and timed (each as new int objects, as a tokenizer gives
-    them; the conversations themselves keep shared ints, so a 100k-node tree stays small)."""
+    (reservoir sampling), are packed (untimed) and matched (timed), as the engine matches."""
     workload = ChatWorkload(seed + 1, active)
     nodes_per_user = 6  # fewer than seen (about 8: a document, then two per turn)
     users_bound = max(node_counts) // nodes_per_user + active
     cache = tiny_cache(users_bound * pages_per_user(workload.shape))
-    driver = ChatDriver(cache, fresh=False)
+    driver = ChatDriver(cache)
     picker = random.Random(seed)
     reservoir: list[list[int]] = []
     turns = workload.turns(max_users=users_bound)
@@ -152,7 +148,7 @@ def match_scaling(
         gc.collect()
         match_ns: list[int] = []
         for past in picker.choices(reservoir, k=samples):
-            prompt = fresh_tokens(past)
+            prompt = pack_prompt(fresh_tokens(past)).packed()
             start = time.perf_counter_ns()
             cache.match(prompt)
             match_ns.append(time.perf_counter_ns() - start)

@@ -5,7 +5,8 @@
   - every lock count equals its live holders plus its children's counts;
   - closure: for each tier T, nodes with a copy in T or faster (in flight counted) are closed
     under "parent of"; so are nodes with a disk copy; committed copies likewise;
-  - each node's pages, keys and tokens agree (keys chain from the namespace root);
+  - each node's pages, keys and tokens agree (keys chain from the namespace root, computed
+    from the token ids the packed run decodes to);
   - a transfer's source copy stays committed until its bytes arrive, and an arrived copy is
     committed as soon as its parent's copy allows.
 It walks the whole tree: for tests and the debug endpoint, never the hot path.
@@ -21,6 +22,7 @@ from tieredkv.cache.page_key import page_key
 from tieredkv.cache.radix_tree import RadixNode
 from tieredkv.cache.residency import parent_committed
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.token_run import TOKEN_BYTES
 
 if TYPE_CHECKING:
     from tieredkv.cache.tiered_cache import TieredCache
@@ -59,13 +61,15 @@ def _live_parts(cache: TieredCache) -> list[TransferPart]:
 def _check_node(cache: TieredCache, node: RadixNode, problems: list[str]) -> None:
     ps, parent = cache.page_size, node.parent
     assert parent is not None
-    if len(node.tokens) != node.num_pages * ps or node.num_pages == 0:
-        problems.append(f"{node}: {len(node.tokens)} tokens for {node.num_pages} pages")
-    if parent.children.get(node.page_tokens(0, ps)) is not node or not node.attached:
+    if node.num_tokens * TOKEN_BYTES != len(node.packed) or node.num_pages == 0:
+        problems.append(f"{node}: {len(node.packed)} bytes of tokens, {node.num_pages} pages")
+    if node.num_tokens != node.num_pages * ps:
+        problems.append(f"{node}: {node.num_tokens} tokens for {node.num_pages} pages")
+    if parent.children.get(node.page_packed(0, ps)) is not node or not node.attached:
         problems.append(f"{node}: not reachable from its parent")
     keys = [parent.keys[-1] if parent.keys else parent.root_key, *node.keys]
     for i in range(node.num_pages):
-        if keys[i + 1] != page_key(keys[i], node.page_tokens(i, ps)):
+        if keys[i + 1] != page_key(keys[i], node.page_ids(i, ps)):
             problems.append(f"{node}: page {i} key does not chain")
     for tier, pages in node.copies.items():
         if len(pages) != node.num_pages:

@@ -14,6 +14,7 @@ from tieredkv.cache.page_key import namespace_root_key
 from tieredkv.cache.radix_tree import RadixNode
 from tieredkv.cache.residency import parent_committed
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.token_run import TOKEN_BYTES, TokenSequence, packed_bytes
 
 if TYPE_CHECKING:
     from tieredkv.cache.tiered_cache import TieredCache
@@ -23,9 +24,9 @@ _NO_SEGMENT = {tier: MatchSegment(tier) for tier in _TIERS}  # immutable: shared
 
 
 def _walk_exact(
-    cache: TieredCache, root: RadixNode, tokens: Sequence[int], max_pages: int, first_page: int = 0
+    cache: TieredCache, root: RadixNode, query: bytes, max_pages: int, first_page: int = 0
 ) -> list[RadixNode]:
-    walked = cache.tree.walk(root, tokens, max_pages, first_page)
+    walked = cache.tree.walk(root, query, max_pages, first_page)
     nodes = [node for node, _ in walked]
     if walked and walked[-1][1] < walked[-1][0].num_pages:
         node, count = walked[-1]
@@ -42,40 +43,36 @@ def _touch(cache: TieredCache, nodes: list[RadixNode]) -> None:
     cache.access_clock += len(nodes)
 
 
-def match_prefix(cache: TieredCache, tokens: Sequence[int], namespace: str) -> MatchResult:
+def match_prefix(cache: TieredCache, tokens: TokenSequence, namespace: str) -> MatchResult:
+    query = packed_bytes(tokens)
+    num_tokens = len(query) // TOKEN_BYTES
     key = namespace_root_key(cache.fingerprint, namespace)
-    max_pages = max(len(tokens) - 1, 0) // cache.page_size
+    max_pages = max(num_tokens - 1, 0) // cache.page_size
     root = cache.tree.root(key, create=False)
-    nodes: list[RadixNode] = []
-    if cache.config.enable_prefix_reuse and root is not None and max_pages > 0:
-        for node in _walk_exact(cache, root, tokens, max_pages):
-            if not node.copies:
-                break  # emptied by a failed read, kept only by a lock: a miss from here
-            nodes.append(node)
-        _touch(cache, nodes)
-    by_tier: dict[Tier, tuple[list[RadixNode], list[int]]] = {}
+    if not (cache.config.enable_prefix_reuse and root is not None and max_pages > 0):
+        return MatchResult(key, num_tokens, cache.page_size, *_NO_SEGMENT.values(), None)
+    # group the path by serving tier (its fastest copy): device nodes, then host, then disk
+    nodes: tuple[list[RadixNode], ...] = ([], [], [])
+    pages: tuple[list[int], ...] = ([], [], [])
+    matched: list[RadixNode] = []
     previous = Tier.DEVICE
-    for node in nodes:
-        tier = min(node.copies)  # its fastest copy (`node.copies` is not empty)
+    for node in _walk_exact(cache, root, query, max_pages):
+        copies = node.copies
+        if not copies:
+            break  # emptied by a failed read, kept only by a lock: a miss from here
+        tier = min(copies)
         assert tier >= previous, f"match tiers out of order at {node}"
         previous = tier
-        group = by_tier.get(tier)
-        if group is None:
-            group = by_tier[tier] = ([], [])
-        group[0].append(node)
-        group[1].extend(node.copies[tier])
+        nodes[tier].append(node)
+        pages[tier].extend(copies[tier])
+        matched.append(node)
+    _touch(cache, matched)
     segments = [
-        MatchSegment(t, tuple(group[0]), tuple(group[1]))
-        if (group := by_tier.get(t))
-        else _NO_SEGMENT[t]
+        MatchSegment(t, tuple(nodes[t]), tuple(pages[t])) if nodes[t] else _NO_SEGMENT[t]
         for t in _TIERS
     ]
     return MatchResult(
-        key,
-        len(tokens),
-        cache.page_size,
-        *segments,
-        last_node=nodes[-1] if nodes else None,
+        key, num_tokens, cache.page_size, *segments, matched[-1] if matched else None
     )
 
 
@@ -99,20 +96,21 @@ def _start_path(
 
 def insert_pages(
     cache: TieredCache,
-    tokens: Sequence[int],
+    tokens: TokenSequence,
     namespace: str,
     device_pages: Sequence[int],
     start_node: RadixNode | None = None,
     start_pages: int = 0,
 ) -> InsertResult:
-    ps = cache.page_size
-    num_pages = min(len(tokens) // ps, len(device_pages))
+    query = packed_bytes(tokens)
+    page_bytes = cache.tree.page_bytes
+    num_pages = min(len(query) // page_bytes, len(device_pages))
     if not cache.config.enable_prefix_reuse or num_pages == 0:
         return InsertResult(0, 0, None, (), ())
     root = cache.tree.root(namespace_root_key(cache.fingerprint, namespace), create=True)
     assert root is not None
     existing = _start_path(root, start_node, start_pages, num_pages)
-    existing += _walk_exact(cache, start_node or root, tokens, num_pages, start_pages)
+    existing += _walk_exact(cache, start_node or root, query, num_pages, start_pages)
     tree_pages: list[int] = []
     duplicates: list[int] = []
     covered = 0
@@ -141,7 +139,7 @@ def insert_pages(
         parent = deepest or root
         new_pages = list(device_pages[covered:num_pages])
         _take(cache, new_pages)
-        deepest = cache.tree.add_child(parent, tokens[covered * ps : num_pages * ps])
+        deepest = cache.tree.add_child(parent, query[covered * page_bytes : num_pages * page_bytes])
         deepest.set_copy(Tier.DEVICE, new_pages)
         tree_pages.extend(new_pages)
         covered = num_pages

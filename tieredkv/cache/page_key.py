@@ -46,8 +46,13 @@ def token_bytes(tokens: Sequence[int]) -> bytes:
 def chain_keys(parent_key: bytes, tokens: Sequence[int], page_size: int) -> list[bytes]:
     """Keys of the consecutive full pages of `tokens` under `parent_key` (equal, page by
     page, to chaining `page_key`); the tokens are converted to bytes once."""
+    return chain_packed_keys(parent_key, token_bytes(tokens), page_size)
+
+
+def chain_packed_keys(parent_key: bytes, packed: bytes, page_size: int) -> list[bytes]:
+    """`chain_keys` of tokens already packed by `token_bytes`."""
     keys = []
-    data = memoryview(token_bytes(tokens))
+    data = memoryview(packed)
     step = 4 * page_size
     for start in range(0, len(data) - step + 1, step):
         h = _PAGE_HASH.copy()

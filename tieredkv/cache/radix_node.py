@@ -1,6 +1,7 @@
 """A radix tree node: a run of whole pages, its copies per tier and its transfers in flight.
 
-A node holds page-aligned tokens, one chained key per page and, per tier, the page ids of its
+A node holds page-aligned tokens (packed: int32 little-endian bytes, see `token_run`), one
+chained key per page and, per tier, the page ids of its
 copy there (`copies`) and the transfer in flight towards a tier (`inflight`). Copies and
 transfers change only through `set_copy`/`pop_copy`/`set_inflight`/`pop_inflight`, which keep
 the parent's per-rank child counts, so evictability checks are O(1) whatever the fan-out.
@@ -8,14 +9,15 @@ the parent's per-rank child counts, so evictability checks are O(1) whatever the
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING
 
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.token_run import TOKEN_BYTES
 
 if TYPE_CHECKING:
     from tieredkv.cache.mover import TransferPart
 
-PageTokens = tuple[int, ...]
 NO_COPY = 3  # the closure rank of a node with no copy and nothing in flight
 
 
@@ -32,20 +34,20 @@ class RadixNode:
         "keys",
         "last_access",
         "lock_count",
+        "packed",
         "parent",
         "root_key",
         "stamps",
-        "tokens",
     )
 
     def __init__(
-        self, parent: RadixNode | None, tokens: PageTokens, keys: list[bytes], root_key: bytes
+        self, parent: RadixNode | None, packed: bytes, keys: list[bytes], root_key: bytes
     ) -> None:
         self.parent = parent
-        self.tokens = tokens
+        self.packed = packed  # its tokens, int32 little-endian (TOKEN_BYTES per token)
         self.keys = keys  # one chained page key per page
         self.root_key = root_key  # the namespace root's key
-        self.children: dict[PageTokens, RadixNode] = {}
+        self.children: dict[bytes, RadixNode] = {}  # by their first page's packed tokens
         self.copies: dict[Tier, list[int]] = {}  # committed copies: page ids per tier
         self.inflight: dict[Tier, TransferPart] = {}  # copies on their way, by destination tier
         self.lock_count = 0
@@ -75,8 +77,18 @@ class RadixNode:
         assert self.parent is not None, "a namespace root has no parent key"
         return self.parent.keys[-1] if self.parent.keys else self.parent.root_key
 
-    def page_tokens(self, index: int, page_size: int) -> PageTokens:
-        return self.tokens[index * page_size : (index + 1) * page_size]
+    @property
+    def num_tokens(self) -> int:
+        return len(self.packed) // TOKEN_BYTES
+
+    def page_packed(self, index: int, page_size: int) -> bytes:
+        """Page `index`'s tokens, packed (a first page is its key in the parent's children)."""
+        page_bytes = page_size * TOKEN_BYTES
+        return self.packed[index * page_bytes : (index + 1) * page_bytes]
+
+    def page_ids(self, index: int, page_size: int) -> tuple[int, ...]:
+        """Page `index`'s token ids (disk records store ids)."""
+        return struct.unpack(f"<{page_size}i", self.page_packed(index, page_size))
 
     def fastest_copy(self) -> Tier | None:
         """The tier that serves this node now (its fastest committed copy), None if none."""

@@ -2,15 +2,18 @@
 
 The tree keeps the shape consistent (split, merge, attach, detach, lock counts on the path);
 which copies exist and move is decided by `TieredCache`. Not thread-safe: the engine thread owns
-it. Children are keyed by the tokens of their first page, so matching never hashes.
+it. Nodes hold their tokens packed (int32 little-endian bytes, `token_run`): a node's run
+compares with a query in one memcmp. Children are keyed by their first page's packed tokens, so
+matching never computes a page key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
-from tieredkv.cache.page_key import chain_keys
-from tieredkv.cache.radix_node import NO_COPY, PageTokens, RadixNode
+from tieredkv.cache.page_key import chain_packed_keys
+from tieredkv.cache.radix_node import NO_COPY, RadixNode
+from tieredkv.cache.token_run import TOKEN_BYTES
 
 __all__ = ["RadixNode", "RadixTree"]
 
@@ -20,74 +23,55 @@ class RadixTree:
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
+        self.page_bytes = page_size * TOKEN_BYTES  # a page's packed tokens
         self.roots: dict[bytes, RadixNode] = {}
         self.num_nodes = 0  # excluding namespace roots
 
     def root(self, root_key: bytes, create: bool) -> RadixNode | None:
         node = self.roots.get(root_key)
         if node is None and create:
-            node = RadixNode(None, (), [], root_key)
+            node = RadixNode(None, b"", [], root_key)
             self.roots[root_key] = node
         return node
 
     def walk(
-        self, root: RadixNode, tokens: Sequence[int], max_pages: int, first_page: int = 0
+        self, root: RadixNode, query: bytes, max_pages: int, first_page: int = 0
     ) -> list[tuple[RadixNode, int]]:
         """The matched path as (node, pages matched in it); only the last may be partial.
 
-        Walks pages `first_page` to `max_pages` of `tokens` down from `root` (a namespace root,
-        or the node the first `first_page` pages end at). Each node's run is compared with the
-        query in one comparison; only a node where they diverge is searched (by halving) for
-        its first differing page."""
-        ps = self.page_size
-        start, end = first_page * ps, min(max_pages, len(tokens) // ps) * ps
-        # one conversion (slices of a tuple compare with the nodes' tuples): from the root the
-        # whole list (tuple(list) copies once, tuple(list[:end]) twice), else the part walked
-        query = tuple(tokens) if start == 0 else tuple(tokens[start:end])
-        pos, end = 0, end - start  # positions in `query`
+        Walks pages `first_page` to `max_pages` of `query` (packed tokens, `token_run`) down
+        from `root` (a namespace root, or the node the first `first_page` pages end at). Each
+        node's run is compared with the query in one memcmp; only a node where they diverge
+        is searched (by halving) for its first differing page. Positions count bytes."""
+        step = self.page_bytes
+        pos, end = first_page * step, min(max_pages, len(query) // step) * step
         path: list[tuple[RadixNode, int]] = []
         node = root
         while pos < end:
-            child = node.children.get(query[pos : pos + ps])
+            child = node.children.get(query[pos : pos + step])
             if child is None:
                 break
-            run = child.tokens
-            length = min(len(run), end - pos)
-            if query[pos : pos + length] == (run if length == len(run) else run[:length]):
-                count = length // ps
-            else:  # pages [0, low) are equal; the first differing page is in [low, high)
-                low, high = 1, length // ps
-                while high - low > 1:
-                    mid = (low + high) // 2
-                    if query[pos + low * ps : pos + mid * ps] == run[low * ps : mid * ps]:
-                        low = mid
-                    else:
-                        high = mid
-                count = low
-            path.append((child, count))
-            if count < child.num_pages:
+            run = child.packed
+            if pos + len(run) > end or not query.startswith(run, pos):
+                path.append((child, _equal_pages(query, pos, end, run, step)))  # a part of it
                 break
-            node, pos = child, pos + count * ps
+            path.append((child, len(run) // step))  # the whole node
+            node, pos = child, pos + len(run)
         return path
 
-    def add_child(self, parent: RadixNode, tokens: Sequence[int]) -> RadixNode:
-        """Attach a new node holding `tokens` (whole pages) under `parent`; keys are chained."""
-        assert tokens and len(tokens) % self.page_size == 0, f"{len(tokens)} tokens"
+    def add_child(self, parent: RadixNode, packed: bytes) -> RadixNode:
+        """Attach a new node holding `packed` (whole pages) under `parent`; keys are chained."""
+        assert packed and len(packed) % self.page_bytes == 0, f"{len(packed)} bytes"
         parent_key = parent.keys[-1] if parent.keys else parent.root_key
-        node = RadixNode(
-            parent, tuple(tokens), chain_keys(parent_key, tokens, self.page_size), parent.root_key
-        )
-        first = node.page_tokens(0, self.page_size)
+        keys = chain_packed_keys(parent_key, packed, self.page_size)
+        return self.attach(parent, packed, keys)
+
+    def attach(self, parent: RadixNode, packed: bytes, keys: list[bytes]) -> RadixNode:
+        """Attach a node whose keys are already known (warm restart)."""
+        node = RadixNode(parent, packed, keys, parent.root_key)
+        first = packed[: self.page_bytes]
         assert first not in parent.children, "a child with this first page already exists"
         parent.children[first] = node
-        parent.child_ranks[NO_COPY] += 1
-        self.num_nodes += 1
-        return node
-
-    def attach(self, parent: RadixNode, tokens: PageTokens, keys: list[bytes]) -> RadixNode:
-        """Attach a node whose keys are already known (warm restart)."""
-        node = RadixNode(parent, tokens, keys, parent.root_key)
-        parent.children[node.page_tokens(0, self.page_size)] = node
         parent.child_ranks[NO_COPY] += 1
         self.num_nodes += 1
         return node
@@ -100,20 +84,18 @@ class RadixTree:
         """
         assert 0 < num_pages < node.num_pages, f"split {num_pages} of {node.num_pages}"
         assert node.parent is not None
-        ps = self.page_size
-        head = RadixNode(
-            node.parent, node.tokens[: num_pages * ps], node.keys[:num_pages], node.root_key
-        )
+        cut, step = num_pages * self.page_bytes, self.page_bytes
+        head = RadixNode(node.parent, node.packed[:cut], node.keys[:num_pages], node.root_key)
         head.copies = {tier: pages[:num_pages] for tier, pages in node.copies.items()}
         node.copies = {tier: pages[num_pages:] for tier, pages in node.copies.items()}
         head.inflight = {t: part.split_head(num_pages, head) for t, part in node.inflight.items()}
         head.lock_count = node.lock_count
         head.last_access = node.last_access
-        node.parent.children[head.page_tokens(0, ps)] = head
-        node.tokens = node.tokens[num_pages * ps :]
+        node.parent.children[head.packed[:step]] = head
+        node.packed = node.packed[cut:]
         node.keys = node.keys[num_pages:]
         node.parent = head
-        head.children[node.page_tokens(0, ps)] = node
+        head.children[node.packed[:step]] = node
         rank, on_disk = node.rank()  # the parent's counts stand: head has the node's rank
         head.child_ranks[rank] = 1
         head.children_on_disk = int(on_disk)
@@ -133,12 +115,12 @@ class RadixTree:
         """Fold `node` into its only child (which survives, longer); `node` is detached."""
         assert self.can_merge(node) and node.parent is not None
         child = next(iter(node.children.values()))
-        child.tokens = node.tokens + child.tokens
+        child.packed = node.packed + child.packed
         child.keys = node.keys + child.keys
         child.copies = {tier: node.copies[tier] + pages for tier, pages in child.copies.items()}
         child.last_access = max(child.last_access, node.last_access)
         child.parent = node.parent
-        node.parent.children[child.page_tokens(0, self.page_size)] = child
+        node.parent.children[child.packed[: self.page_bytes]] = child
         node.children = {}
         node.attached = False
         self.num_nodes -= 1
@@ -148,7 +130,7 @@ class RadixTree:
         """Detach a childless node (its copies must already be freed)."""
         assert not node.children and node.parent is not None, "remove a leaf only"
         assert not node.copies and not node.inflight, f"remove {node} with copies"
-        del node.parent.children[node.page_tokens(0, self.page_size)]
+        del node.parent.children[node.packed[: self.page_bytes]]
         node.parent.child_ranks[NO_COPY] -= 1
         node.attached = False
         self.num_nodes -= 1
@@ -175,3 +157,19 @@ class RadixTree:
             if node.parent is not None:
                 yield node
             stack.extend(node.children.values())
+
+
+def _equal_pages(query: bytes, pos: int, end: int, run: bytes, step: int) -> int:
+    """How many leading pages of `run` equal `query`'s from byte `pos` (up to `end`), given
+    that the first page does (the child was found by it) and not all of `run` does."""
+    length = min(len(run), end - pos)
+    if run.startswith(query[pos : pos + length]):
+        return length // step
+    low, high = 1, length // step  # pages [0, low) are equal; the first differing is < high
+    while high - low > 1:
+        mid = (low + high) // 2
+        if query.startswith(run[low * step : mid * step], pos + low * step):
+            low = mid
+        else:
+            high = mid
+    return low

@@ -41,7 +41,7 @@ def page_records(node: RadixNode, page_size: int) -> list[DiskRecord]:
     """The disk identity of each page of `node`: key, parent page's key, tokens."""
     parents = [node.parent_key, *node.keys[:-1]]
     return [
-        DiskRecord(key, parent_key, node.page_tokens(i, page_size))
+        DiskRecord(key, parent_key, node.page_ids(i, page_size))
         for i, (key, parent_key) in enumerate(zip(node.keys, parents, strict=True))
     ]
 

@@ -44,6 +44,7 @@ from tieredkv.cache.radix_tree import RadixNode, RadixTree
 from tieredkv.cache.residency import Residency
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tier_pools import TierPools
+from tieredkv.cache.token_run import TokenSequence
 from tieredkv.cache.warm_restart import rebuild_from_disk
 from tieredkv.config import CacheConfig, WritePolicy
 
@@ -116,25 +117,29 @@ class TieredCache:
 
     # --- matching and inserting ------------------------------------------------------------
 
-    def match(self, tokens: Sequence[int], namespace: str = DEFAULT_NAMESPACE) -> MatchResult:
+    def match(self, tokens: TokenSequence, namespace: str = DEFAULT_NAMESPACE) -> MatchResult:
         """The longest cached prefix of `tokens` in `namespace`, in whole pages, reusing at most
         `len(tokens) - 1` tokens. Marks the path recently used. A node being demoted is a hit in
-        its source tier; a node being promoted is a hit in its source tier too."""
+        its source tier; a node being promoted is a hit in its source tier too.
+
+        `tokens` are ids, or `PackedTokens` (what the tree compares: a caller that matches the
+        same sequence several times packs it once; ids are packed on every call)."""
         return match_prefix(self, tokens, namespace)
 
     def insert(
         self,
-        tokens: Sequence[int],
+        tokens: TokenSequence,
         namespace: str,
         device_pages: Sequence[int],
         *,
         start_node: RadixNode | None = None,
         start_pages: int = 0,
     ) -> InsertResult:
-        """Index the full pages of `tokens` whose KV is in `device_pages` (the request's page
-        table, one device page per full page; pages already the tree's stay so). Leading pages
-        the tree already has are reported, not replaced: see `InsertResult`. Pages the tree
-        takes stop being the caller's. Does not lock: lock `result.node` next.
+        """Index the full pages of `tokens` (ids or `PackedTokens`, as for `match`) whose KV is
+        in `device_pages` (the request's page table, one device page per full page; pages
+        already the tree's stay so). Leading pages the tree already has are reported, not
+        replaced: see `InsertResult`. Pages the tree takes stop being the caller's. Does not
+        lock: lock `result.node` next.
 
         `start_node` (a node the caller holds locked, in `namespace`) and `start_pages` say the
         first `start_pages` pages of `tokens` are the path ending at `start_node`: the walk

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from tieredkv.cache.page_key import token_bytes
 from tieredkv.cache.tier import Tier
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def rebuild_from_disk(tree: RadixTree, disk: DiskStore, residency: Residency) ->
     while stack:
         parent, parent_key = stack.pop()
         for slot, record in children.pop(parent_key, []):
-            node = tree.attach(parent, tuple(record.tokens), [record.key])
+            node = tree.attach(parent, token_bytes(record.tokens), [record.key])
             node.set_copy(Tier.DISK, [slot])
             attached.append(node)
             stack.append((node, record.key))

@@ -7,7 +7,7 @@ from pathlib import Path
 from tieredkv.bench.radix_driver import ChatDriver
 from tieredkv.bench.radix_phases import chat_calls, eviction_cost, tiny_cache
 from tieredkv.bench.radix_workload import ChatShape, ChatWorkload
-from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.cache.token_run import PackedTokens
 from tieredkv.cli import main as cli_main
 
 
@@ -26,14 +26,15 @@ def test_cli_writes_the_report(tmp_path: Path) -> None:
     for when in ("before", "after"):
         assert 0 < machine[f"cpu_share_{when}"]["share"] <= 1
     assert machine["compare_floor_3k_tokens_us"] > 0
+    assert machine["packed_floor_3k_tokens_us"] > 0
     assert "match_prefix" in report["profile"]["match"]
     assert "insert_pages" in report["profile"]["insert"]
     chat = report["chat"]
-    assert chat["fresh_token_objects"] is True
     assert chat["integrity_ok"] and report["eviction"]["integrity_ok"]
-    for name in ("match", "insert", "lock", "unlock"):
+    for name in ("pack", "match", "insert", "lock", "unlock"):
         check_summary(chat[name])
     assert chat["match"]["count"] == 2 * chat["turns"]  # on arrival and at admission
+    assert chat["pack"]["count"] == chat["turns"]  # once per request
     assert report["sglang_reference_us"] == {"match": 26.0, "insert": 39.0}
     check_summary(report["eviction"]["evict_1"])
     check_summary(report["eviction"]["evict_batch"])
@@ -42,13 +43,6 @@ def test_cli_writes_the_report(tmp_path: Path) -> None:
     for point in points:
         assert point["tree_nodes"] >= point["target_nodes"]
         check_summary(point["match"])
-
-
-def test_shared_ints_are_recorded(tmp_path: Path) -> None:
-    out = tmp_path / "radix.json"
-    assert cli_main(["bench", "radix", "--quick", "--shared-ints", "--json", str(out)]) == 0
-    chat = json.loads(out.read_text())["chat"]
-    assert chat["fresh_token_objects"] is False and chat["integrity_ok"]
 
 
 def test_workload_prompts_follow_the_shape() -> None:
@@ -81,18 +75,16 @@ def test_driver_reuses_the_previous_turn() -> None:
     assert not cache.lock_holders and cache.check_integrity().ok
 
 
-def stores_workload_objects(cache: TieredCache, tokens: list[int]) -> bool:
-    """Does the tree hold any of these exact int objects (not just equal values)?"""
-    ids = {id(t) for t in tokens if t > 256}  # Python shares the small ints itself
-    return any(id(t) in ids for node in cache.tree.iter_nodes() for t in node.tokens)
-
-
-def test_requests_bring_their_own_int_objects() -> None:
+def test_the_tree_holds_the_turn_packed() -> None:
     turn = next(ChatWorkload(seed=6, active_users=1).turns(max_users=1))
-    for fresh in (True, False):
-        cache = tiny_cache(400)
-        ChatDriver(cache, fresh=fresh).run(turn)
-        assert stores_workload_objects(cache, turn.prompt) is not fresh
+    cache = tiny_cache(400)
+    ChatDriver(cache).run(turn)
+    nodes = list(cache.tree.iter_nodes())  # one path: a node per insert that added pages
+    assert all(len(node.children) <= 1 for node in nodes)
+    kept = (len(turn.prompt) + len(turn.output) - 1) // 16 * 16
+    stored = b"".join(node.packed for node in nodes)  # parents first: the path in order
+    assert stored == PackedTokens.from_ids((turn.prompt + turn.output)[:kept]).data
+    assert cache.match(turn.prompt).matched_len == (len(turn.prompt) - 1) // 16 * 16
 
 
 def test_eviction_frees_pages_from_a_full_device() -> None:

@@ -13,8 +13,8 @@ PS = 4
 LAYOUT = tiny_layout(PS)
 
 
-def _shape(node: RadixNode | None) -> tuple[tuple[int, ...], ...]:
-    return () if node is None else tuple(n.tokens for n in node.path())
+def _shape(node: RadixNode | None) -> tuple[bytes, ...]:
+    return () if node is None else tuple(n.packed for n in node.path())
 
 
 def _comparable(result: InsertResult) -> tuple[object, ...]:

@@ -1,6 +1,6 @@
 import pytest
 
-from tieredkv.cache.page_key import chain_keys, namespace_root_key
+from tieredkv.cache.page_key import chain_keys, namespace_root_key, token_bytes
 from tieredkv.cache.radix_tree import RadixTree
 from tieredkv.cache.tier import Tier
 
@@ -11,7 +11,7 @@ def _tree_with(tokens: list[int]) -> tuple[RadixTree, bytes]:
     tree = RadixTree(PS)
     key = namespace_root_key(b"fp", "ns")
     root = tree.root(key, create=True)
-    node = tree.add_child(root, tokens)
+    node = tree.add_child(root, token_bytes(tokens))
     node.set_copy(Tier.DEVICE, list(range(len(tokens) // PS)))
     node.set_copy(Tier.DISK, [10 + i for i in range(len(tokens) // PS)])
     return tree, key
@@ -22,7 +22,7 @@ def test_walk_reports_a_partial_node_and_split_cuts_every_copy() -> None:
     tree, key = _tree_with(tokens)
     root = tree.root(key, create=False)
     probe = [*tokens[:8], 99, 99, 99, 99]
-    ((node, matched),) = tree.walk(root, probe, max_pages=3)
+    ((node, matched),) = tree.walk(root, token_bytes(probe), max_pages=3)
     assert matched == 2 and node.num_pages == 3
     head = tree.split(node, 2)
     assert head.parent is root and node.parent is head
@@ -30,13 +30,15 @@ def test_walk_reports_a_partial_node_and_split_cuts_every_copy() -> None:
     assert node.copies == {Tier.DEVICE: [2], Tier.DISK: [12]}
     assert head.keys + node.keys == chain_keys(key, tokens, PS)
     assert node.parent_key == head.keys[-1]
-    assert [n for n, _ in tree.walk(root, tokens, 3)] == [head, node]
+    assert [n for n, _ in tree.walk(root, token_bytes(tokens), 3)] == [head, node]
+    assert head.packed + node.packed == token_bytes(tokens)
     assert tree.num_nodes == 2
 
 
 def test_walk_stops_at_max_pages() -> None:
     tree, key = _tree_with(list(range(12)))
-    ((node, matched),) = tree.walk(tree.root(key, create=False), list(range(12)), max_pages=1)
+    root = tree.root(key, create=False)
+    ((node, matched),) = tree.walk(root, token_bytes(range(12)), max_pages=1)
     assert matched == 1 and node.num_pages == 3
 
 
@@ -44,7 +46,7 @@ def test_merge_only_same_copies_without_locks() -> None:
     tokens = list(range(12))
     tree, key = _tree_with(tokens)
     root = tree.root(key, create=False)
-    tail = root.children[tuple(range(4))]
+    tail = root.children[token_bytes(range(4))]
     head = tree.split(tail, 1)
     tree.lock_path(tail, +1)
     assert not tree.can_merge(head)  # locked
@@ -56,12 +58,13 @@ def test_merge_only_same_copies_without_locks() -> None:
     assert merged is tail and not head.attached and tail.parent is root
     assert tail.copies == {Tier.DEVICE: [0, 1, 2], Tier.DISK: [10, 11, 12]}
     assert tail.keys == chain_keys(key, tokens, PS) and tree.num_nodes == 1
+    assert tail.packed == token_bytes(tokens)
 
 
 def test_lock_counts_run_up_the_path() -> None:
     tree, key = _tree_with(list(range(12)))
     root = tree.root(key, create=False)
-    tail = root.children[tuple(range(4))]
+    tail = root.children[token_bytes(range(4))]
     head = tree.split(tail, 2)
     changed = tree.lock_path(tail, +1)
     assert changed == [tail, head] and head.lock_count == tail.lock_count == 1
@@ -75,16 +78,16 @@ def test_lock_counts_run_up_the_path() -> None:
 def test_namespaces_never_share_nodes_or_keys() -> None:
     tree = RadixTree(PS)
     tokens = list(range(8))
-    a = tree.add_child(tree.root(namespace_root_key(b"fp", "a"), create=True), tokens)
-    b = tree.add_child(tree.root(namespace_root_key(b"fp", "b"), create=True), tokens)
+    a = tree.add_child(tree.root(namespace_root_key(b"fp", "a"), create=True), token_bytes(tokens))
+    b = tree.add_child(tree.root(namespace_root_key(b"fp", "b"), create=True), token_bytes(tokens))
     assert a is not b and not set(a.keys) & set(b.keys)
 
 
 def test_remove_detaches_a_leaf() -> None:
     tree, key = _tree_with(list(range(8)))
-    node = tree.root(key, create=False).children[tuple(range(4))]
+    node = tree.root(key, create=False).children[token_bytes(range(4))]
     node.pop_copy(Tier.DEVICE)
     node.pop_copy(Tier.DISK)
     tree.remove(node)
     assert not node.attached and tree.num_nodes == 0
-    assert tree.walk(tree.root(key, create=False), list(range(8)), 2) == []
+    assert tree.walk(tree.root(key, create=False), token_bytes(range(8)), 2) == []

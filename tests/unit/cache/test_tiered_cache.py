@@ -177,7 +177,7 @@ def test_failed_disk_read_shortens_the_match(tmp_path: Path) -> None:
     # overwrite page 2's record with a page of another chain: it fails verification
     disk = cache.pools.disk
     assert disk is not None
-    other, bad_tokens = b"x" * 16, node.page_tokens(2, 4)
+    other, bad_tokens = b"x" * 16, node.page_ids(2, 4)
     zeros = torch.zeros((1, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
     record = DiskRecord(page_key(other, bad_tokens), other, bad_tokens)
     disk.write_pages([node.copies[Tier.DISK][2]], [record], zeros)

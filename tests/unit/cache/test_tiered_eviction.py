@@ -4,6 +4,7 @@ import torch
 
 from tieredkv.cache.eviction import LruEvictionPolicy, TierHeap
 from tieredkv.cache.executor import ManualTransferExecutor
+from tieredkv.cache.page_key import token_bytes
 from tieredkv.cache.radix_tree import RadixTree
 from tieredkv.cache.testing import (
     expected_pages,
@@ -43,7 +44,7 @@ def test_heap_pops_least_recent_first_and_skips_stale_entries() -> None:
     root = tree.root(b"r" * 16, create=True)
     nodes = []
     for i in range(3):
-        node = tree.add_child(root, [i] * 4)
+        node = tree.add_child(root, token_bytes([i] * 4))
         node.set_copy(Tier.DEVICE, [i])
         node.last_access = 10 - i  # the last one is the least recent
         nodes.append(node)
@@ -62,7 +63,7 @@ def test_heap_pops_least_recent_first_and_skips_stale_entries() -> None:
 
 def test_heap_compacts_stale_entries() -> None:
     tree = RadixTree(4)
-    node = tree.add_child(tree.root(b"r" * 16, create=True), [1] * 4)
+    node = tree.add_child(tree.root(b"r" * 16, create=True), token_bytes([1] * 4))
     node.set_copy(Tier.HOST, [0])
     heap = TierHeap(Tier.HOST)
     for access in range(5000):
