@@ -8,6 +8,10 @@ went into the tree, so its next admission finds them there (or demoted, not lost
 Page table: `page_table[i]` is the device page of the sequence's i-th page. The first
 `tree_pages` entries belong to the tree (cached or inserted, locked through `locked_node`); the
 rest are the request's private pages.
+
+Tokens: `tokens` is the sequence as ids; `packed_tokens` the same sequence packed (what the
+tree compares), kept incrementally: the prompt is packed once at arrival, generated tokens are
+appended as they show up in `output_ids`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from tieredkv.cache.cache_results import MatchResult, PromotionTicket
 from tieredkv.cache.radix_tree import RadixNode
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.token_run import PackedTokens, TokenPacker
 from tieredkv.engine.output import OutputProcessor
 from tieredkv.engine.protocol import FinishReason, GenerationRequest, Usage
 
@@ -56,6 +61,10 @@ class Request:
     promotion_seconds: float | None = None  # admission to prefix ready, first admission
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
+    _packer: TokenPacker = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._packer = TokenPacker(self.spec.prompt_ids)  # packed once, at arrival
 
     @property
     def request_id(self) -> str:
@@ -65,6 +74,15 @@ class Request:
     def tokens(self) -> list[int]:
         """Prompt + generated tokens: what the sequence's KV covers once computed."""
         return [*self.spec.prompt_ids, *self.output_ids]
+
+    @property
+    def packed_tokens(self) -> PackedTokens:
+        """`tokens`, packed; only tokens generated since the last call are packed now."""
+        packer, prompt_len = self._packer, len(self.spec.prompt_ids)
+        packed_outputs = len(packer) - prompt_len
+        assert packed_outputs <= len(self.output_ids), "output_ids only grow"
+        packer.extend(self.output_ids[packed_outputs:])
+        return packer.packed()
 
     @property
     def num_tokens(self) -> int:

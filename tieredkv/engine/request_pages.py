@@ -21,7 +21,7 @@ class RequestPages:
         """Match for the queue's priority and start reading the disk part towards host."""
         if not self.reuse:
             return
-        match = self.cache.match(request.tokens, request.spec.namespace)
+        match = self.cache.match(request.packed_tokens, request.spec.namespace)
         request.waiting_match = match
         if match.disk.num_pages:
             self.cache.prefetch(match)
@@ -30,7 +30,7 @@ class RequestPages:
         """Start bringing the request's cached prefix to the device; False: no room now."""
         if not self.reuse:
             return True
-        match = self.cache.match(request.tokens, request.spec.namespace)
+        match = self.cache.match(request.packed_tokens, request.spec.namespace)
         ticket = self.cache.promote(match, hold_lock=True)
         if ticket is None:
             return False
@@ -77,7 +77,7 @@ class RequestPages:
         full_pages = request.kv_len // self.page_size
         if not self.reuse or full_pages <= request.tree_pages:
             return
-        tokens = request.tokens[: full_pages * self.page_size]
+        tokens = request.packed_tokens[: full_pages * self.page_size]
         # the tree pages end at the node the request holds locked: walk on from there (an
         # insert that took no page leaves tree_pages 0 with an older lock still held)
         start = request.locked_node if request.tree_pages else None

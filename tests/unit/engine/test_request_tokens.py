@@ -1,0 +1,22 @@
+"""`Request.packed_tokens`: the prompt packed once, generated tokens appended as they come."""
+
+from tieredkv.engine.protocol import GenerationRequest
+from tieredkv.engine.request import Request
+from tieredkv.model.sampler import SamplingParams
+
+
+def _request(prompt: tuple[int, ...]) -> Request:
+    spec = GenerationRequest("r", prompt, SamplingParams(max_tokens=4))
+    return Request(spec, seq_id=0, output=None, generator=None)  # type: ignore[arg-type]
+
+
+def test_packed_tokens_follow_the_outputs() -> None:
+    request = _request((11, 12, 13, 40000))
+    first = request.packed_tokens
+    assert first.ids() == request.tokens == [11, 12, 13, 40000]
+    assert request.packed_tokens is first  # nothing new: the same snapshot
+    request.output_ids.append(7)
+    request.output_ids.extend([8, 9])
+    assert request.packed_tokens.ids() == request.tokens == [11, 12, 13, 40000, 7, 8, 9]
+    assert len(request.packed_tokens) == request.num_tokens
+    assert first.ids() == [11, 12, 13, 40000]  # earlier snapshots stay as they were
