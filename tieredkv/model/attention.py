@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from tieredkv.cache.device_pool import DevicePool
 from tieredkv.model.forward_batch import ForwardBatch
+from tieredkv.model.workspace import SpareWorkspaces, Workspace
 
-_WORKSPACE_ROUNDING = 256  # tokens; workspaces grow in these steps at least, doubling beyond
 _QUERY_BLOCK = 128  # queries per block in prefill attention (fastest here at 64-256)
 
 
@@ -54,60 +54,28 @@ class AttentionBackend(ABC):
         """Forget per-sequence state (finished, aborted or preempted sequence)."""
 
 
-class _Workspace:
-    """A running sequence's KV, contiguous: (layers, 2, kv_heads, capacity, head_dim)."""
-
-    def __init__(self, pool: DevicePool, capacity: int) -> None:
-        layout = pool.layout
-        self.kv = torch.empty(
-            (layout.num_layers, 2, layout.num_kv_heads, capacity, layout.head_dim),
-            dtype=layout.dtype,
-            device=pool.device,
-        )
-        self.length = 0
-
-    @property
-    def capacity(self) -> int:
-        return self.kv.shape[3]
-
-    def grow(self, needed: int) -> None:
-        capacity = max(needed, 2 * self.capacity)
-        capacity = -(-capacity // _WORKSPACE_ROUNDING) * _WORKSPACE_ROUNDING
-        bigger = self.kv.new_empty((*self.kv.shape[:3], capacity, self.kv.shape[4]))
-        bigger[:, :, :, : self.length] = self.kv[:, :, :, : self.length]
-        self.kv = bigger
-
-
 class WorkspaceAttention(AttentionBackend):
-    """CPU production path: per-sequence contiguous KV, filled from the pool once."""
+    """CPU production path: per-sequence contiguous KV, filled from the pool once (released
+    workspaces are reused: see tieredkv.model.workspace)."""
 
     def __init__(self, pool: DevicePool) -> None:
         super().__init__(pool)
-        self._workspaces: dict[int, _Workspace] = {}
+        self._workspaces: dict[int, Workspace] = {}
+        self._spares = SpareWorkspaces(pool)
 
     def begin_step(self, batch: ForwardBatch) -> None:
         for chunk in batch.chunks:
             workspace = self._workspaces.get(chunk.seq_id)
             if workspace is None:
-                capacity = -(-chunk.end // _WORKSPACE_ROUNDING) * _WORKSPACE_ROUNDING
-                workspace = self._workspaces[chunk.seq_id] = _Workspace(self.pool, capacity)
+                workspace = self._spares.take(chunk.end)
+                self._workspaces[chunk.seq_id] = workspace
             if workspace.length > chunk.start:  # the caller rolled the sequence back
                 workspace.length = chunk.start
             if workspace.length < chunk.start:  # a cached prefix: copy it in once
-                self._fill_from_pool(workspace, chunk.page_ids, chunk.start)
+                workspace.fill_from_pool(self.pool, chunk.page_ids, chunk.start)
             if chunk.end > workspace.capacity:
                 workspace.grow(chunk.end)
             workspace.length = chunk.end  # the layers fill start..end during this step
-
-    def _fill_from_pool(self, workspace: _Workspace, page_ids: list[int], length: int) -> None:
-        if length > workspace.capacity:
-            workspace.grow(length)
-        num_pages = -(-length // self.page_size)
-        pages = torch.as_tensor(page_ids[:num_pages], dtype=torch.int64, device=self.pool.device)
-        kv = self.pool.kv.index_select(2, pages)  # (layers, 2, n, page_size, kv_heads, head_dim)
-        kv = kv.flatten(2, 3)[:, :, :length]  # (layers, 2, length, kv_heads, head_dim)
-        workspace.kv[:, :, :, :length] = kv.transpose(2, 3)
-        workspace.length = length
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
@@ -124,7 +92,9 @@ class WorkspaceAttention(AttentionBackend):
         return out
 
     def release(self, seq_id: int) -> None:
-        self._workspaces.pop(seq_id, None)
+        workspace = self._workspaces.pop(seq_id, None)
+        if workspace is not None:
+            self._spares.give(workspace)
 
     @property
     def num_workspaces(self) -> int:

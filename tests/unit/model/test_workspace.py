@@ -1,0 +1,64 @@
+"""Workspaces: the one-time fill from the paged pool equals a plain gather, and spares are reused."""
+
+import random
+
+import pytest
+import torch
+
+from tieredkv.cache.device_pool import DevicePool, PageLayout
+from tieredkv.model.workspace import SpareWorkspaces, Workspace, _halves
+
+
+def gathered(pool: DevicePool, pages: list[int], length: int) -> torch.Tensor:
+    """The reference: (layers, 2, kv_heads, length, head_dim) by indexing page by page."""
+    kv = torch.cat([pool.kv[:, :, page] for page in pages], dim=2)  # (L, 2, n * ps, H, D)
+    return kv[:, :, :length].transpose(2, 3)
+
+
+def random_pool(dtype: torch.dtype, num_pages: int = 80) -> DevicePool:
+    pool = DevicePool(PageLayout(3, 2, 8, 16, dtype), num_pages, "cpu")
+    pool.kv.copy_(torch.randn(pool.kv.shape, generator=torch.Generator().manual_seed(1)))
+    return pool
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("length", [1, 16, 37, 511, 512, 700, 1024])  # both sides of 2 threads
+@pytest.mark.parametrize("order", ["consecutive", "shuffled", "runs"])
+def test_fill_equals_gather(dtype: torch.dtype, length: int, order: str) -> None:
+    pool = random_pool(dtype)
+    num_pages = -(-length // 16)
+    if order == "consecutive":
+        pages = list(range(5, 5 + num_pages))
+    elif order == "shuffled":
+        pages = random.Random(length).sample(range(pool.num_pages), num_pages)
+    else:  # runs of 3 consecutive pages in a scattered order
+        starts = random.Random(length).sample(range(0, 78, 3), -(-num_pages // 3))
+        pages = [s + i for s in starts for i in range(3)][:num_pages]
+    workspace = Workspace.for_tokens(pool, 64)  # smaller: the fill grows it
+    workspace.kv.fill_(7)
+    workspace.fill_from_pool(pool, pages + [0, 1], length)  # extra page ids are ignored
+    assert workspace.length == length and workspace.capacity >= length
+    assert torch.equal(workspace.kv[:, :, :, :length], gathered(pool, pages, length))
+
+
+def test_halves_cut_runs_at_the_page() -> None:
+    runs = [(10, 0, 4), (50, 4, 1), (60, 5, 5)]
+    before, after = _halves(runs, 5)
+    assert before == [(10, 0, 4), (50, 4, 1)] and after == [(60, 5, 5)]
+    before, after = _halves(runs, 7)
+    assert before == [(10, 0, 4), (50, 4, 1), (60, 5, 2)] and after == [(62, 7, 3)]
+
+
+def test_spares_are_reused_smallest_fitting_first_and_bounded() -> None:
+    pool = random_pool(torch.float32)
+    spares = SpareWorkspaces(pool, keep=2)
+    small, big = Workspace.for_tokens(pool, 100), Workspace.for_tokens(pool, 1000)
+    small.length = big.length = 50
+    spares.give(big)
+    spares.give(small)
+    assert spares.take(300) is big and big.length == 0  # the small one (256) does not fit
+    assert spares.take(10) is small
+    assert spares.take(10) is not small and len(spares) == 0  # none left: a new one
+    for tokens in (300, 600, 900):
+        spares.give(Workspace.for_tokens(pool, tokens))
+    assert len(spares) == 2 and spares.take(1).capacity >= 600  # the smallest was dropped
