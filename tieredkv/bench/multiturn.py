@@ -27,6 +27,7 @@ from tieredkv.bench.disk_check import disk_read_bandwidth, drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.equality import compare_runs
 from tieredkv.bench.hf_prefill import transformers_prefill
+from tieredkv.bench.prefill_cost import load_prefill_cost
 from tieredkv.bench.records import percentile
 from tieredkv.bench.suite import ServerSpec, SuiteConfig, measure_disk, run_all, run_server
 from tieredkv.bench.targets import evaluate
@@ -236,8 +237,12 @@ def finish_analysis(
     if args.check_equal and baseline is not None:
         report["check_equal"] = compare_runs(runs[0]["records"], baseline["records"], args.dtype)
     disk_bw = report["disk"]["bytes_per_s"] if report["disk"] else None
-    report["targets"] = evaluate(runs[0], baseline, disk_bw)
-    report["targets_by_run"] = {run["label"]: evaluate(run, baseline, disk_bw) for run in runs}
+    # the served model's FLOP model (managed runs, or a client run told which local model)
+    cost = load_prefill_cost(args.serve_model) if not args.base_url else None
+    report["targets"] = evaluate(runs[0], baseline, disk_bw, cost)
+    report["targets_by_run"] = {
+        run["label"]: evaluate(run, baseline, disk_bw, cost) for run in runs
+    }
     if baseline is not None and not args.no_hf_prefill and not args.base_url:
         lengths = [r["prompt_tokens"] for r in baseline["records"] if r["prompt_tokens"]]
         tokens = int(percentile(lengths, 50) or 0)

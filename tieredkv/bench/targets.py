@@ -4,6 +4,7 @@ says its measured value, its bound, and whether it was met (None when a figure i
 
 from __future__ import annotations
 
+from tieredkv.bench.prefill_cost import PrefillCost
 from tieredkv.bench.records import fmt, fmt_times, percentile, ratio
 
 LONG_CONTEXT_TOKENS = 3000
@@ -35,8 +36,18 @@ def recompute_tok_per_s(baseline: list[dict]) -> float | None:
     return percentile(speeds, 50)
 
 
-def evaluate(cached: dict, baseline: dict | None, disk_bytes_per_s: float | None) -> dict:
-    """The three disk targets (speed-up, promotion vs bandwidth, TTFT bound) for `cached`."""
+def evaluate(
+    cached: dict,
+    baseline: dict | None,
+    disk_bytes_per_s: float | None,
+    cost: PrefillCost | None = None,
+) -> dict:
+    """The three disk targets (speed-up, promotion vs bandwidth, TTFT bound) for `cached`.
+
+    The TTFT bound's "suffix prefill time" is the suffix's FLOP share of the same request's
+    recompute TTFT when the model's `cost` is known (see prefill_cost), else the suffix's
+    length over the baseline's average prefill speed (which undercounts a suffix's attention
+    to a long prefix); the latter is reported beside it in every case."""
     slow = disk_requests(cached["records"], LONG_CONTEXT_TOKENS)
     base = _by_key(baseline["records"]) if baseline else {}
     speedups = [
@@ -50,13 +61,21 @@ def evaluate(cached: dict, baseline: dict | None, disk_bytes_per_s: float | None
     ideal_promotion = ratio(disk["bytes_per_promotion"], disk_bytes_per_s)
     promotion_ratio = ratio(disk["p50_s"], ideal_promotion)
     prefill = recompute_tok_per_s(baseline["records"]) if baseline else None
-    within = []
+    within, within_avg_rate = [], []
     for r in slow:
         if bytes_per_token is None or disk_bytes_per_s is None or prefill is None:
             break
-        suffix = r["prompt_tokens"] - (r["cached_tokens"] or 0)
-        bound = r["cached_by_tier"]["disk"] * bytes_per_token / disk_bytes_per_s
-        within.append(r["ttft_s"] <= bound + suffix / prefill + TTFT_SLACK_S)
+        cached_tokens = r["cached_tokens"] or 0
+        suffix = r["prompt_tokens"] - cached_tokens
+        transfer = r["cached_by_tier"]["disk"] * bytes_per_token / disk_bytes_per_s
+        within_avg_rate.append(r["ttft_s"] <= transfer + suffix / prefill + TTFT_SLACK_S)
+        recompute = base.get((r["user"], r["round_index"]), {}).get("ttft_s")
+        if cost is not None and recompute:
+            suffix_s = recompute * cost.suffix_share(r["prompt_tokens"], cached_tokens)
+            within.append(r["ttft_s"] <= transfer + suffix_s + TTFT_SLACK_S)
+    suffix_rule = "FLOP share of the request's recompute TTFT" if within else "average speed"
+    if not within:
+        within = within_avg_rate
     speedup_p50 = percentile(speedups, 50)
     return {
         "disk_requests_at_3k": len(slow),
@@ -73,10 +92,16 @@ def evaluate(cached: dict, baseline: dict | None, disk_bytes_per_s: float | None
         },
         "ttft_within_bound": {
             "value": ratio(sum(within), len(within) or None),
-            "target": "share of disk requests with TTFT <= bytes/disk_bw + suffix/prefill + 50 ms",
+            "target": "share of disk requests with TTFT <= bytes/disk_bw + suffix prefill + 50 ms",
             "met": None if not within else all(within),
+            "suffix_prefill": suffix_rule,
             "bytes_per_token": bytes_per_token,
             "recompute_tok_per_s": prefill,
+        },
+        "ttft_within_bound_average_speed": {
+            "value": ratio(sum(within_avg_rate), len(within_avg_rate) or None),
+            "target": "the same, suffix prefill = suffix tokens / the baseline's tokens/s",
+            "met": None if not within_avg_rate else all(within_avg_rate),
         },
     }
 
@@ -101,7 +126,14 @@ def targets_table(targets: dict) -> str:
         f"(ideal {fmt(promo['ideal_s'], '.1f', 1000)} ms) | <= 1.5 | {met[promo['met']]} |"
     )
     rows.append(
-        f"| TTFT <= bytes/disk bw + suffix/prefill + 50 ms | {fmt(bound['value'], '.0%')} of "
+        f"| TTFT <= bytes/disk bw + suffix prefill + 50 ms (suffix prefill: "
+        f"{bound.get('suffix_prefill', 'average speed')}) | {fmt(bound['value'], '.0%')} of "
         f"requests | all | {met[bound['met']]} |"
     )
+    average = targets.get("ttft_within_bound_average_speed")
+    if average is not None and bound.get("suffix_prefill") != "average speed":
+        rows.append(
+            f"| the same, suffix prefill = suffix / baseline tokens/s | "
+            f"{fmt(average['value'], '.0%')} of requests | all | {met[average['met']]} |"
+        )
     return "\n".join(rows)
