@@ -241,14 +241,18 @@ class Engine:
                 sampled.append(request)
         if not sampled:
             return
-        tokens = self.sampler.sample(
+        tokens = self.sampler.sample_isolated(
             logits[rows],
             [r.spec.sampling for r in sampled],
             [r.generator for r in sampled],
             [r.output.banned_tokens() for r in sampled],
         )
         for request, token in zip(sampled, tokens, strict=True):
-            self._emit_token(request, token, now)
+            if isinstance(token, Exception):
+                logger.error("sampling failed for %s: %r", request.request_id, token)
+                self._finish(request, FinishReason.ERROR, error=f"sampling failed: {token}")
+            else:
+                self._emit_token(request, token, now)
 
     def _emit_token(self, request: Request, token: int, now: float) -> None:
         request.output_ids.append(token)

@@ -87,6 +87,30 @@ class Sampler:
                 tokens[row] = self._draw(logits[row], p, generators[row] or self._unseeded)
         return tokens
 
+    def sample_isolated(
+        self,
+        logits: torch.Tensor,  # (B, vocab) fp32
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+        banned: Sequence[frozenset[int]],
+    ) -> list[int | Exception]:
+        """`sample`, but a row that fails yields its exception instead of failing the batch
+        (one request's parameters must not end the others in its step)."""
+        try:
+            return list(self.sample(logits, params, generators, banned))
+        except Exception:  # retried row by row below, to find the culprit
+            pass
+        results: list[int | Exception] = []
+        for row in range(logits.shape[0]):
+            try:
+                one = self.sample(
+                    logits[row : row + 1], [params[row]], [generators[row]], [banned[row]]
+                )
+                results.append(one[0])
+            except Exception as error:  # reported to that request alone
+                results.append(error)
+        return results
+
     @staticmethod
     def _draw(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
         # the max first, and no temperature below the dtype's smallest normal (fp32 rounds

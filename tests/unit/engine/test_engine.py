@@ -206,3 +206,26 @@ def test_history_demoted_to_disk_is_promoted_and_answers_the_same(make_harness) 
     usage = harness.usage("again")
     assert usage.cached_tokens_by_tier["disk"] > 0
     assert harness.metrics.promotion_seconds.count(from_tier=Tier.DISK.label) == 1
+
+
+def test_a_sampling_error_ends_only_its_own_request(make_harness, monkeypatch) -> None:
+    prompts = {"good": prompt(21, seed=70), "bad": prompt(17, seed=71)}
+    expected = reference_outputs(make_harness, {"good": prompts["good"]}, max_tokens=6)
+    harness = make_harness()
+    sampler = harness.engine.sampler
+    real_sample = sampler.sample
+
+    def failing_for_seven(logits, params, generators, banned=None):
+        if any(p.max_tokens == 7 for p in params):
+            raise ValueError("bad sampling parameters")
+        return real_sample(logits, params, generators, banned)
+
+    monkeypatch.setattr(sampler, "sample", failing_for_seven)
+    harness.submit("good", prompts["good"], max_tokens=6)
+    harness.submit("bad", prompts["bad"], max_tokens=7)  # sampled in the same steps as "good"
+    harness.run()
+    assert harness.tokens("good") == expected["good"]
+    last = harness.outputs["bad"][-1]
+    assert last.finish_reason is FinishReason.ERROR and "bad sampling parameters" in last.error
+    assert harness.outputs["good"][-1].finish_reason is FinishReason.LENGTH
+    assert not harness.cache.lock_holders and not harness.cache.private_pages
