@@ -1,4 +1,4 @@
-"""Workspaces: the one-time fill from the paged pool equals a plain gather, and spares are reused."""
+"""Workspaces: the fill from the paged pool equals a plain gather; released ones are reused."""
 
 import random
 
@@ -36,7 +36,7 @@ def test_fill_equals_gather(dtype: torch.dtype, length: int, order: str) -> None
         pages = [s + i for s in starts for i in range(3)][:num_pages]
     workspace = Workspace.for_tokens(pool, 64)  # smaller: the fill grows it
     workspace.kv.fill_(7)
-    workspace.fill_from_pool(pool, pages + [0, 1], length)  # extra page ids are ignored
+    workspace.fill_from_pool(pool, [*pages, 0, 1], length)  # extra page ids are ignored
     assert workspace.length == length and workspace.capacity >= length
     assert torch.equal(workspace.kv[:, :, :, :length], gathered(pool, pages, length))
 
