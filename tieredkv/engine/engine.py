@@ -42,7 +42,7 @@ class StepPlan:
 
     def add(self, request: Request, count: int) -> None:
         start = request.kv_len
-        tokens = request.tokens[start : start + count]
+        tokens = request.token_slice(start, start + count)
         self.chunks.append(SequenceChunk(request.seq_id, tokens, start, request.page_table))
         self.requests.append(request)
 

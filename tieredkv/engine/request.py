@@ -75,6 +75,14 @@ class Request:
         """Prompt + generated tokens: what the sequence's KV covers once computed."""
         return [*self.spec.prompt_ids, *self.output_ids]
 
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """`tokens[start:end]` without building the whole sequence (the step's hot path)."""
+        prompt = self.spec.prompt_ids
+        if end <= len(prompt):
+            return list(prompt[start:end])
+        outputs = self.output_ids[max(start - len(prompt), 0) : end - len(prompt)]
+        return [*prompt[start:], *outputs] if start < len(prompt) else outputs
+
     @property
     def packed_tokens(self) -> PackedTokens:
         """`tokens`, packed; only tokens generated since the last call are packed now."""

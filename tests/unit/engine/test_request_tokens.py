@@ -20,3 +20,12 @@ def test_packed_tokens_follow_the_outputs() -> None:
     assert request.packed_tokens.ids() == request.tokens == [11, 12, 13, 40000, 7, 8, 9]
     assert len(request.packed_tokens) == request.num_tokens
     assert first.ids() == [11, 12, 13, 40000]  # earlier snapshots stay as they were
+
+
+def test_token_slice_equals_slicing_the_whole_sequence() -> None:
+    request = _request((1, 2, 3, 4, 5))
+    request.output_ids.extend([6, 7, 8])
+    whole = request.tokens
+    for start in range(len(whole) + 1):
+        for end in range(start, len(whole) + 2):
+            assert request.token_slice(start, end) == whole[start:end], (start, end)
