@@ -7,7 +7,7 @@ Limits (tier_limits): numpy memcpy on one thread and on two, xxh3 on one core, r
 write and read of a file of --raw-bytes (>= 1 GiB by default) under --dir. Tiers, for realistic
 pages (the default model in bf16, 368,640 B) in batches: host<->device and host<->disk through
 the mover's PageCopier jobs (tier_copies), and the DiskStore on its own from aligned memory
-(tier_store). host<->device rows come twice: as the server runs them (a job of 8+ pages shares
+(tier_store). host<->device rows come twice: as the server runs them (a job of 16+ pages shares
 its copy with a helper thread; `threads` says how many copied) and held to one thread. Targets:
 disk paths >= 80% of raw disk, memory paths >= 70% of one-thread memcpy (the share of two-thread
 memcpy is reported beside it). --memory-only skips every disk figure. Seeded, one warm-up, medians.

@@ -11,13 +11,18 @@ is consecutive on both sides moves with one call. numpy releases the GIL for the
 threads copy in parallel; the Python loop costs about a microsecond per run.
 
 One thread cannot reach memcpy speed on these copies: every page is `layers * 2` separate runs
-of a few KiB (6 KiB for the default model), each a fresh stream for the hardware prefetcher,
-and the layer-major reads are the slowest (measured on the 2-core dev box, numpy memcpy at
-~18-21 GB/s: one thread ~16 GB/s into the device pool, ~12 GB/s out of it, whatever the visit
-order: per page, per layer row, blocks of pages x rows, staged through a cache-sized buffer, or
-torch copies instead of numpy; a wider element type changes nothing, numpy ends in memmove).
-Two threads overlap their misses and reach ~26 GB/s and ~20 GB/s, so a batch of at least
-`SPLIT_MIN_PAGES` pages is shared with one helper thread (`copy_pages(..., helper=...)`).
+of a few KiB (6 KiB for the default model), each in another 4 KiB page of a layer-major pool
+hundreds of MiB wide, and the layer-major reads are the slowest. Measured on the 2-core dev box
+(numpy memcpy 18-21 GB/s), 256-page batches of shuffled pages, one thread: ~16 GB/s into the
+device pool, ~12 GB/s out of it, and no visit order does better out of it (per layer row with
+fancy indexing: 8-9; blocks of 8 pages x 10 rows: 10; staged page by page through a cache-sized
+buffer: 10; 60 rows read interleaved in 256 B - 2 KiB pieces: 10-11, not counting the copy back
+out; torch copies: 9-11; 4- or 8-byte elements: no change, numpy ends in memmove). Huge pages
+under both pools would add ~8% (the pools are not allocated here). Two threads overlap their
+misses and reach ~26 GB/s in and ~20 GB/s out when the other core is free, so a batch of at
+least `SPLIT_MIN_PAGES` pages is shared with one helper thread (`copy_pages(..., helper=...)`).
+When the other core is busy the split gains nothing, and a helper descheduled in the middle of
+a part delays the job by up to a time slice: the price of the gain on a quiet machine.
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ from concurrent.futures import Executor
 import numpy as np
 import torch
 
-# A batch this large is shared with a helper thread: a hand-off costs tens of microseconds,
-# a page copy ~25 us, and the helper gains from 8 pages on (measured by `bench tiers`).
-SPLIT_MIN_PAGES = 8
+# A batch this large is shared with a helper thread. Measured on the dev box, shuffled pages,
+# cold: a shared job of 1-4 pages is 15-40% slower than one thread (waking the helper costs
+# more than it copies), 8 pages break even, 16 pages gain 25-40%, 64 pages 35-85%.
+SPLIT_MIN_PAGES = 16
 PART_PAGES = 4  # pages per claimed part: small enough that a late helper still balances
 
 Run = tuple[int, int, int]  # (src first page, dst first page, pages)

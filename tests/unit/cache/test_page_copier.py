@@ -17,7 +17,7 @@ from tieredkv.cache.page_copier import PageCopier
 from tieredkv.cache.page_rows import SPLIT_MIN_PAGES
 from tieredkv.cache.tier import Tier
 
-NUM_PAGES = 12
+NUM_PAGES = 20
 LAYOUTS = {
     # 256 B pages, bf16 (2-byte views; the store bounces unaligned page sizes)
     "bf16-256B": PageLayout(
@@ -64,7 +64,7 @@ def layout(request: pytest.FixtureRequest) -> PageLayout:
 
 @pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize("stage_pages", [1, 3, 64])
-@pytest.mark.parametrize("count", [7, NUM_PAGES])  # 12 pages: shared with a helper thread
+@pytest.mark.parametrize("count", [7, NUM_PAGES])  # 20 pages: shared with a helper thread
 def test_memory_jobs_move_every_byte_of_shuffled_pages(
     layout: PageLayout, staged: bool, stage_pages: int, count: int
 ) -> None:

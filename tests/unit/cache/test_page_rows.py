@@ -21,7 +21,7 @@ from tieredkv.cache.page_rows import (
 )
 
 LAYOUT = PageLayout(num_layers=2, num_kv_heads=1, head_dim=8, page_size=4, dtype=torch.bfloat16)
-NUM_PAGES = 24
+NUM_PAGES = 40
 
 
 class InlineExecutor(Executor):
@@ -61,11 +61,13 @@ def _pools(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _round_trip(helper: Executor) -> None:
-    """Host -> device then device -> host for 13 shuffled pages (runs of 1 to 4), bytes checked."""
+    """Host -> device then device -> host for SPLIT_MIN_PAGES + 5 shuffled pages (runs of 1 to
+    6, cut across parts), bytes checked."""
     device, host = _pools(seed=1)
     rng = random.Random(2)
-    host_pages = rng.sample(range(NUM_PAGES), 13)
-    device_pages = [0, 1, 2, 3, 9, 10, 20, 5, 6, 7, 15, 14, 13]  # runs cut across parts
+    device_pages = [0, 1, 2, 3, 9, 10, 20, 5, 6, 7, 15, 14, 13, 30, 31, 32, 33, 34, 35, 25, 22]
+    device_pages = device_pages[: SPLIT_MIN_PAGES + 5]
+    host_pages = rng.sample(range(NUM_PAGES), len(device_pages))
     device_rows, host_rows = PageRows.layer_major(device), PageRows.page_major(host)
     untouched = [p for p in range(NUM_PAGES) if p not in device_pages]
     device_before = device[:, :, untouched].clone()
