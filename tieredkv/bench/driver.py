@@ -14,12 +14,13 @@ import asyncio
 import dataclasses
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from tqdm import tqdm
 
 from tieredkv.bench.client import ChatClient
 from tieredkv.bench.records import RequestRecord
+from tieredkv.bench.server_stats import request_timings
 from tieredkv.bench.workload import Workload
 from tieredkv.errors import ConfigError
 
@@ -48,7 +49,12 @@ class WorkloadDriver:
         arrival: ArrivalConfig,
         before_round: Callable[[int], None] | None = None,
         label: str = "",
+        scrape: Callable[[], Awaitable[str | None]] | None = None,
+        first_scrape: str | None = None,
     ) -> None:
+        """`scrape` reads the server's /metrics; with one request in flight at a time, each
+        record then gets the server's own queue time and TTFT (`first_scrape`: the last one
+        taken before the run)."""
         self.workload = workload
         self.client = client
         self.arrival = arrival
@@ -58,6 +64,8 @@ class WorkloadDriver:
         self.answers: list[list[str]] = [[] for _ in range(cfg.num_users)]
         self.records: list[RequestRecord] = []
         self._slots = asyncio.Semaphore(arrival.concurrency)
+        self._scrape = scrape if arrival.concurrency == 1 and first_scrape is not None else None
+        self._last_scrape = first_scrape
         self._bar = tqdm(total=cfg.num_users * cfg.num_rounds, desc=label or "requests", unit="req")
 
     async def run(self) -> list[RequestRecord]:
@@ -108,6 +116,12 @@ class WorkloadDriver:
             record = await self.client.chat(
                 messages, self.workload.config.max_tokens, user, round_index
             )
+            if self._scrape is not None:  # outside the timed request, before the next one
+                after = await self._scrape()
+                record.server_queue_s, record.server_ttft_s = request_timings(
+                    self._last_scrape, after
+                )
+                self._last_scrape = after
         # a failed turn still continues the conversation, with an empty answer
         self.answers[user].append(record.text)
         self.records.append(record)

@@ -27,6 +27,17 @@ class RequestRecord:
     )
     text: str = ""
     error: str | None = None
+    # the server's own clock, from /metrics around this request (one request in flight only):
+    # arrival to its first forward (admission + promotion), arrival to its first token
+    server_queue_s: float | None = None
+    server_ttft_s: float | None = None
+
+    @property
+    def server_prefill_s(self) -> float | None:
+        """The server's first forward to first token: the suffix's prefill as it ran."""
+        if self.server_queue_s is None or self.server_ttft_s is None:
+            return None
+        return self.server_ttft_s - self.server_queue_s
 
     @property
     def ok(self) -> bool:

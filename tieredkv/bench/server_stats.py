@@ -79,3 +79,16 @@ def eviction_counts(before_text: str | None, after_text: str | None) -> dict[str
             if delta is not None:
                 result[f"{tier}:{action}"] = delta
     return result or None
+
+
+def request_timings(before_text: str | None, after_text: str | None) -> tuple[float | None, ...]:
+    """(queue seconds, TTFT seconds) of the one request served between two scrapes, from the
+    histograms' sums; (None, None) unless exactly one was observed in each."""
+    before = parse_samples(before_text or "")
+    after = parse_samples(after_text or "")
+    values = []
+    for name in ("tieredkv_queue_seconds", "tieredkv_time_to_first_token_seconds"):
+        count = counter_delta(before, after, f"{name}_count")
+        total = counter_delta(before, after, f"{name}_sum")
+        values.append(total if count == 1 and total is not None else None)
+    return tuple(values)

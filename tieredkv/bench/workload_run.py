@@ -58,7 +58,15 @@ async def _run(
         client = ChatClient(http, base_url, model, extra_body)
         health = await fetch_health(http, base_url)
         before = await scrape_metrics(http, base_url)
-        driver = WorkloadDriver(workload, client, arrival, before_round, label)
+        driver = WorkloadDriver(
+            workload,
+            client,
+            arrival,
+            before_round,
+            label,
+            scrape=lambda: scrape_metrics(http, base_url),
+            first_scrape=before,
+        )
         records = await driver.run()
         after = await scrape_metrics(http, base_url)
     return {

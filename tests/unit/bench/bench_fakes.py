@@ -13,7 +13,8 @@ from tieredkv.engine.metrics import EngineMetrics
 
 class FakeServer:
     """`tieredkv=True`: usage carries cached_tokens(_by_tier) and /metrics exists (each chat
-    observes one disk promotion of 5 ms); False: a plain server that reports neither."""
+    observes a queue time of 10 ms per message, a TTFT 3 ms longer, and one disk promotion of
+    5 ms); False: a plain server that reports neither."""
 
     def __init__(self, tieredkv: bool, answer_prefix: str = "Answer") -> None:
         self.tieredkv = tieredkv
@@ -46,6 +47,8 @@ class FakeServer:
         cached = 0 if turns <= 2 else prompt_tokens // 2
         usage: dict = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words)}
         if self.tieredkv:
+            self.metrics.on_first_forward(0.010 * turns)
+            self.metrics.on_first_token(0.010 * turns + 0.003)
             by_tier = {"device": 0, "host": cached - cached // 2, "disk": cached // 2}
             usage["prompt_tokens_details"] = {
                 "cached_tokens": cached,

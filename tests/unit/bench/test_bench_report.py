@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import pytest
 from bench_fakes import FakeServer
 
 from tieredkv.bench import report as reports
@@ -88,3 +89,16 @@ def test_targets_from_disk_hits() -> None:
     unknown = evaluate(cached, None, None)
     assert unknown["ttft_speedup_vs_recompute_p50"]["met"] is None
     assert unknown["disk_promotion_p50_over_ideal"]["value"] is None
+
+
+def test_one_request_at_a_time_records_the_servers_own_timings() -> None:
+    cached, plain = two_runs()
+    for record in cached["records"]:
+        turns = 2 * record["round_index"] + 2  # system + document/question, then pairs
+        assert record["server_queue_s"] == pytest.approx(0.010 * turns)
+        assert record["server_ttft_s"] == pytest.approx(0.010 * turns + 0.003)
+    assert all(r["server_queue_s"] is None for r in plain["records"])  # no /metrics: unknown
+    concurrent = run_workload("http://a", Workload(SMALL), ArrivalConfig(2), label="tieredkv",
+                              transport=FakeServer(True).transport())  # fmt: skip
+    # two requests in flight: a scrape cannot tell them apart, so nothing is claimed
+    assert all(r["server_queue_s"] is None for r in concurrent["records"])

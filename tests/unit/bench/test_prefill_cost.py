@@ -42,7 +42,7 @@ def disk_runs(ttft: float) -> tuple[dict, dict]:
     return cached, {"records": [base]}
 
 
-def test_bound_uses_the_suffix_flop_share_and_reports_the_average_rule() -> None:
+def test_bound_rules_judge_by_the_server_first_and_report_every_rule() -> None:
     cost = PrefillCost.of(SMOL)
     transfer = 3.2e6 / 1e9  # bytes / disk bandwidth
     share_s = 7.5 * cost.suffix_share(3264, 3200)
@@ -50,11 +50,24 @@ def test_bound_uses_the_suffix_flop_share_and_reports_the_average_rule() -> None
     assert share_s > average_s + 0.01
     between = transfer + (share_s + average_s) / 2 + 0.050  # meets one rule, not the other
     targets = evaluate(*disk_runs(between), disk_bytes_per_s=1e9, cost=cost)
-    assert targets["ttft_within_bound"]["met"] is True
+    rules = targets["ttft_within_bound_rules"]
+    assert set(rules) == {"flop_share", "average_speed"}  # no server timings in these records
+    assert rules["flop_share"]["met"] is True and rules["average_speed"]["met"] is False
+    assert rules["flop_share"]["margin_min_s"] == pytest.approx(transfer + share_s + 0.05 - between)
+    assert targets["ttft_within_bound"]["met"] is True  # the first rule with values
     assert targets["ttft_within_bound"]["suffix_prefill"].startswith("FLOP share")
-    assert targets["ttft_within_bound_average_speed"]["met"] is False
     too_slow = transfer + share_s + 0.060
     assert evaluate(*disk_runs(too_slow), 1e9, cost)["ttft_within_bound"]["met"] is False
     no_cost = evaluate(*disk_runs(between), 1e9)
     assert no_cost["ttft_within_bound"]["met"] is False  # falls back to the average rule
-    assert no_cost["ttft_within_bound"]["suffix_prefill"] == "average speed"
+    assert set(no_cost["ttft_within_bound_rules"]) == {"average_speed"}
+    # the server's own first-forward-to-first-token time comes first when every record has it
+    cached, baseline = disk_runs(between)
+    cached["records"][0] |= {"server_queue_s": between - 0.2, "server_ttft_s": between - 0.01}
+    timed = evaluate(cached, baseline, 1e9, cost)
+    assert next(iter(timed["ttft_within_bound_rules"])) == "server"
+    assert timed["ttft_within_bound"]["suffix_prefill"].startswith("measured by the server")
+    # 0.19 s of measured prefill + transfer + 50 ms covers the TTFT
+    assert timed["ttft_within_bound"]["met"] is True
+    unknown = evaluate(cached, baseline, None, cost)
+    assert unknown["ttft_within_bound"]["met"] is None and not unknown["ttft_within_bound_rules"]
