@@ -91,8 +91,9 @@ class Engine:
         stale = [r.request_id for r in plan.requests if r.status is not RequestStatus.RUNNING]
         assert not stale, f"planned requests lost their pages before the forward: {stale}"
         if plan.chunks:
+            forward_started = self.clock()
             logits = self.runner.forward(plan.chunks)
-            self._sample_and_emit(plan, logits)
+            self._sample_and_emit(plan, logits, forward_started)
             self._insert_full_pages(plan.requests)
         self.recorder.step_done(self)
         return bool(plan.chunks)
@@ -228,13 +229,13 @@ class Engine:
         self.waiting.append(request)
         self.recorder.preempted()
 
-    def _sample_and_emit(self, plan: StepPlan, logits) -> None:
+    def _sample_and_emit(self, plan: StepPlan, logits, forward_started: float) -> None:
         now = self.clock()
         rows, sampled = [], []
         for row, (request, chunk) in enumerate(zip(plan.requests, plan.chunks, strict=True)):
             request.kv_len = chunk.end
-            if request.first_forward_at is None:
-                request.first_forward_at = now
+            if request.first_forward_at is None:  # queue_seconds ends where the forward began
+                request.first_forward_at = forward_started
                 self.recorder.first_forward(request)
             if request.num_pending == 0:
                 rows.append(row)

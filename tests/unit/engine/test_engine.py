@@ -229,3 +229,20 @@ def test_a_sampling_error_ends_only_its_own_request(make_harness, monkeypatch) -
     assert last.finish_reason is FinishReason.ERROR and "bad sampling parameters" in last.error
     assert harness.outputs["good"][-1].finish_reason is FinishReason.LENGTH
     assert not harness.cache.lock_holders and not harness.cache.private_pages
+
+
+def test_queue_time_ends_where_the_first_forward_begins(make_harness) -> None:
+    harness = make_harness()
+    runner = harness.engine.runner
+    real_forward = runner.forward
+
+    def slow_forward(chunks):
+        harness.clock.advance(5.0)  # every forward takes 5 s of engine time
+        return real_forward(chunks)
+
+    runner.forward = slow_forward
+    harness.submit("r", prompt(9, seed=80), max_tokens=1)
+    harness.run()
+    text = harness.metrics.render()
+    assert "tieredkv_queue_seconds_sum 0\n" in text  # admitted at once: no queueing
+    assert "tieredkv_time_to_first_token_seconds_sum 5\n" in text
