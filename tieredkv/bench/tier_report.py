@@ -31,8 +31,9 @@ def print_report(report: dict) -> None:
     for row in report["rows"]:
         mark = ("" if row["meets_target"] else "  MISS") + ("" if row["verified"] else "  BAD")
         share_2t = "" if row["share_2t"] is None else f"{row['share_2t']:.0%}"
+        threads = "" if row["threads"] is None else row["threads"]
         print(
-            f"{row['path']:<14}{row['via']:<42}{row['batch_pages']:>6}{row['threads']:>4}"
+            f"{row['path']:<14}{row['via']:<42}{row['batch_pages']:>6}{threads:>4}"
             f"{row['gbps']:>8.2f}  {row['limit']:<15}{row['limit_gbps']:>7.2f}"
             f"{row['share']:>7.0%}{row['target']:>7.0%}{share_2t:>7}{mark}"
         )

@@ -27,7 +27,7 @@ class BandwidthRow:
     limit_gbps: float
     target: float  # the share of the limit the issue asks for
     verified: bool  # the bytes arrived intact
-    threads: int = 1  # threads the measured copy ran on
+    threads: int | None = None  # host<->device rows: threads the copy ran on
     limit_2t_gbps: float | None = None  # the same limit measured on two threads, where known
 
     @property
