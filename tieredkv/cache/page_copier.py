@@ -4,14 +4,15 @@ A job touches only the pages it was given (the engine thread pinned them) and re
 whether it arrived intact (a disk record that fails verification is False, never served).
 
   from    to      CPU device pool                    CUDA device pool
-  host    device  page by page, no staging, 2 threads  pinned staging -> device staging, scatter
-  device  host    page by page, no staging, 2 threads  gather -> pinned staging -> host pages
+  host    device  page by page, no staging (*)       pinned staging -> device staging, scatter
+  device  host    page by page, no staging (*)       gather -> pinned staging -> host pages
   *       disk    host run in place, else staging    (device: gather -> pinned staging)
   disk    *       host run in place, else staging    (device: staging -> device, scatter)
 
-On a CPU device pool, a host<->device job of `SPLIT_MIN_PAGES` pages or more shares its pages
-with one helper thread (page_rows: one thread reaches ~60-80% of memcpy on these strided copies,
-two reach ~100%); `copy_threads(n)` says how many threads a job of n pages uses.
+(*) A job of `SPLIT_MIN_PAGES` pages or more shares its pages with one helper thread. On these
+strided copies one thread reaches ~75% of one-thread memcpy into the device pool and ~55% out
+of it; two reach ~95% and ~85% when the other core is free (page_rows has the measurements).
+`copy_threads(n)` says how many threads a job of n pages uses.
 
 Staging is reused (per worker thread, see page_staging) and bounded: a staged transfer moves
 at most STAGE_BYTES at a time, double-buffered. A disk transfer overlaps its staging copies with

@@ -19,7 +19,8 @@ fancy indexing: 8-9; blocks of 8 pages x 10 rows: 10; staged page by page throug
 buffer: 10; 60 rows read interleaved in 256 B - 2 KiB pieces: 10-11, not counting the copy back
 out; torch copies: 9-11; 4- or 8-byte elements: no change, numpy ends in memmove). Huge pages
 under both pools would add ~8% (the pools are not allocated here). Two threads overlap their
-misses and reach ~26 GB/s in and ~20 GB/s out when the other core is free, so a batch of at
+misses and reach ~20 GB/s in and ~18 GB/s out when the other core is free (`bench tiers`,
+64-1024 pages; one-thread memcpy ~21 GB/s in the same runs), so a batch of at
 least `SPLIT_MIN_PAGES` pages is shared with one helper thread (`copy_pages(..., helper=...)`).
 When the other core is busy the split gains nothing, and a helper descheduled in the middle of
 a part delays the job by up to a time slice: the price of the gain on a quiet machine.
