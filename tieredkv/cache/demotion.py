@@ -10,6 +10,10 @@ Evicting a copy from tier T, cheapest first:
      skipped for the next one down.
   4. otherwise: free it now, with whatever below relied on it; a node left with no copy
      leaves the tree                                            (dropped)
+     ... except while transfers are in flight and the drop would lose pages (the copy is the
+     last one, or children would lose theirs) in a tier that has an enabled tier below: then
+     wait, as those transfers complete, room opens below (a tiny host tier full of copies in
+     flight dropped whole conversations that the disk had room for).
 Write-through copies new device pages down in the background, so that eviction is case 1.
 """
 
@@ -64,10 +68,20 @@ class Demoter:
                 if self.residency.pending_free[lower]:
                     return False  # room is on its way there: wait for it
                 lower = self.pools.lower(lower)
-        self.residency.free_copy(node, tier, count_as=False)
+            if self.residency.mover.in_flight and self._drop_loses_pages(node, tier):
+                return False  # transfers in flight will change what can move: wait, lose nothing
+        # demoted iff a copy remains below (a clean lower copy that was too low for children)
+        self.residency.free_copy(node, tier, count_as=any(t > tier for t in node.copies))
         self.residency.enforce_closure(node)  # copies below that relied on this one go too
         self._after_free(node)
         return True
+
+    def _drop_loses_pages(self, node: RadixNode, tier: Tier) -> bool:
+        """Would dropping `node`'s copy in `tier` (a tier above the last one) leave pages with
+        no copy: its own (no lower copy) or its children's (they lose their closure)?"""
+        if self.pools.lower(tier) is None:
+            return False  # the last enabled, healthy tier: dropping is its job
+        return not any(t > tier for t in node.copies) or not copy_may_leave(node, tier)
 
     def _after_free(self, node: RadixNode) -> None:
         parent = node.parent

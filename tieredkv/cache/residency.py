@@ -248,10 +248,14 @@ class Residency:
                 allowed = node.has_disk_copy() if tier is Tier.DISK else node.in_closure(tier)
                 if not allowed:
                     self._doom(part)
+            kept = [
+                tier
+                for tier in child.copies
+                if (Tier.DISK in node.copies if tier is Tier.DISK else node.in_closure(tier))
+            ]
             for tier in list(child.copies):
-                allowed = Tier.DISK in node.copies if tier is Tier.DISK else node.in_closure(tier)
-                if not allowed:
-                    self.free_copy(child, tier, count_as=False)
+                if tier not in kept:  # demoted iff the child keeps a copy below
+                    self.free_copy(child, tier, count_as=any(t > tier for t in kept))
             self.enforce_closure(child)
             self.remove_if_empty(child, cascade=False, merge=False)
             self.refresh(child)
