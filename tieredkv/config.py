@@ -124,7 +124,10 @@ class CacheConfig:
     host_cache_bytes: int = 2 << 30
     disk_cache_dir: Path | None = None
     disk_cache_bytes: int = 0
-    write_policy: WritePolicy = WritePolicy.WRITE_BACK
+    # the benchmark's choice: write-through at page 16 had the lowest reuse-round TTFT p50 in
+    # two runs of `tieredkv bench multiturn --dtype bfloat16 --compare-policies` (142 ms vs
+    # 157-165 for write-back; README "Performance")
+    write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
     enable_prefix_reuse: bool = True  # False is `--no-cache`: the recompute baseline
 
     def __post_init__(self) -> None:

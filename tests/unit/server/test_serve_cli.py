@@ -25,6 +25,7 @@ def test_defaults_fit_a_small_machine():
     assert s.cache.device_cache_bytes == 2 * GiB and s.cache.host_cache_bytes == 4 * GiB
     assert s.cache.disk_cache_bytes == 16 * GiB and not s.cache.disk_enabled  # no dir given
     assert s.cache.page_size == 16 and s.cache.enable_prefix_reuse
+    assert s.cache.write_policy is WritePolicy.WRITE_THROUGH  # the policy grid's choice
     assert s.server.max_request_bytes == 1 << 20 and not s.server.debug_endpoints
     assert s.engine.schedule_policy is SchedulePolicy.LPM and s.engine.dtype == "auto"
     assert s.model is None and s.max_model_len is None and s.served_model_name is None
@@ -36,7 +37,7 @@ def test_every_flag_reaches_its_config(tmp_path):
         "--dtype", "float32", "--max-model-len", "4096", "--page-size", "32",
         "--device-cache-size", "512MiB", "--host-cache-size", "0",
         "--disk-cache-dir", str(tmp_path), "--disk-cache-size", "3G",
-        "--write-policy", "write_through", "--schedule-policy", "fcfs",
+        "--write-policy", "write_back", "--schedule-policy", "fcfs",
         "--max-batch-tokens", "1024", "--max-num-seqs", "8", "--max-queue", "5",
         "--max-request-bytes", "64KiB", "--api-key", "k", "--no-cache", "--debug-endpoints",
     )  # fmt: skip
@@ -46,7 +47,7 @@ def test_every_flag_reaches_its_config(tmp_path):
     assert s.cache.page_size == 32 and s.cache.device_cache_bytes == 512 << 20
     assert not s.cache.host_enabled and s.cache.disk_enabled
     assert s.cache.disk_cache_dir == tmp_path and s.cache.disk_cache_bytes == 3 * GiB
-    assert s.cache.write_policy is WritePolicy.WRITE_THROUGH and not s.cache.enable_prefix_reuse
+    assert s.cache.write_policy is WritePolicy.WRITE_BACK and not s.cache.enable_prefix_reuse
     assert s.engine.schedule_policy is SchedulePolicy.FCFS and s.engine.dtype == "float32"
     assert (s.engine.max_batch_tokens, s.engine.max_num_seqs, s.engine.max_queue) == (1024, 8, 5)
     assert s.engine.max_model_len == 4096
