@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -39,29 +40,27 @@ def cpu_share(seconds: float = 0.5) -> dict[str, float]:
     }
 
 
-def compare_floor_us(num_tokens: int, repeats: int, seed: int) -> float:
-    """Median µs of `stored == tuple(prompt)` over `num_tokens` equal values in new objects."""
+def _floor_us(
+    num_tokens: int, repeats: int, seed: int, stored_form: Callable[[list[int]], object]
+) -> float:
+    """Median µs of `stored == stored_form(prompt)`, the prompt in new int objects each time."""
     ids = np.random.default_rng(seed).integers(256, 49152, num_tokens)
-    stored = tuple(ids.tolist())
+    stored = stored_form(ids.tolist())
     times = []
     for _ in range(repeats):
         prompt = ids.tolist()  # new int objects each time
         begin = time.perf_counter_ns()
-        equal = stored == tuple(prompt)
+        equal = stored == stored_form(prompt)
         times.append(time.perf_counter_ns() - begin)
         assert equal
     return statistics.median(times) / 1e3
+
+
+def compare_floor_us(num_tokens: int, repeats: int, seed: int) -> float:
+    """Comparing a prompt as ints with a stored copy: `stored == tuple(prompt)`."""
+    return _floor_us(num_tokens, repeats, seed, tuple)
 
 
 def packed_floor_us(num_tokens: int, repeats: int, seed: int) -> float:
-    """Median µs of `stored == token_bytes(prompt)` over `num_tokens` values in new objects."""
-    ids = np.random.default_rng(seed).integers(256, 49152, num_tokens)
-    stored = token_bytes(ids.tolist())
-    times = []
-    for _ in range(repeats):
-        prompt = ids.tolist()  # new int objects each time
-        begin = time.perf_counter_ns()
-        equal = stored == token_bytes(prompt)
-        times.append(time.perf_counter_ns() - begin)
-        assert equal
-    return statistics.median(times) / 1e3
+    """Packing a prompt and one memcmp: `stored == token_bytes(prompt)`."""
+    return _floor_us(num_tokens, repeats, seed, token_bytes)
