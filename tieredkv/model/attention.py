@@ -24,8 +24,6 @@ from tieredkv.cache.device_pool import DevicePool
 from tieredkv.model.forward_batch import ForwardBatch
 from tieredkv.model.workspace import SpareWorkspaces, Workspace
 
-_QUERY_BLOCK = 128  # queries per block in prefill attention (fastest here at 64-256)
-
 
 class AttentionBackend(ABC):
     """Stores new K/V into the pool and attends; one instance per model runner."""
@@ -104,11 +102,11 @@ class WorkspaceAttention(AttentionBackend):
 def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """One sequence: q (n, heads, head_dim) are the last n of keys/values (kv_heads, kv_len, d).
 
-    In both paths the `group` query heads of a kv head fold into the query axis, so K/V are
-    never expanded for GQA:
-      n == 1   decode: SDPA, no mask needed
-      n > 1    prefill (fresh, chunked, or a suffix after a cached prefix): causal attention in
-               query blocks, aligned bottom-right; see `blocked_causal_attention`
+    Both cases run torch's fused CPU attention (SDPA: flash-style blocks on oneDNN, AMX for
+    bf16), with K/V never expanded for GQA:
+      n == 1   decode: the `group` query heads of a kv head fold into the query axis, no mask
+      n > 1    prefill (fresh, chunked, or a suffix after a cached prefix): causal, aligned
+               bottom-right; see `causal_attention`
     """
     n, heads, head_dim = q.shape
     kv_heads = keys.shape[0]
@@ -117,40 +115,32 @@ def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> tor
         folded = q.view(1, kv_heads, group, head_dim)  # (1, kv_heads, group, d)
         out = F.scaled_dot_product_attention(folded, keys.unsqueeze(0), values.unsqueeze(0))
         return out.reshape(1, heads, head_dim)
-    return blocked_causal_attention(q, keys, values)
+    return causal_attention(q, keys, values)
 
 
-def blocked_causal_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, block: int = _QUERY_BLOCK
-) -> torch.Tensor:
-    """Causal attention as two batched matmuls per block of `block` queries.
+def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Causal attention of the last n positions, query i at kv_len - n + i (bottom-right).
 
-    On CPU this is several times faster than SDPA's flash kernel for prefill: the matmuls run on
-    oneDNN (AMX for bf16) and each block reads only the keys it may see, so the masked upper
-    triangle is never computed. Scores are in the model dtype (as transformers' eager path
-    computes them); softmax accumulates in fp32. Query i of the n sits at kv_len - n + i:
-
-        block of queries [s, e)   sees keys [0, kv_len - n + e)
-        its keys [kv_len - n + s, kv_len - n + e) get the strictly-upper-triangular mask
+    SDPA's `is_causal` aligns top-left, right only when there is no earlier context; with one,
+    an explicit mask lets query i see keys [0, kv_len - n + i]. Returns (n, heads, head_dim).
     """
-    n, heads, head_dim = q.shape
-    kv_heads, kv_len = keys.shape[0], keys.shape[1]
-    group = heads // kv_heads
+    n = q.shape[0]
+    kv_len = keys.shape[1]
     offset = kv_len - n
-    scaled = (q * head_dim**-0.5).view(n, kv_heads, group, head_dim).permute(1, 2, 0, 3)
-    out = torch.empty_like(q)  # (n, heads, head_dim)
-    upper = torch.ones(block, block, dtype=torch.bool, device=q.device).triu(1)
-    for s in range(0, n, block):
-        e = min(n, s + block)
-        size, visible = e - s, offset + e
-        q_block = scaled[:, :, s:e].reshape(kv_heads, group * size, head_dim)
-        scores = torch.bmm(q_block, keys[:, :visible].transpose(1, 2))  # (kv, group*size, vis)
-        diagonal = scores.view(kv_heads, group, size, visible)[..., offset + s :]
-        diagonal.masked_fill_(upper[:size, :size], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)  # accumulates in fp32, stores in the model dtype
-        block_out = torch.bmm(probs, values[:, :visible])  # (kv_heads, group * size, d)
-        out[s:e] = block_out.view(kv_heads, group, size, head_dim).permute(2, 0, 1, 3).flatten(1, 2)
-    return out
+    mask = None
+    if offset > 0:
+        key_pos = torch.arange(kv_len, device=q.device)
+        query_pos = torch.arange(offset, kv_len, device=q.device)
+        mask = key_pos.unsqueeze(0) <= query_pos.unsqueeze(1)  # (n, kv_len) bool
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),  # (1, heads, n, d)
+        keys.unsqueeze(0),  # (1, kv_heads, kv_len, d)
+        values.unsqueeze(0),
+        attn_mask=mask,
+        is_causal=mask is None,
+        enable_gqa=True,
+    )  # (1, heads, n, d)
+    return out[0].transpose(0, 1)
 
 
 class PagedKernelAttention(AttentionBackend):
