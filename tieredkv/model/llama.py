@@ -17,18 +17,18 @@ from tieredkv.config import ModelConfig
 from tieredkv.errors import ModelLoadError
 from tieredkv.model.attention import AttentionBackend
 from tieredkv.model.forward_batch import ForwardBatch
+from tieredkv.model.linear import Linear, make_linear, packed_linear_works
 from tieredkv.model.rope import apply_rope, build_rope_cache
 
 
 @dataclass(frozen=True)
 class LayerWeights:
     input_norm: torch.Tensor  # (hidden,)
-    qkv: torch.Tensor  # ((heads + 2 * kv_heads) * head_dim, hidden)
-    qkv_bias: torch.Tensor | None  # ((heads + 2 * kv_heads) * head_dim,) Qwen2 only
-    o: torch.Tensor  # (hidden, heads * head_dim)
+    qkv: Linear  # hidden -> (heads + 2 * kv_heads) * head_dim, with a bias for Qwen2
+    o: Linear  # heads * head_dim -> hidden
     post_norm: torch.Tensor  # (hidden,)
-    gate_up: torch.Tensor  # (2 * intermediate, hidden)
-    down: torch.Tensor  # (hidden, intermediate)
+    gate_up: Linear  # hidden -> 2 * intermediate
+    down: Linear  # intermediate -> hidden
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -43,23 +43,23 @@ def _take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
         raise ModelLoadError(f"missing tensor {name!r} in the model weights") from None
 
 
-def _layer_weights(weights: dict[str, torch.Tensor], i: int) -> LayerWeights:
+def _layer_weights(weights: dict[str, torch.Tensor], i: int, packed: bool) -> LayerWeights:
     prefix = f"model.layers.{i}."
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
     qkv = torch.cat([_take(weights, f"{attn}{p}_proj.weight") for p in "qkv"])
     bias = None
     if f"{attn}q_proj.bias" in weights:
         bias = torch.cat([_take(weights, f"{attn}{p}_proj.bias") for p in "qkv"])
+    gate_up = torch.cat(
+        [_take(weights, mlp + "gate_proj.weight"), _take(weights, mlp + "up_proj.weight")]
+    )
     return LayerWeights(
         input_norm=_take(weights, prefix + "input_layernorm.weight"),
-        qkv=qkv,
-        qkv_bias=bias,
-        o=_take(weights, attn + "o_proj.weight"),
+        qkv=make_linear(qkv, bias, packed),
+        o=make_linear(_take(weights, attn + "o_proj.weight"), packed=packed),
         post_norm=_take(weights, prefix + "post_attention_layernorm.weight"),
-        gate_up=torch.cat(
-            [_take(weights, mlp + "gate_proj.weight"), _take(weights, mlp + "up_proj.weight")]
-        ),
-        down=_take(weights, mlp + "down_proj.weight"),
+        gate_up=make_linear(gate_up, packed=packed),
+        down=make_linear(_take(weights, mlp + "down_proj.weight"), packed=packed),
     )
 
 
@@ -81,8 +81,10 @@ class LlamaModel:
         self.embed = _take(to_device, "model.embed_tokens.weight")  # (vocab, hidden)
         self.dtype = self.embed.dtype
         self.final_norm = _take(to_device, "model.norm.weight")
-        self.lm_head = to_device.get("lm_head.weight", self.embed)  # tied when absent
-        self.layers = [_layer_weights(to_device, i) for i in range(config.num_layers)]
+        packed = packed_linear_works(self.dtype, self.device)
+        head = to_device.get("lm_head.weight", self.embed)  # tied when absent
+        self.lm_head = make_linear(head, packed=packed)
+        self.layers = [_layer_weights(to_device, i, packed) for i in range(config.num_layers)]
         cos, sin = build_rope_cache(config, max_len, self.device)  # (max_len, head_dim) fp32
         self.cos, self.sin = cos.to(self.dtype), sin.to(self.dtype)
         self.max_len = max_len
@@ -93,21 +95,22 @@ class LlamaModel:
         cfg = self.config
         num_tokens = batch.num_tokens
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        qk_heads = cfg.num_heads + cfg.num_kv_heads
         self.attention.begin_step(batch)
         cos = self.cos[batch.positions].unsqueeze(1)  # (T, 1, head_dim)
         sin = self.sin[batch.positions].unsqueeze(1)
         x = self.embed[batch.token_ids]  # (T, hidden)
         for layer, w in enumerate(self.layers):
             h = rms_norm(x, w.input_norm, cfg.rms_norm_eps)
-            qkv = F.linear(h, w.qkv, w.qkv_bias)  # (T, q_size + 2 * kv_size)
-            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = apply_rope(q.view(num_tokens, cfg.num_heads, cfg.head_dim), cos, sin)
-            k = apply_rope(k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim), cos, sin)
-            v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            qkv = w.qkv(h)  # (T, q_size + 2 * kv_size)
+            # q and k heads side by side: one rotation for both
+            qk = qkv[:, : q_size + kv_size].view(num_tokens, qk_heads, cfg.head_dim)
+            q, k = apply_rope(qk, cos, sin).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+            v = qkv[:, q_size + kv_size :].view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = self.attention.attend(layer, q, k, v, batch)  # (T, heads, head_dim)
-            x = x + F.linear(attn.reshape(num_tokens, q_size), w.o)
+            x = w.o.add_to(x, attn.reshape(num_tokens, q_size))
             h = rms_norm(x, w.post_norm, cfg.rms_norm_eps)
-            gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)  # (T, intermediate) each
-            x = x + F.linear(F.silu(gate) * up, w.down)
+            gate, up = w.gate_up(h).chunk(2, dim=-1)  # (T, intermediate) each
+            x = w.down.add_to(x, F.silu(gate) * up)
         last = rms_norm(x[batch.logits_indices], self.final_norm, cfg.rms_norm_eps)  # (B, hidden)
-        return F.linear(last, self.lm_head).float()  # (B, vocab)
+        return self.lm_head(last).float()  # (B, vocab)

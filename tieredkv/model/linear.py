@@ -1,0 +1,84 @@
+"""Linear layers: `y = x @ W.T (+ b)`, through the fastest path for the weights' device and dtype.
+
+`F.linear` on a bf16 CPU tensor hands oneDNN a plain weight that it re-lays-out on every call;
+for decode-shaped inputs (a few rows) that costs more than the product itself. On a CPU whose
+oneDNN runs bf16 (AMX or AVX512-BF16), `PackedLinear` lays each weight out once, at load, in
+oneDNN's blocked format and calls oneDNN directly; it also fuses a residual add into the product.
+Everything else (CUDA, fp32, a torch without oneDNN) uses `PlainLinear`. fp32 stays on
+`F.linear` on purpose: its outputs must match transformers' token for token.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+_DECODE_ROWS = 16  # up to this many rows use the packing oneDNN picks for one row
+
+
+class PlainLinear:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight = weight  # (out, in)
+        self.bias = bias  # (out,) or None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """residual + self(x)."""
+        return residual + F.linear(x, self.weight, self.bias)
+
+
+class PackedLinear:
+    """A bf16 CPU weight in oneDNN's layout, packed twice: for a few rows and for many rows
+    (one packing loses up to 3x on the other's shapes; the weights are small beside the KV)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        reorder = torch.ops.mkldnn._reorder_linear_weight
+        self.out_features = weight.shape[0]
+        self.bias = bias
+        self._few = reorder(weight, 1)
+        self._many = reorder(weight, 2048)
+
+    def _packed(self, x: torch.Tensor) -> torch.Tensor:
+        return self._few if x.shape[0] <= _DECODE_ROWS else self._many
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed(x), self.bias, "none", [], "")
+
+    def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """residual + self(x), the add fused into the product."""
+        if self.bias is not None:
+            return residual + self(x)
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self._packed(x), None, "add")
+
+
+Linear = PlainLinear | PackedLinear
+
+
+def packed_linear_works(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `PackedLinear` runs here and agrees with `F.linear` on a small product."""
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return False
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return False
+    try:
+        generator = torch.Generator().manual_seed(0)
+        weight = torch.randn(48, 64, generator=generator).to(dtype)
+        x = torch.randn(3, 64, generator=generator).to(dtype)
+        got = PackedLinear(weight)(x).float()
+    except (RuntimeError, AttributeError) as error:  # an op missing from this torch build
+        log.info("oneDNN packed linear unavailable (%s); using F.linear", error)
+        return False
+    expected = F.linear(x.float(), weight.float())
+    return bool(torch.allclose(got, expected, rtol=2e-2, atol=0.1))
+
+
+def make_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None = None, packed: bool = False
+) -> Linear:
+    return PackedLinear(weight, bias) if packed else PlainLinear(weight, bias)
