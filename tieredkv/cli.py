@@ -186,6 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"tieredkv serve: error: {exc}", file=sys.stderr)
         return 2
+    if argv is None:  # the command line, not a caller in this process
+        from tieredkv.preload import reexec_with_preload
+
+        reexec_with_preload()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
