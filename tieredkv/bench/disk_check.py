@@ -1,6 +1,7 @@
 """Keep disk figures honest: drop the disk store from the page cache before timed rounds (so a
 "disk" hit is never served from RAM), and measure this disk's sequential read bandwidth in the
-same run (the limit a disk promotion is compared against)."""
+same run (the limit a disk promotion is compared against), with the store's own request size
+and number of requests in flight."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import logging
 import mmap
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from tieredkv.cache.disk_store import CHUNK_BYTES, IO_DEPTH
 
 log = logging.getLogger(__name__)
 
 ALIGN_BYTES = 4096
-CHUNK_BYTES = 32 * 2**20  # the disk store's default chunk size
 
 
 def drop_page_cache(directory: Path) -> int:
@@ -45,38 +48,57 @@ def _open_direct(path: Path, flags: int) -> tuple[int, bool]:
     return os.open(path, flags), False
 
 
-def disk_read_bandwidth(directory: Path, num_bytes: int = 256 * 2**20) -> dict:
-    """Sequential read bytes/s of a fresh `num_bytes` file in `directory` (then deleted), read
-    in CHUNK_BYTES requests, with O_DIRECT when the filesystem allows, else buffered after
-    dropping the file from the page cache. Median of three passes."""
-    num_bytes = max(num_bytes // CHUNK_BYTES, 1) * CHUNK_BYTES
+def disk_read_bandwidth(
+    directory: Path,
+    num_bytes: int = 256 * 2**20,
+    chunk_bytes: int = CHUNK_BYTES,
+    in_flight: int = IO_DEPTH + 1,
+) -> dict:
+    """Read bytes/s of a fresh `num_bytes` file in `directory` (then deleted): `chunk_bytes`
+    requests, `in_flight` of them at once on as many threads (the disk store's own request size
+    and parallelism), with O_DIRECT when the filesystem allows, else buffered after dropping the
+    file from the page cache. Median of three passes."""
+    num_bytes = max(num_bytes // chunk_bytes, 1) * chunk_bytes
     path = directory / ".tieredkv-bench-bandwidth"
-    buffer = mmap.mmap(-1, CHUNK_BYTES)  # page-aligned: valid for O_DIRECT
-    buffer.write(os.urandom(ALIGN_BYTES) * (CHUNK_BYTES // ALIGN_BYTES))
+    buffers = [mmap.mmap(-1, chunk_bytes) for _ in range(in_flight)]  # page-aligned: O_DIRECT
+    buffers[0].write(os.urandom(ALIGN_BYTES) * (chunk_bytes // ALIGN_BYTES))
+    offsets = list(range(0, num_bytes, chunk_bytes))
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            for offset in range(0, num_bytes, CHUNK_BYTES):
-                os.pwrite(fd, buffer, offset)
+            for offset in offsets:
+                os.pwrite(fd, buffers[0], offset)
             os.fsync(fd)
         finally:
             os.close(fd)
         passes = []
         direct = False
-        for _ in range(3):
-            drop_file(path)
-            fd, direct = _open_direct(path, os.O_RDONLY)
-            try:
-                start = time.perf_counter()
-                for offset in range(0, num_bytes, CHUNK_BYTES):
-                    os.preadv(fd, [buffer], offset)
-                passes.append(time.perf_counter() - start)
-            finally:
-                os.close(fd)
+        with ThreadPoolExecutor(in_flight, thread_name_prefix="tkv-disk-probe") as readers:
+            for _ in range(3):
+                drop_file(path)
+                fd, direct = _open_direct(path, os.O_RDONLY)
+
+                def read(worker: int, fd: int = fd) -> None:
+                    for offset in offsets[worker::in_flight]:
+                        os.preadv(fd, [buffers[worker]], offset)
+
+                try:
+                    start = time.perf_counter()
+                    list(readers.map(read, range(in_flight)))
+                    passes.append(time.perf_counter() - start)
+                finally:
+                    os.close(fd)
         seconds = sorted(passes)[1]
-        return {"bytes_per_s": num_bytes / seconds, "bytes": num_bytes, "o_direct": direct}
+        return {
+            "bytes_per_s": num_bytes / seconds,
+            "bytes": num_bytes,
+            "o_direct": direct,
+            "chunk_bytes": chunk_bytes,
+            "in_flight": in_flight,
+        }
     finally:
-        buffer.close()
+        for buffer in buffers:
+            buffer.close()
         path.unlink(missing_ok=True)
 
 

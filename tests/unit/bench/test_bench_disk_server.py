@@ -24,6 +24,13 @@ def test_disk_bandwidth_probe_cleans_up(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_disk_bandwidth_probe_reads_in_parallel(tmp_path: Path) -> None:
+    result = disk_read_bandwidth(tmp_path, num_bytes=3 * 2**20, chunk_bytes=2**20, in_flight=2)
+    assert result["bytes"] == 3 * 2**20 and result["in_flight"] == 2
+    assert result["chunk_bytes"] == 2**20 and result["bytes_per_s"] > 0
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_server_that_cannot_start_is_a_named_error(tmp_path: Path) -> None:
     # a device tier too small for one --max-model-len sequence is a start-up error
     args = ["--dtype", "float32", "--max-model-len", "2048", "--device-cache-size", "1MiB"]
