@@ -14,6 +14,7 @@
 # Environment: VLLM_VENV (venv path), TIEREDKV_PYTHON (the project's python, to find the model
 # dir; default .venv/bin/python), DTYPE (float32 | bfloat16, default float32: match
 # `tieredkv bench multiturn --dtype`), MAX_MODEL_LEN (default 4096), THREADS (OMP threads),
+# VLLM_CPU_OMP_THREADS_BIND (default: every core),
 # TORCH_INDEX (an extra pip index holding torch 2.13.0+cpu, e.g. PyTorch's CPU wheel index;
 # unset: pip's own configuration must provide it, as the project's Makefile assumes too).
 set -euo pipefail
@@ -48,6 +49,11 @@ serve() {
     echo "serving $model_dir ($DTYPE, KV space ${kv_gib} GiB) on http://127.0.0.1:${port}" >&2
     export VLLM_CPU_KVCACHE_SPACE="$kv_gib"
     if [[ -n "${THREADS:-}" ]]; then export OMP_NUM_THREADS="$THREADS"; fi
+    # as vLLM's CPU docs recommend: OMP threads bound to the cores, tcmalloc and Intel OpenMP
+    export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-0-$(($(nproc) - 1))}
+    local tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+    [[ -e "$tcmalloc" ]] || die "no $tcmalloc: apt-get install libtcmalloc-minimal4"
+    export LD_PRELOAD="$tcmalloc $VLLM_VENV/lib/libiomp5.so${LD_PRELOAD:+ $LD_PRELOAD}"
     exec "$VLLM_VENV/bin/python" -m vllm.entrypoints.openai.api_server \
         --model "$model_dir" \
         --served-model-name "$(basename "$model_dir")" \

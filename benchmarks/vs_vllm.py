@@ -1,0 +1,324 @@
+"""tieredkv against vLLM's CPU build, one server at a time, same client, same prompts, one run.
+
+Measures what a user feels through the HTTP API (token-id prompts on /v1/completions, so both
+servers see exactly the same tokens):
+
+- cold prefill: a prompt no server has seen, max_tokens=1; tokens / TTFT (2k and 8k tokens)
+- warm turn: a history sent once, then history + a new 64-token question; the second TTFT
+  (histories of 1k, 2k, 4k and 7.5k tokens; everything fits in the KV budget)
+- decode: one stream at ~2.7k tokens of context, and 8 concurrent streams at ~1k; ms/token is
+  each stream's (last token - first token) / (tokens - 1); throughput is all streams' tokens
+  over the window from the first stream's first token to the last stream's last token
+
+And, for tieredkv alone, where a cache hit's time goes (`--tiers`): histories of 3k tokens are
+sent, the server is restarted (its disk index rebuilt, the store dropped from the page cache),
+and the next turn of each history is timed with the history on disk, then another turn with it
+already on the device, then the same turn recomputed (a fresh `cache_salt`). The rule: TTFT with
+the history on disk <= TTFT with it on the device + 1.5 x (bytes / disk read bandwidth), the
+bandwidth measured in the same run with the store's request size and requests in flight.
+
+Each figure is the median of `--repeats` fresh prompts, with min and max. vLLM runs as its docs
+recommend for CPUs (benchmarks/vllm_cpu.sh: tcmalloc and Intel OpenMP preloaded, OMP threads
+bound to the cores). Run:
+
+    benchmarks/vllm_cpu.sh install      # once
+    .venv/bin/python benchmarks/vs_vllm.py --out bench-results/vs-vllm
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+from tieredkv.bench.disk_check import disk_read_bandwidth, drop_page_cache
+from tieredkv.bench.managed import ManagedServer, free_port
+from tieredkv.bench.prom_text import parse_samples, select
+from tieredkv.bench.workload import prose
+from tieredkv.cache.device_pool import PageLayout
+from tieredkv.model.default_model import default_model_dir
+from tieredkv.model.hf_config import parse_model_config, read_config_json
+from tieredkv.model.tokenizer import ChatTokenizer
+
+HERE = Path(__file__).resolve().parent
+PREFILL_LENGTHS = (2048, 8000)
+HISTORY_LENGTHS = (1024, 2048, 4096, 7500)
+QUESTION_TOKENS = 64
+DECODE_TOKENS = 128
+MAX_MODEL_LEN = 8192
+TIER_HISTORY_TOKENS = 3072
+PAGE_SIZE = 16
+
+
+class Prompts:
+    """Token-id prompts cut from seeded prose: every call returns tokens never sent before."""
+
+    def __init__(self, seed: int) -> None:
+        self.tokenizer = ChatTokenizer(default_model_dir())
+        self.rng = random.Random(seed)
+
+    def fresh(self, num_tokens: int) -> list[int]:
+        ids: list[int] = []
+        while len(ids) < num_tokens:
+            ids += self.tokenizer.encode(prose(self.rng, 2000), add_special_tokens=False)
+        return ids[:num_tokens]
+
+
+async def stream(
+    http: httpx.AsyncClient,
+    url: str,
+    model: str,
+    prompt: list[int],
+    max_tokens: int,
+    salt: str | None = None,
+) -> dict:
+    """One streamed completion: TTFT, the arrival time of every token, usage."""
+    body: dict = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if salt is not None:
+        body["cache_salt"] = salt
+    start = time.perf_counter()
+    times: list[float] = []
+    usage = None
+    async with http.stream("POST", url + "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{url}: {response.status_code} {await response.aread()!r}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                if choice.get("text"):
+                    times.append(time.perf_counter() - start)
+    if not times:
+        raise RuntimeError(f"{url}: no tokens streamed")
+    return {"ttft_s": times[0], "token_times_s": times, "usage": usage}
+
+
+def spread(values: list[float]) -> dict:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+async def measure(url: str, prompts: Prompts, repeats: int) -> dict:
+    async with httpx.AsyncClient(timeout=600) as http:
+        model = (await http.get(url + "/v1/models")).json()["data"][0]["id"]
+        await stream(http, url, model, prompts.fresh(256), 4)  # warm-up
+        result: dict = {"prefill_tok_per_s": {}, "warm_ttft_s": {}, "decode": {}}
+        for length in PREFILL_LENGTHS:
+            speeds = []
+            for _ in range(repeats):
+                record = await stream(http, url, model, prompts.fresh(length), 1)
+                speeds.append(length / record["ttft_s"])
+            result["prefill_tok_per_s"][length] = spread(speeds)
+            print(f"  cold prefill {length}: {statistics.median(speeds):.0f} tok/s", flush=True)
+        for length in HISTORY_LENGTHS:
+            ttfts, cached = [], []
+            for _ in range(repeats):
+                history = prompts.fresh(length)
+                await stream(http, url, model, history, 1)
+                turn = history + prompts.fresh(QUESTION_TOKENS)
+                record = await stream(http, url, model, turn, 1)
+                ttfts.append(record["ttft_s"])
+                details = (record["usage"] or {}).get("prompt_tokens_details") or {}
+                cached.append(details.get("cached_tokens"))
+            result["warm_ttft_s"][length] = {**spread(ttfts), "cached_tokens": cached}
+            print(f"  warm turn {length}: {statistics.median(ttfts) * 1000:.0f} ms", flush=True)
+        for streams, context in ((1, 2700), (8, 1024)):
+            per_token, throughput = [], []
+            for _ in range(repeats):
+                records = await asyncio.gather(
+                    *(
+                        stream(http, url, model, prompts.fresh(context), DECODE_TOKENS)
+                        for _ in range(streams)
+                    )
+                )
+                gaps = [
+                    (r["token_times_s"][-1] - r["token_times_s"][0]) / (len(r["token_times_s"]) - 1)
+                    for r in records
+                ]
+                per_token.append(statistics.median(gaps))
+                first = min(r["token_times_s"][0] for r in records)
+                last = max(r["token_times_s"][-1] for r in records)
+                tokens = sum(len(r["token_times_s"]) for r in records)
+                throughput.append(tokens / (last - first))
+            result["decode"][streams] = {
+                "context_tokens": context,
+                "ms_per_token": spread([g * 1000 for g in per_token]),
+                "tokens_per_s": spread(throughput),
+            }
+            print(
+                f"  decode x{streams}: {statistics.median(per_token) * 1000:.1f} ms/token, "
+                f"{statistics.median(throughput):.1f} tok/s",
+                flush=True,
+            )
+        return result
+
+
+def page_bytes() -> int:
+    model_dir = default_model_dir()
+    config = parse_model_config(read_config_json(model_dir), model_dir)
+    return PageLayout.for_model(config, PAGE_SIZE, torch.bfloat16).page_bytes
+
+
+async def host_to_disk_bytes(http: httpx.AsyncClient, url: str) -> float:
+    samples = parse_samples((await http.get(url + "/metrics")).text)
+    series = select(samples, "tieredkv_transfer_bytes_total", from_tier="host", to_tier="disk")
+    return sum(series.values())
+
+
+async def send_histories(url: str, histories: list[list[int]]) -> None:
+    """Compute every history once, then wait until write-through has put it all on disk."""
+    async with httpx.AsyncClient(timeout=600) as http:
+        model = (await http.get(url + "/v1/models")).json()["data"][0]["id"]
+        for history in histories:
+            await stream(http, url, model, history, 1)
+        wanted = sum(len(h) // PAGE_SIZE for h in histories) * page_bytes()
+        deadline = time.monotonic() + 120
+        while await host_to_disk_bytes(http, url) < wanted and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+
+
+async def turns_by_tier(url: str, histories: list[list[int]], prompts: Prompts) -> list[dict]:
+    """Per history: a turn with it on disk, one with it on the device, one recomputed."""
+    rows = []
+    async with httpx.AsyncClient(timeout=600) as http:
+        model = (await http.get(url + "/v1/models")).json()["data"][0]["id"]
+        for i, history in enumerate(histories):
+            turn = history + prompts.fresh(QUESTION_TOKENS)
+            on_disk = await stream(http, url, model, turn, 1)
+            on_device = await stream(http, url, model, history + prompts.fresh(QUESTION_TOKENS), 1)
+            recomputed = await stream(http, url, model, turn, 1, salt=f"recompute-{i}")
+            details = on_disk["usage"]["prompt_tokens_details"]
+            rows.append(
+                {
+                    "disk_ttft_s": on_disk["ttft_s"],
+                    "device_ttft_s": on_device["ttft_s"],
+                    "recompute_ttft_s": recomputed["ttft_s"],
+                    "disk_cached_by_tier": details["cached_tokens_by_tier"],
+                    "device_cached_by_tier": on_device["usage"]["prompt_tokens_details"][
+                        "cached_tokens_by_tier"
+                    ],
+                }
+            )
+    return rows
+
+
+def measure_tiers(out: Path, prompts: Prompts, repeats: int) -> dict:
+    disk_dir = out / "kv"
+    serve_args = ["--dtype", "bfloat16", "--max-model-len", str(MAX_MODEL_LEN)]
+    serve_args += ["--device-cache-size", "1GiB", "--host-cache-size", "1GiB"]
+    serve_args += ["--disk-cache-dir", str(disk_dir), "--disk-cache-size", "4GiB"]
+    histories = [prompts.fresh(TIER_HISTORY_TOKENS) for _ in range(repeats)]
+    with ManagedServer(serve_args, out / "tieredkv-tiers-1.log") as server:
+        asyncio.run(send_histories(server.base_url, histories))
+    bandwidth = disk_read_bandwidth(out)
+    with ManagedServer(serve_args, out / "tieredkv-tiers-2.log") as server:
+        drop_page_cache(disk_dir)
+        rows = asyncio.run(turns_by_tier(server.base_url, histories, prompts))
+    for row in rows:
+        disk_bytes = row["disk_cached_by_tier"]["disk"] // PAGE_SIZE * page_bytes()
+        row["disk_bytes"] = disk_bytes
+        row["read_ideal_s"] = disk_bytes / bandwidth["bytes_per_s"]
+        row["bound_s"] = row["device_ttft_s"] + 1.5 * row["read_ideal_s"]
+        row["met"] = row["disk_ttft_s"] <= row["bound_s"]
+        print(
+            f"  history on disk {row['disk_ttft_s'] * 1000:.0f} ms, on device "
+            f"{row['device_ttft_s'] * 1000:.0f} ms, recomputed {row['recompute_ttft_s'] * 1000:.0f}"
+            f" ms; read ideal {row['read_ideal_s'] * 1000:.0f} ms; bound "
+            f"{row['bound_s'] * 1000:.0f} ms: {'met' if row['met'] else 'NOT met'}",
+            flush=True,
+        )
+    return {"disk_read": bandwidth, "turns": rows}
+
+
+def start_vllm(kv_gib: int, log_path: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = dict(os.environ, DTYPE="bfloat16", MAX_MODEL_LEN=str(MAX_MODEL_LEN))
+    log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
+    process = subprocess.Popen(
+        [str(HERE / "vllm_cpu.sh"), "serve", str(kv_gib), str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM exited: see {log_path}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    process.terminate()
+    raise RuntimeError(f"vLLM did not start in 600 s: see {log_path}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results/vs-vllm"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kv-gib", type=int, default=2, help="KV budget of each server")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--tieredkv-args", default="", help="extra `tieredkv serve` flags")
+    parser.add_argument("--tiers", action="store_true", help="also the disk/device decomposition")
+    parser.add_argument("--only-tiers", action="store_true", help="only the decomposition")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict = {"argv": sys.argv, "repeats": args.repeats, "kv_gib": args.kv_gib}
+    servers = ["tieredkv"] if args.skip_vllm else ["vllm", "tieredkv"]
+    if args.only_tiers:
+        servers = []
+    if args.tiers or args.only_tiers:
+        print("tieredkv, where a hit's time goes:", flush=True)
+        report["tiers"] = measure_tiers(args.out, Prompts(args.seed + 1), args.repeats)
+    for name in servers:
+        prompts = Prompts(args.seed)  # the same prompts for every server
+        print(f"{name}:", flush=True)
+        if name == "vllm":
+            process, url = start_vllm(args.kv_gib, args.out / "vllm.log")
+            try:
+                report[name] = asyncio.run(measure(url, prompts, args.repeats))
+            finally:
+                process.terminate()
+                process.wait(60)
+        else:
+            serve_args = ["--dtype", "bfloat16", "--max-model-len", str(MAX_MODEL_LEN)]
+            serve_args += ["--device-cache-size", f"{args.kv_gib}GiB", "--host-cache-size", "0"]
+            serve_args += args.tieredkv_args.split()
+            with ManagedServer(serve_args, args.out / "tieredkv.log") as server:
+                report[name] = asyncio.run(measure(server.base_url, prompts, args.repeats))
+    (args.out / "report.json").write_text(json.dumps(report, indent=2))
+    print(f"report: {args.out / 'report.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
