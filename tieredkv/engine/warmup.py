@@ -14,7 +14,7 @@ from tieredkv.model.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
-_WARMUP_TOKENS = 64
+_WARMUP_TOKENS = 256  # past FUSED_MIN_TOKENS (the fused ops compile here) and the split path
 
 
 def check_device_capacity(config: CacheConfig, layout: PageLayout, max_model_len: int) -> None:
@@ -30,17 +30,20 @@ def check_device_capacity(config: CacheConfig, layout: PageLayout, max_model_len
 
 
 def warm_up(runner: ModelRunner, cache: TieredCache) -> None:
-    """Run a short prefill and a decode step so first requests do not pay for lazy init."""
+    """Run a prefill, a chunk after it and a decode step, so that first requests do not pay
+    for lazy initialisation."""
     start = time.perf_counter()
-    num_pages = -(-(_WARMUP_TOKENS + 1) // runner.page_size)
+    length = max(1, min(_WARMUP_TOKENS, (runner.max_model_len - 1) // 2))  # the device holds it
+    num_pages = -(-(2 * length + 1) // runner.page_size)
     pages = cache.allocate(num_pages)
     if pages is None:
         raise ConfigError("the device tier has no free page for the warm-up")
     seq_id = -1  # never a request's
     try:
-        tokens = list(range(1, _WARMUP_TOKENS + 1))
+        tokens = list(range(1, length + 1))
         runner.forward([SequenceChunk(seq_id, tokens, 0, pages)])
-        runner.forward([SequenceChunk(seq_id, [1], _WARMUP_TOKENS, pages)])
+        runner.forward([SequenceChunk(seq_id, tokens, length, pages)])
+        runner.forward([SequenceChunk(seq_id, [1], 2 * length, pages)])
     finally:
         runner.release(seq_id)
         cache.free(pages)

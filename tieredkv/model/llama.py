@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from tieredkv.config import ModelConfig
 from tieredkv.errors import ModelLoadError
 from tieredkv.model.attention import AttentionBackend
 from tieredkv.model.forward_batch import ForwardBatch
 from tieredkv.model.linear import Linear, make_linear, packed_linear_works
-from tieredkv.model.rope import apply_rope, build_rope_cache
+from tieredkv.model.pointwise import make_pointwise, rms_norm
+from tieredkv.model.rope import build_rope_cache
 
 
 @dataclass(frozen=True)
@@ -29,11 +29,6 @@ class LayerWeights:
     post_norm: torch.Tensor  # (hidden,)
     gate_up: Linear  # hidden -> 2 * intermediate
     down: Linear  # intermediate -> hidden
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm; torch's fused kernel accumulates in fp32 like transformers' upcast."""
-    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 def _take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -88,6 +83,7 @@ class LlamaModel:
         cos, sin = build_rope_cache(config, max_len, self.device)  # (max_len, head_dim) fp32
         self.cos, self.sin = cos.to(self.dtype), sin.to(self.dtype)
         self.max_len = max_len
+        self.pointwise = make_pointwise(config, self.dtype, self.device)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -100,17 +96,17 @@ class LlamaModel:
         cos = self.cos[batch.positions].unsqueeze(1)  # (T, 1, head_dim)
         sin = self.sin[batch.positions].unsqueeze(1)
         x = self.embed[batch.token_ids]  # (T, hidden)
+        ops = self.pointwise.for_tokens(num_tokens)
         for layer, w in enumerate(self.layers):
-            h = rms_norm(x, w.input_norm, cfg.rms_norm_eps)
+            h = ops.rms_norm(x, w.input_norm, cfg.rms_norm_eps)
             qkv = w.qkv(h)  # (T, q_size + 2 * kv_size)
             # q and k heads side by side: one rotation for both
             qk = qkv[:, : q_size + kv_size].view(num_tokens, qk_heads, cfg.head_dim)
-            q, k = apply_rope(qk, cos, sin).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+            q, k = ops.rope(qk, cos, sin).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
             v = qkv[:, q_size + kv_size :].view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = self.attention.attend(layer, q, k, v, batch)  # (T, heads, head_dim)
             x = w.o.add_to(x, attn.reshape(num_tokens, q_size))
-            h = rms_norm(x, w.post_norm, cfg.rms_norm_eps)
-            gate, up = w.gate_up(h).chunk(2, dim=-1)  # (T, intermediate) each
-            x = w.down.add_to(x, F.silu(gate) * up)
+            h = ops.rms_norm(x, w.post_norm, cfg.rms_norm_eps)
+            x = w.down.add_to(x, ops.silu_and_mul(w.gate_up(h)))  # gate_up: (T, 2 * inter)
         last = rms_norm(x[batch.logits_indices], self.final_norm, cfg.rms_norm_eps)  # (B, hidden)
         return self.lm_head(last).float()  # (B, vocab)
