@@ -1,15 +1,12 @@
 """A running sequence's contiguous KV on CPU, and its one-time fill from the paged pool.
 
-The pool stores a page as (layers, 2, page_size, kv_heads, head_dim) slices of a layer-major
-tensor; the workspace is head-major, (layers, 2, kv_heads, capacity, head_dim), the layout the
-attention matmuls read. A cached prefix is copied in once, when the sequence starts: page runs
-that are consecutive in the pool move with one strided numpy copy each (numpy releases the GIL),
-split over two threads. Measured on this 2-core machine for a 3.2k-token fp32 prefix (147 MB):
-80 ms with torch index_select + transpose, about 21 ms this way.
+The workspace keeps the pool's token-major order, (layers, 2, capacity, kv_heads, head_dim):
+attention reads a layer's keys as a (kv_heads, tokens, head_dim) strided view at the speed of a
+head-major copy, and a run of pages that are consecutive in the pool moves in with one block
+copy per layer and K/V (numpy releases the GIL; the layers are split over two threads).
 
-A fresh workspace of that size costs more than its fill: about 45 ms of first-touch page faults
-(the allocator returns big buffers to the kernel on free). So released workspaces are kept as
-spares (`SpareWorkspaces`) and the next sequences reuse them.
+Released workspaces are kept as spares (`SpareWorkspaces`) and the next sequences reuse them: a
+fresh one costs first-touch page faults.
 """
 
 from __future__ import annotations
@@ -35,13 +32,13 @@ def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
 
 
 class Workspace:
-    """A running sequence's KV, contiguous: (layers, 2, kv_heads, capacity, head_dim)."""
+    """A running sequence's KV, contiguous: (layers, 2, capacity, kv_heads, head_dim)."""
 
     def __init__(self, pool: DevicePool, capacity: int) -> None:
         assert pool.device.type == "cpu", "workspaces are the CPU attention path"
         layout = pool.layout
         self.kv = torch.empty(
-            (layout.num_layers, 2, layout.num_kv_heads, capacity, layout.head_dim),
+            (layout.num_layers, 2, capacity, layout.num_kv_heads, layout.head_dim),
             dtype=layout.dtype,
         )
         self.length = 0
@@ -52,13 +49,13 @@ class Workspace:
 
     @property
     def capacity(self) -> int:
-        return self.kv.shape[3]
+        return self.kv.shape[2]
 
     def grow(self, needed: int) -> None:
         capacity = max(needed, 2 * self.capacity)
         capacity = -(-capacity // ROUNDING) * ROUNDING
-        bigger = self.kv.new_empty((*self.kv.shape[:3], capacity, self.kv.shape[4]))
-        bigger[:, :, :, : self.length] = self.kv[:, :, :, : self.length]
+        bigger = self.kv.new_empty((*self.kv.shape[:2], capacity, *self.kv.shape[3:]))
+        bigger[:, :, : self.length] = self.kv[:, :, : self.length]
         self.kv = bigger
 
     def fill_from_pool(self, pool: DevicePool, page_ids: list[int], length: int) -> None:
@@ -67,28 +64,26 @@ class Workspace:
             self.grow(length)
         page_size = pool.layout.page_size
         num_pages = -(-length // page_size)
-        pages = list(page_ids[:num_pages])
         # (pool start, workspace start page, count) per run consecutive in the pool
-        runs = paired_runs(pages, list(range(num_pages)))
+        runs = paired_runs(list(page_ids[:num_pages]), list(range(num_pages)))
         src = _numpy_view(pool.kv)  # (layers, 2, pool pages, page_size, kv_heads, head_dim)
-        dst = _numpy_view(self.kv)  # (layers, 2, kv_heads, capacity, head_dim)
+        dst = _numpy_view(self.kv)  # (layers, 2, capacity, kv_heads, head_dim)
 
-        def copy(part: list[tuple[int, int, int]]) -> None:
-            for first, at, count in part:
+        def copy(layers: slice) -> None:
+            for first, at, count in runs:
                 start, end = at * page_size, min((at + count) * page_size, length)
-                block = src[:, :, first : first + count].reshape(
-                    src.shape[0], 2, count * page_size, src.shape[4], src.shape[5]
-                )  # (layers, 2, tokens, kv_heads, head_dim), a view
-                head_major = block[:, :, : end - start].transpose(0, 1, 3, 2, 4)
-                np.copyto(dst[:, :, :, start:end], head_major)
+                block = src[layers, :, first : first + count].reshape(
+                    -1, 2, count * page_size, *src.shape[4:]
+                )  # (layers, 2, tokens, kv_heads, head_dim), a view: the pages are consecutive
+                np.copyto(dst[layers, :, start:end], block[:, :, : end - start])
 
         if length < _PARALLEL_MIN_TOKENS:
-            copy(runs)
+            copy(slice(None))
         else:
-            first_half, second_half = _halves(runs, num_pages // 2)
-            pending = _fill_helper.submit(copy, second_half)
+            half = src.shape[0] // 2
+            pending = _fill_helper.submit(copy, slice(half, None))
             try:
-                copy(first_half)
+                copy(slice(0, half))
             finally:
                 pending.result()  # SYNC: the workspace is complete before attention reads it
         self.length = length
@@ -119,19 +114,3 @@ class SpareWorkspaces:
 
     def __len__(self) -> int:
         return len(self._spares)
-
-
-def _halves(
-    runs: list[tuple[int, int, int]], cut: int
-) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
-    """`runs` (pool start, workspace page, count) split at workspace page `cut`."""
-    before, after = [], []
-    for first, at, count in runs:
-        if at + count <= cut:
-            before.append((first, at, count))
-        elif at >= cut:
-            after.append((first, at, count))
-        else:  # the run straddles the cut
-            before.append((first, at, cut - at))
-            after.append((first + cut - at, cut, at + count - cut))
-    return before, after

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tieredkv.model.attention import attend_one, causal_attention
+from tieredkv.model.attention import causal_attention
 
 
 def dense_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -18,7 +18,8 @@ def dense_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -
 
 
 @pytest.mark.parametrize(
-    ("n", "kv_len"), [(1, 1), (1, 37), (5, 5), (19, 19), (7, 40), (33, 33), (300, 1100)]
+    ("n", "kv_len"),
+    [(1, 1), (1, 37), (5, 5), (19, 19), (7, 40), (33, 33), (300, 1100), (256, 256), (260, 300)],
 )
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2)])
 def test_causal_attention_matches_dense(n, kv_len, heads, kv_heads) -> None:
@@ -27,10 +28,8 @@ def test_causal_attention_matches_dense(n, kv_len, heads, kv_heads) -> None:
     keys = torch.randn(kv_heads, kv_len, 16, generator=generator)
     values = torch.randn(kv_heads, kv_len, 16, generator=generator)
     expected = dense_reference(q, keys, values)
-    if n > 1:
-        got = causal_attention(q, keys, values)
-        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(attend_one(q, keys, values).double(), expected, rtol=1e-5, atol=1e-5)
+    got = causal_attention(q, keys, values)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_causal_attention_reads_strided_workspace_views() -> None:

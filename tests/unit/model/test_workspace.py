@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from tieredkv.cache.device_pool import DevicePool, PageLayout
-from tieredkv.model.workspace import SpareWorkspaces, Workspace, _halves
+from tieredkv.model.workspace import SpareWorkspaces, Workspace
 
 
 def gathered(pool: DevicePool, pages: list[int], length: int) -> torch.Tensor:
-    """The reference: (layers, 2, kv_heads, length, head_dim) by indexing page by page."""
+    """The reference: (layers, 2, length, kv_heads, head_dim) by indexing page by page."""
     kv = torch.cat([pool.kv[:, :, page] for page in pages], dim=2)  # (L, 2, n * ps, H, D)
-    return kv[:, :, :length].transpose(2, 3)
+    return kv[:, :, :length]
 
 
 def random_pool(dtype: torch.dtype, num_pages: int = 80) -> DevicePool:
@@ -38,15 +38,7 @@ def test_fill_equals_gather(dtype: torch.dtype, length: int, order: str) -> None
     workspace.kv.fill_(7)
     workspace.fill_from_pool(pool, [*pages, 0, 1], length)  # extra page ids are ignored
     assert workspace.length == length and workspace.capacity >= length
-    assert torch.equal(workspace.kv[:, :, :, :length], gathered(pool, pages, length))
-
-
-def test_halves_cut_runs_at_the_page() -> None:
-    runs = [(10, 0, 4), (50, 4, 1), (60, 5, 5)]
-    before, after = _halves(runs, 5)
-    assert before == [(10, 0, 4), (50, 4, 1)] and after == [(60, 5, 5)]
-    before, after = _halves(runs, 7)
-    assert before == [(10, 0, 4), (50, 4, 1), (60, 5, 2)] and after == [(62, 7, 3)]
+    assert torch.equal(workspace.kv[:, :, :length], gathered(pool, pages, length))
 
 
 def test_spares_are_reused_smallest_fitting_first_and_bounded() -> None:
