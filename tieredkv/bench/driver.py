@@ -118,9 +118,8 @@ class WorkloadDriver:
             )
             if self._scrape is not None:  # outside the timed request, before the next one
                 after = await self._scrape()
-                record.server_queue_s, record.server_ttft_s = request_timings(
-                    self._last_scrape, after
-                )
+                timings = request_timings(self._last_scrape, after)
+                record.server_queue_s, record.server_ttft_s, record.server_promotion_s = timings
                 self._last_scrape = after
         # a failed turn still continues the conversation, with an empty answer
         self.answers[user].append(record.text)

@@ -31,6 +31,8 @@ class RequestRecord:
     # arrival to its first forward (admission + promotion), arrival to its first token
     server_queue_s: float | None = None
     server_ttft_s: float | None = None
+    # {source tier: this request's promotion seconds from it}, where the server timed one
+    server_promotion_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def server_prefill_s(self) -> float | None:

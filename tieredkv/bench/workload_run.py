@@ -29,6 +29,15 @@ def record_json(record: RequestRecord) -> dict:
     return dataclasses.asdict(record)
 
 
+def promotions_by_source(records: list[RequestRecord]) -> dict[str, list[float]]:
+    """Each source tier's per-request promotion times (the exact ones the server reported)."""
+    by_source: dict[str, list[float]] = {}
+    for record in records:
+        for source, seconds in record.server_promotion_s.items():
+            by_source.setdefault(source, []).append(seconds)
+    return by_source
+
+
 def summaries(records: list[RequestRecord], num_rounds: int) -> dict:
     reuse = [r for r in records if r.round_index >= 1]
     return {
@@ -77,7 +86,7 @@ async def _run(
         "health": health,
         "direct_io": direct_io_of(health),
         "summary": summaries(records, workload.config.num_rounds),
-        "promotion": promotion_stats(before, after),
+        "promotion": promotion_stats(before, after, promotions_by_source(records)),
         "transfer_bytes": transfer_bytes(before, after),
         "evicted_pages": eviction_counts(before, after),
         "records": [record_json(r) for r in records],
