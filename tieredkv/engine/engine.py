@@ -175,6 +175,8 @@ class Engine:
         budget.seqs -= len(self.promoting)
         for request in self._admit(budget):
             self._plan_request(plan, budget, request)
+        for request in self.waiting:
+            self.pages.prefetch_while_waiting(request)
         return plan
 
     def _plan_request(self, plan: StepPlan, budget: StepBudget, request: Request) -> None:

@@ -50,6 +50,7 @@ class Request:
     locked_node: RadixNode | None = None
     kv_len: int = 0  # tokens whose K/V are in page_table's pages
     waiting_match: MatchResult | None = None  # matched at arrival: the queue's priority
+    prefetched: bool = False  # its disk pages were sent towards host while it waited
     promotion: PromotionTicket | None = None
     # accounting (engine clock)
     cached_tokens: int = 0

@@ -18,13 +18,21 @@ class RequestPages:
         self.reuse = reuse_prefixes
 
     def on_arrival(self, request: Request) -> None:
-        """Match for the queue's priority and start reading the disk part towards host."""
+        """Match for the queue's priority (the disk part is prefetched if the request waits)."""
         if not self.reuse:
             return
-        match = self.cache.match(request.packed_tokens, request.spec.namespace)
-        request.waiting_match = match
-        if match.disk.num_pages:
-            self.cache.prefetch(match)
+        request.waiting_match = self.cache.match(request.packed_tokens, request.spec.namespace)
+        request.prefetched = False
+
+    def prefetch_while_waiting(self, request: Request) -> None:
+        """A request that stays queued starts reading the disk part of its match towards host,
+        once. Not at arrival: a request admitted in the same step promotes disk -> device
+        itself, and a prefetch beside it would read the same pages a second time."""
+        match = request.waiting_match
+        if request.prefetched or match is None or not match.disk.num_pages:
+            return
+        request.prefetched = True
+        self.cache.prefetch(match)
 
     def admit(self, request: Request) -> bool:
         """Start bringing the request's cached prefix to the device; False: no room now."""

@@ -246,3 +246,33 @@ def test_queue_time_ends_where_the_first_forward_begins(make_harness) -> None:
     text = harness.metrics.render()
     assert "tieredkv_queue_seconds_sum 0\n" in text  # admitted at once: no queueing
     assert "tieredkv_time_to_first_token_seconds_sum 5\n" in text
+
+
+def test_a_queued_request_prefetches_its_disk_pages_once(make_harness, monkeypatch) -> None:
+    """Prefetch to host is for a request that stays queued (one admitted at once promotes
+    disk -> device itself: a prefetch beside it would read the same pages twice)."""
+    history = prompt(60, seed=81)
+    harness = make_harness(device_pages=70, host_pages=32, disk_pages=256, max_num_seqs=1)
+    harness.submit("first", history, max_tokens=2)
+    harness.run()
+    for i in range(6):
+        harness.submit(f"other{i}", prompt(60, seed=100 + i), max_tokens=2)
+        harness.run()
+    assert harness.cache.match(history, "").disk.num_pages > 0
+    prefetched = []
+    real_prefetch = harness.cache.prefetch
+    monkeypatch.setattr(
+        harness.cache, "prefetch", lambda match: prefetched.append(match) or real_prefetch(match)
+    )
+    harness.submit("busy", prompt(40, seed=120), max_tokens=8)
+    harness.step()  # "busy" runs and holds the only sequence slot
+    assert prefetched == []  # admitted at once: nothing to prefetch for it
+    harness.submit("again", [*history, 7, 8], max_tokens=2)
+    harness.step()  # "again" waits: its disk pages start towards host
+    harness.step()  # the copy, completed, is applied
+    assert len(prefetched) == 1  # once, not every step it waits
+    assert harness.engine.requests["again"] in harness.engine.waiting
+    disk_to_host = harness.cache.counters.transfer_bytes[(Tier.DISK, Tier.HOST)]
+    assert disk_to_host > 0
+    harness.run()
+    assert harness.usage("again").cached_tokens > 0
