@@ -66,9 +66,9 @@ def make_pointwise(config: ModelConfig, dtype: torch.dtype, device: torch.device
     seconds, cached on disk across starts), else eager."""
     if device.type != "cpu" or dtype != torch.bfloat16:
         return Pointwise()
-    fused = FusedPointwise()
     tokens, dim = FUSED_MIN_TOKENS, config.head_dim
     try:
+        fused = FusedPointwise()
         x = torch.ones(tokens, config.hidden_size, dtype=dtype)
         fused.rms_norm(x, torch.ones(config.hidden_size, dtype=dtype), config.rms_norm_eps)
         qk = torch.ones(tokens, config.num_heads + config.num_kv_heads, dim, dtype=dtype)

@@ -8,8 +8,11 @@ import pytest
 import torch
 import transformers
 
+from tieredkv.model import llama
 from tieredkv.model.forward_batch import SequenceChunk
 from tieredkv.model.hf_config import parse_model_config
+from tieredkv.model.linear import PackedLinear, PlainLinear, packed_linear_works
+from tieredkv.model.pointwise import Pointwise
 from tieredkv.model.runner import ModelRunner, PagedSequence, generate_greedy
 
 VOCAB = 97
@@ -187,3 +190,45 @@ def test_chunk_past_its_pages_is_refused(hf_and_runner) -> None:
     _, runner = hf_and_runner
     with pytest.raises(AssertionError, match="cannot hold"):
         runner.forward([SequenceChunk(9, [1, 2, 3, 4, 5], 0, [0])])
+
+
+def test_long_chunks_after_a_prefix_match_transformers(hf_and_runner) -> None:
+    """511 tokens as chunks of 255 + 256: the second attends to its prefix and to itself apart
+    (the log-sum-exp merge of 256+ queries), yet equals transformers' single pass in fp32."""
+    hf, runner = hf_and_runner
+    prompt = _prompt(511, seed=7)
+    seq = PagedSequence(3, list(prompt))
+    ours = _prefill(runner, seq, chunk=255)
+    runner.release(3)
+    seq.free(runner.pool)
+    with torch.no_grad():
+        theirs = hf(torch.tensor([prompt])).logits[0, -1]
+    assert _rel_err(ours, theirs) < 1e-4
+
+
+def test_bf16_fused_path_stays_close_to_eager(hf_and_runner, monkeypatch) -> None:
+    """bf16 on CPU: packed linears and fused elementwise ops against the same model run with
+    plain F.linear and eager ops (bf16 rounding differs between them; the answer must not)."""
+    hf, _ = hf_and_runner
+    config = parse_model_config(hf.config.to_dict(), Path("bf16"))
+    weights = {name: t.detach().to(torch.bfloat16) for name, t in hf.state_dict().items()}
+    if config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    prompt = _prompt(300, seed=9)
+
+    def last_logits() -> tuple[ModelRunner, torch.Tensor]:
+        runner = ModelRunner.create(config, weights, num_pages=256, page_size=4, max_model_len=512)
+        seq = PagedSequence(4, list(prompt))
+        logits = _prefill(runner, seq).float()
+        runner.release(4)
+        seq.free(runner.pool)
+        return runner, logits
+
+    fast, fused_logits = last_logits()
+    packed = packed_linear_works(torch.bfloat16, torch.device("cpu"))
+    assert isinstance(fast.model.layers[0].qkv, PackedLinear) == packed
+    monkeypatch.setattr(llama, "packed_linear_works", lambda dtype, device: False)
+    monkeypatch.setattr(llama, "make_pointwise", lambda config, dtype, device: Pointwise())
+    plain, eager_logits = last_logits()
+    assert isinstance(plain.model.layers[0].qkv, PlainLinear)
+    assert _rel_err(fused_logits, eager_logits) < 0.05

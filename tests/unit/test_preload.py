@@ -1,0 +1,45 @@
+"""`tieredkv serve`'s preload: which libraries, when it re-executes, and never twice."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tieredkv import preload
+
+
+def test_libraries_found_are_real_files() -> None:
+    for path in preload.preload_libraries():
+        assert Path(path).is_file()
+        assert "tcmalloc" in path or "libiomp5" in path
+
+
+@pytest.fixture
+def exec_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    calls: list[tuple] = []
+    monkeypatch.setattr(preload.os, "execve", lambda *args: calls.append(args))
+    monkeypatch.setattr(preload, "preload_libraries", lambda: ["/lib/libtcmalloc_minimal.so.4"])
+    for name in ("LD_PRELOAD", "TIEREDKV_PRELOADED", "TIEREDKV_NO_PRELOAD"):
+        monkeypatch.delenv(name, raising=False)
+    return calls
+
+
+def test_reexecutes_itself_once_with_the_library_preloaded(exec_calls, monkeypatch) -> None:
+    monkeypatch.setenv("LD_PRELOAD", "/other/lib.so")
+    preload.reexec_with_preload()
+    ((path, argv, env),) = exec_calls
+    assert path == sys.executable and argv == sys.orig_argv
+    assert env["LD_PRELOAD"] == "/lib/libtcmalloc_minimal.so.4 /other/lib.so"
+    assert env["TIEREDKV_PRELOADED"] == "1"
+    monkeypatch.setenv("TIEREDKV_PRELOADED", "1")  # the re-executed process: no loop
+    preload.reexec_with_preload()
+    assert len(exec_calls) == 1
+
+
+def test_nothing_to_do_when_loaded_or_opted_out(exec_calls, monkeypatch) -> None:
+    monkeypatch.setenv("LD_PRELOAD", "/elsewhere/libtcmalloc_minimal.so.4")
+    preload.reexec_with_preload()
+    monkeypatch.delenv("LD_PRELOAD")
+    monkeypatch.setenv("TIEREDKV_NO_PRELOAD", "1")
+    preload.reexec_with_preload()
+    assert exec_calls == []
