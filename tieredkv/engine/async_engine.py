@@ -77,7 +77,11 @@ class AsyncEngine(EngineClient):
         fingerprint = model_fingerprint(loaded, layout)
         cache = TieredCache(cache_config, layout, fingerprint, device, clock=clock, **cache_options)
         runner = ModelRunner(
-            loaded.config, loaded.weights, cache.device_pool, engine_config.max_model_len
+            loaded.config,
+            loaded.weights,
+            cache.device_pool,
+            engine_config.max_model_len,
+            max_seqs=engine_config.max_num_seqs,
         )
         warm_up(runner, cache)
         client: AsyncEngine

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from tieredkv.cache.device_pool import DevicePool
 from tieredkv.model.forward_batch import ForwardBatch
-from tieredkv.model.workspace import SpareWorkspaces, Workspace
+from tieredkv.model.workspace import SpareWorkspaces, Workspace, WorkspaceArena
 
 
 class AttentionBackend(ABC):
@@ -65,22 +65,45 @@ class _ChunkViews:
     mask: torch.Tensor | None  # see `suffix_mask`: built once a step, read by every layer
 
 
-class WorkspaceAttention(AttentionBackend):
-    """CPU production path: per-sequence contiguous KV, filled from the pool once (released
-    workspaces are reused: see tieredkv.model.workspace)."""
+@dataclass(frozen=True)
+class _DecodeGroup:
+    """A step's decodes whose workspaces are arena slots, attended in one call over the slot
+    range [first, first + S): rows and positions of the new tokens, each one's slot - first,
+    and the additive mask (S, 1, 1, kv_len) that hides every slot's keys past its own end."""
 
-    def __init__(self, pool: DevicePool) -> None:
+    rows: torch.Tensor  # (B,) int64, the decodes' rows in the step
+    slots: torch.Tensor  # (B,) int64, slot - first
+    positions: torch.Tensor  # (B,) int64, where each new token's K/V goes
+    first: int
+    num_slots: int
+    kv_len: int
+    mask: torch.Tensor
+
+
+class WorkspaceAttention(AttentionBackend):
+    """CPU production path: per-sequence contiguous KV, filled from the pool once (see
+    tieredkv.model.workspace). A step's decodes in arena slots attend in one SDPA call (eight
+    1k-token decodes: one call a layer instead of eight)."""
+
+    def __init__(self, pool: DevicePool, max_seqs: int = 0, max_len: int = 0) -> None:
         super().__init__(pool)
         self._workspaces: dict[int, Workspace] = {}
+        self._arena = WorkspaceArena(pool, max_seqs, max_len) if max_seqs and max_len else None
         self._spares = SpareWorkspaces(pool)
         self._step_views: list[_ChunkViews] = []
+        self._decodes: _DecodeGroup | None = None
+
+    def _workspace(self, seq_id: int, tokens: int) -> Workspace:
+        workspace = self._workspaces.get(seq_id)
+        if workspace is None:
+            workspace = self._arena.take(tokens) if self._arena is not None else None
+            workspace = workspace or self._spares.take(tokens)
+            self._workspaces[seq_id] = workspace
+        return workspace
 
     def begin_step(self, batch: ForwardBatch) -> None:
         for chunk in batch.chunks:
-            workspace = self._workspaces.get(chunk.seq_id)
-            if workspace is None:
-                workspace = self._spares.take(chunk.end)
-                self._workspaces[chunk.seq_id] = workspace
+            workspace = self._workspace(chunk.seq_id, chunk.end)
             if workspace.length > chunk.start:  # the caller rolled the sequence back
                 workspace.length = chunk.start
             if workspace.length < chunk.start:  # a cached prefix: copy it in once
@@ -90,7 +113,16 @@ class WorkspaceAttention(AttentionBackend):
             workspace.length = chunk.end  # the layers fill start..end during this step
         # every layer reads the same slices: take the views once a step, not once a layer
         offsets = batch.query_start.tolist()
+        grouped = [
+            i
+            for i, chunk in enumerate(batch.chunks)
+            if chunk.num_new == 1 and self._workspaces[chunk.seq_id].slot is not None
+        ]
+        if len(grouped) < 2:
+            grouped = []
+        self._decodes = self._decode_group(batch, grouped, offsets) if grouped else None
         dtype = self.pool.layout.dtype
+        in_group = set(grouped)
         self._step_views = [
             _ChunkViews(
                 offsets[i],
@@ -101,25 +133,88 @@ class WorkspaceAttention(AttentionBackend):
                 suffix_mask(chunk.num_new, chunk.end, dtype),
             )
             for i, chunk in enumerate(batch.chunks)
+            if i not in in_group
         ]
+
+    def _decode_group(
+        self, batch: ForwardBatch, grouped: list[int], offsets: list[int]
+    ) -> _DecodeGroup:
+        chunks = [batch.chunks[i] for i in grouped]
+        slots = [self._workspaces[chunk.seq_id].slot for chunk in chunks]
+        first, last = min(slots), max(slots)  # type: ignore[type-var]
+        num_slots, kv_len = last - first + 1, max(chunk.end for chunk in chunks)
+        ends = torch.ones(num_slots, dtype=torch.int64)  # a slot not in the group: key 0 only
+        for chunk, slot in zip(chunks, slots, strict=True):
+            ends[slot - first] = chunk.end
+        hidden = torch.arange(kv_len).unsqueeze(0) >= ends.unsqueeze(1)  # (S, kv_len)
+        mask = torch.zeros((num_slots, kv_len), dtype=self.pool.layout.dtype)
+        return _DecodeGroup(
+            rows=torch.tensor([offsets[i] for i in grouped], dtype=torch.int64),
+            slots=torch.tensor([slot - first for slot in slots], dtype=torch.int64),
+            positions=torch.tensor([chunk.start for chunk in chunks], dtype=torch.int64),
+            first=first,
+            num_slots=num_slots,
+            kv_len=kv_len,
+            mask=mask.masked_fill_(hidden, float("-inf")).view(num_slots, 1, 1, kv_len),
+        )
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
         self.store_kv(layer, k, v, batch)
-        outs = []
+        if self._decodes is None and len(self._step_views) == 1:
+            return self._attend_chunk(self._step_views[0], layer, q, k, v)
+        out = torch.empty_like(q)
         for view in self._step_views:
-            keys, values = view.keys[layer], view.values[layer]  # (end, kv_heads, head_dim)
-            keys[view.start :].copy_(k[view.lo : view.hi])
-            values[view.start :].copy_(v[view.lo : view.hi])
-            rows = q[view.lo : view.hi]
-            keys, values = keys.transpose(0, 1), values.transpose(0, 1)
-            outs.append(causal_attention(rows, keys, values, view.mask))
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
+            out[view.lo : view.hi] = self._attend_chunk(view, layer, q, k, v)
+        if self._decodes is not None:
+            self._attend_decodes(self._decodes, layer, q, k, v, out)
+        return out
+
+    @staticmethod
+    def _attend_chunk(
+        view: _ChunkViews, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        keys, values = view.keys[layer], view.values[layer]  # (end, kv_heads, head_dim)
+        keys[view.start :].copy_(k[view.lo : view.hi])
+        values[view.start :].copy_(v[view.lo : view.hi])
+        rows = q[view.lo : view.hi]
+        return causal_attention(rows, keys.transpose(0, 1), values.transpose(0, 1), view.mask)
+
+    def _attend_decodes(
+        self,
+        group: _DecodeGroup,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:
+        assert self._arena is not None
+        slots = self._arena.kv[group.first : group.first + group.num_slots, layer]
+        keys, values = slots[:, 0], slots[:, 1]  # (S, capacity, kv_heads, head_dim)
+        keys.index_put_((group.slots, group.positions), k.index_select(0, group.rows))
+        values.index_put_((group.slots, group.positions), v.index_select(0, group.rows))
+        heads, head_dim = q.shape[1], q.shape[2]
+        queries = q.new_zeros((group.num_slots, heads, 1, head_dim))
+        queries.index_copy_(0, group.slots, q.index_select(0, group.rows).unsqueeze(2))
+        attended = F.scaled_dot_product_attention(
+            queries,
+            keys[:, : group.kv_len].transpose(1, 2),  # (S, kv_heads, kv_len, head_dim)
+            values[:, : group.kv_len].transpose(1, 2),
+            attn_mask=group.mask,
+            enable_gqa=True,
+        )  # (S, heads, 1, head_dim)
+        out.index_copy_(0, group.rows, attended.index_select(0, group.slots).squeeze(2))
 
     def release(self, seq_id: int) -> None:
         workspace = self._workspaces.pop(seq_id, None)
-        if workspace is not None:
+        if workspace is None:
+            return
+        if workspace.slot is not None:
+            assert self._arena is not None
+            self._arena.give(workspace)
+        else:
             self._spares.give(workspace)
 
     @property

@@ -18,14 +18,19 @@ from tieredkv.model.attention import AttentionBackend, PagedKernelAttention, Wor
 from tieredkv.model.forward_batch import ForwardBatch, SequenceChunk
 from tieredkv.model.llama import LlamaModel
 
+DEFAULT_MAX_SEQS = 16  # running sequences whose CPU workspaces share one arena (EngineConfig's)
 
-def make_attention(pool: DevicePool, backend: str = "auto") -> AttentionBackend:
-    """ "auto": Triton kernels on CUDA, the workspace path on CPU. "reference": the torch
-    reference kernels over pages in place (slow; for cross-checking)."""
+
+def make_attention(
+    pool: DevicePool, backend: str = "auto", max_seqs: int = 0, max_len: int = 0
+) -> AttentionBackend:
+    """ "auto": Triton kernels on CUDA, the workspace path on CPU (an arena of `max_seqs`
+    workspaces of `max_len` tokens). "reference": the torch reference kernels over pages in
+    place (slow; for cross-checking)."""
     if backend == "auto":
         backend = "triton" if pool.device.type == "cuda" else "workspace"
     if backend == "workspace":
-        return WorkspaceAttention(pool)
+        return WorkspaceAttention(pool, max_seqs, max_len)
     from tieredkv.kernels.backend import select_backend
 
     return PagedKernelAttention(pool, select_backend(pool.device, prefer=backend))
@@ -41,12 +46,13 @@ class ModelRunner:
         pool: DevicePool,
         max_model_len: int,
         attention_backend: str = "auto",
+        max_seqs: int = DEFAULT_MAX_SEQS,
     ) -> None:
         self.config = config
         self.pool = pool
         self.page_size = pool.layout.page_size
         self.max_model_len = max_model_len
-        self.attention = make_attention(pool, attention_backend)
+        self.attention = make_attention(pool, attention_backend, max_seqs, max_model_len)
         self.model = LlamaModel(config, weights, self.attention, max_model_len, pool.device)
 
     @classmethod

@@ -5,12 +5,17 @@ attention reads a layer's keys as a (kv_heads, tokens, head_dim) strided view at
 head-major copy, and a run of pages that are consecutive in the pool moves in with one block
 copy per layer and K/V (numpy releases the GIL; the layers are split over two threads).
 
-Released workspaces are kept as spares (`SpareWorkspaces`) and the next sequences reuse them: a
-fresh one costs first-touch page faults.
+Running sequences take their workspaces from one `WorkspaceArena`: slots of a single tensor,
+(slots, layers, 2, max_model_len, kv_heads, head_dim), reserved up front and touched only as
+far as sequences grow, so a step's decodes attend in one call over a range of slots (see
+`WorkspaceAttention`) and a slot's memory is reused without first-touch page faults. A sequence
+that finds no free slot gets a workspace of its own; released ones are kept as spares
+(`SpareWorkspaces`).
 """
 
 from __future__ import annotations
 
+import heapq
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -32,7 +37,8 @@ def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
 
 
 class Workspace:
-    """A running sequence's KV, contiguous: (layers, 2, capacity, kv_heads, head_dim)."""
+    """A running sequence's KV, contiguous: (layers, 2, capacity, kv_heads, head_dim); its own
+    tensor, or `slot` of a `WorkspaceArena` (then its capacity is fixed)."""
 
     def __init__(self, pool: DevicePool, capacity: int) -> None:
         assert pool.device.type == "cpu", "workspaces are the CPU attention path"
@@ -42,6 +48,15 @@ class Workspace:
             dtype=layout.dtype,
         )
         self.length = 0
+        self.slot: int | None = None
+
+    @classmethod
+    def in_slot(cls, arena: WorkspaceArena, slot: int) -> Workspace:
+        workspace = cls.__new__(cls)
+        workspace.kv = arena.kv[slot]
+        workspace.length = 0
+        workspace.slot = slot
+        return workspace
 
     @classmethod
     def for_tokens(cls, pool: DevicePool, tokens: int) -> Workspace:
@@ -52,6 +67,7 @@ class Workspace:
         return self.kv.shape[2]
 
     def grow(self, needed: int) -> None:
+        assert self.slot is None, f"an arena slot holds {self.capacity} tokens, {needed} asked"
         capacity = max(needed, 2 * self.capacity)
         capacity = -(-capacity // ROUNDING) * ROUNDING
         bigger = self.kv.new_empty((*self.kv.shape[:2], capacity, *self.kv.shape[3:]))
@@ -114,3 +130,28 @@ class SpareWorkspaces:
 
     def __len__(self) -> int:
         return len(self._spares)
+
+
+class WorkspaceArena:
+    """Workspaces as slots of one tensor, (slots, layers, 2, capacity, kv_heads, head_dim);
+    the lowest free slot is taken first, so running sequences sit in a short range of slots."""
+
+    def __init__(self, pool: DevicePool, slots: int, capacity: int) -> None:
+        layout = pool.layout
+        capacity = -(-capacity // ROUNDING) * ROUNDING
+        shape = (slots, layout.num_layers, 2, capacity, layout.num_kv_heads, layout.head_dim)
+        self.kv = torch.empty(shape, dtype=layout.dtype)  # untouched until sequences grow
+        self._free = list(range(slots))  # a heap: lowest slot first
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.shape[3]
+
+    def take(self, tokens: int) -> Workspace | None:
+        if tokens > self.capacity or not self._free:
+            return None
+        return Workspace.in_slot(self, heapq.heappop(self._free))
+
+    def give(self, workspace: Workspace) -> None:
+        assert workspace.slot is not None
+        heapq.heappush(self._free, workspace.slot)

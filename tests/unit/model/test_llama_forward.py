@@ -232,3 +232,43 @@ def test_bf16_fused_path_stays_close_to_eager(hf_and_runner, monkeypatch) -> Non
     plain, eager_logits = last_logits()
     assert isinstance(plain.model.layers[0].qkv, PlainLinear)
     assert _rel_err(fused_logits, eager_logits) < 0.05
+
+
+@pytest.mark.parametrize("max_seqs", [16, 2])  # 2: the third sequence has a workspace of its own
+def test_decodes_attended_together_equal_each_alone(hf_and_runner, max_seqs: int) -> None:
+    """Decodes whose workspaces are arena slots attend in one masked call over the slot range;
+    in fp32 each one's logits equal those of the same sequence decoded alone (to the rounding
+    that a batch of rows already brings to the matmuls)."""
+    hf, _ = hf_and_runner
+    config = parse_model_config(hf.config.to_dict(), Path("arena"))
+    weights = {name: t.detach().clone() for name, t in hf.state_dict().items()}
+    if config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+
+    def runner() -> ModelRunner:
+        return ModelRunner(
+            config,
+            weights,
+            ModelRunner.create(config, weights, num_pages=256, page_size=4).pool,
+            max_model_len=512,
+            max_seqs=max_seqs,
+        )
+
+    prompts = [_prompt(length, seed=20 + length) for length in (9, 30, 17)]
+    together = runner()
+    seqs = [PagedSequence(i, list(p)) for i, p in enumerate(prompts)]
+    for seq in seqs:
+        _prefill(together, seq)
+    steps = []
+    for token in (5, 6, 7):
+        for seq in seqs:
+            seq.token_ids.append(token)
+        steps.append(together.forward([seq.next_chunk(together.pool) for seq in seqs]))
+    for i, prompt in enumerate(prompts):
+        alone = runner()
+        seq = PagedSequence(i, list(prompt))
+        _prefill(alone, seq)
+        for step, token in enumerate((5, 6, 7)):
+            seq.token_ids.append(token)
+            logits = alone.forward([seq.next_chunk(alone.pool)])[0]
+            torch.testing.assert_close(steps[step][i], logits, rtol=1e-4, atol=1e-5)
