@@ -16,6 +16,8 @@ that finds no free slot gets a workspace of its own; released ones are kept as s
 from __future__ import annotations
 
 import heapq
+import math
+import mmap
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -140,7 +142,13 @@ class WorkspaceArena:
         layout = pool.layout
         capacity = -(-capacity // ROUNDING) * ROUNDING
         shape = (slots, layout.num_layers, 2, capacity, layout.num_kv_heads, layout.head_dim)
-        self.kv = torch.empty(shape, dtype=layout.dtype)  # untouched until sequences grow
+        # An anonymous mapping, not torch.empty: it reads as zeros and is backed only where
+        # sequences write. The batched decode masks each slot's keys past its end, but the
+        # kernel still multiplies their values by 0, and 0 x NaN is NaN: recycled allocator
+        # memory could hold NaN bit patterns; this holds zeros or a sequence's own K/V.
+        element_bytes = torch.empty((), dtype=layout.dtype).element_size()
+        self._mapping = mmap.mmap(-1, math.prod(shape) * element_bytes)
+        self.kv = torch.frombuffer(self._mapping, dtype=layout.dtype).view(shape)
         self._free = list(range(slots))  # a heap: lowest slot first
 
     @property

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tieredkv.cache.device_pool import DevicePool, PageLayout
-from tieredkv.model.workspace import SpareWorkspaces, Workspace
+from tieredkv.model.workspace import SpareWorkspaces, Workspace, WorkspaceArena
 
 
 def gathered(pool: DevicePool, pages: list[int], length: int) -> torch.Tensor:
@@ -54,3 +54,19 @@ def test_spares_are_reused_smallest_fitting_first_and_bounded() -> None:
     for tokens in (300, 600, 900):
         spares.give(Workspace.for_tokens(pool, tokens))
     assert len(spares) == 2 and spares.take(1).capacity >= 600  # the smallest was dropped
+
+
+def test_arena_slots_start_zeroed_whatever_the_allocator_held() -> None:
+    """The batched decode multiplies masked keys' values by 0, and 0 x NaN is NaN: a slot must
+    never hold non-finite garbage past a sequence's end, even in memory the allocator recycles."""
+    pool = random_pool(torch.float32)
+    for _ in range(4):  # leave freed NaN-filled blocks behind for the allocator to hand out
+        torch.full((3, 2, 512, 2, 8), float("nan"))
+    arena = WorkspaceArena(pool, slots=3, capacity=300)
+    assert arena.capacity == 512 and torch.count_nonzero(arena.kv) == 0
+    first, second = arena.take(100), arena.take(600)
+    assert first is not None and first.slot == 0 and second is None  # longer than a slot
+    other = arena.take(10)
+    assert other is not None and other.slot == 1
+    arena.give(first)
+    assert arena.take(10).slot == 0  # the lowest free slot first
