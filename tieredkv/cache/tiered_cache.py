@@ -203,12 +203,15 @@ class TieredCache:
 
     def poll(self) -> list[PromotionTicket]:
         """Apply every finished transfer (engine thread); return promotions now done."""
+        return self._apply_finished(start_write_through=True)
+
+    def _apply_finished(self, start_write_through: bool) -> list[PromotionTicket]:
         finished: list[PromotionTicket] = []
         for ticket in self.mover.drain():
             self.residency.apply(ticket)
             finished.extend(self.promoter.transfer_applied(ticket))
         committed, self.residency.committed = self.residency.committed, []
-        if self.write_policy is WritePolicy.WRITE_THROUGH:
+        if start_write_through and self.write_policy is WritePolicy.WRITE_THROUGH:
             for node, tier in committed:
                 if tier is not Tier.DEVICE:
                     self.demoter.write_through(node, tier)
@@ -275,6 +278,8 @@ class TieredCache:
         """Let transfers in flight finish and apply them, then close the disk store (its
         records stay for the next start)."""
         self.mover.close()
-        self.poll()
+        # no new copies once the mover is closed: what write-through would start now has no
+        # executor to run on (the disk stays closed under "parent of": nothing more is written)
+        self._apply_finished(start_write_through=False)
         if self.pools.disk is not None:
             self.pools.disk.close()

@@ -264,3 +264,36 @@ def test_promote_can_hand_the_caller_a_lock_on_the_ready_pages() -> None:
     cache.unlock(ticket.ready_node)
     assert cache.evict(Tier.DEVICE, 4)
     ok(cache)
+
+
+class RefusingAfterShutdown(ManualTransferExecutor):
+    """A manual executor that, like a thread pool, refuses work once it was shut down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+
+    def submit(self, ticket, job, report) -> None:
+        if self.closed:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        super().submit(ticket, job, report)
+
+    def shutdown(self) -> None:
+        self.closed = True
+
+
+def test_close_applies_finished_copies_without_starting_write_through(tmp_path: Path) -> None:
+    """A copy that finished just before shutdown is applied at close; under write-through its
+    commit would start the next copy down, on executors already shut down."""
+    executor = RefusingAfterShutdown()
+    cache, _ = make_cache(
+        LAYOUT, device_pages=4, host_pages=4, disk_pages=8, disk_dir=tmp_path,
+        write_policy=WritePolicy.WRITE_THROUGH, executor=executor,
+    )  # fmt: skip
+    tokens = list(range(17))
+    compute(cache, tokens)
+    assert [t.dst_tier for t in executor.pending()] == [Tier.HOST]
+    executor.complete_all()  # finished, not yet applied
+    cache.close()
+    assert Tier.HOST in cache.match(tokens).last_node.copies  # applied
+    assert not executor.pending()  # and nothing new started
