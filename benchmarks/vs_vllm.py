@@ -336,6 +336,142 @@ def start_vllm(kv_gib: int, log_path: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError(f"vLLM did not start in 600 s: see {log_path}")
 
 
+def targets_table(report: dict) -> str:
+    """The issue's targets from the report's raw figures (medians), each beside its rule."""
+    ours, peer = report.get("tieredkv"), report.get("vllm")
+    rows = ["| target | tieredkv | vLLM | ratio | rule | met |", "|---|---|---|---|---|---|"]
+
+    def row(name: str, mine: float, theirs: float, unit: str, rule: str, met: bool) -> None:
+        rows.append(
+            f"| {name} | {mine:,.1f} {unit} | {theirs:,.1f} {unit} | {mine / theirs:.2f}x "
+            f"| {rule} | {'yes' if met else 'NO'} |"
+        )
+
+    if ours and peer:
+        for length, theirs in peer["prefill_tok_per_s"].items():
+            mine = ours["prefill_tok_per_s"][length]["median"]
+            rule = ">= 0.8x vLLM"
+            row(
+                f"cold prefill {length}",
+                mine,
+                theirs["median"],
+                "tok/s",
+                rule,
+                mine >= 0.8 * theirs["median"],
+            )
+        for length, theirs in peer["warm_ttft_s"].items():
+            mine = ours["warm_ttft_s"][length]["median"] * 1000
+            rule = "<= 1.0x vLLM"
+            row(
+                f"warm turn TTFT, {length}-token history",
+                mine,
+                theirs["median"] * 1000,
+                "ms",
+                rule,
+                mine <= theirs["median"] * 1000,
+            )
+        for streams, theirs in peer["decode"].items():
+            mine = ours["decode"][streams]
+            ms, their_ms = mine["ms_per_token"]["median"], theirs["ms_per_token"]["median"]
+            row(f"decode x{streams}, ms/token", ms, their_ms, "ms", "<= 1.0x vLLM", ms <= their_ms)
+            tps, their_tps = mine["tokens_per_s"]["median"], theirs["tokens_per_s"]["median"]
+            row(
+                f"decode x{streams}, throughput",
+                tps,
+                their_tps,
+                "tok/s",
+                ">= vLLM",
+                tps >= their_tps,
+            )
+    tiers = report.get("tiers")
+    if tiers:
+        turns = tiers["turns"]
+        met = sum(t["met"] for t in turns)
+        disk = statistics.median(t["disk_ttft_s"] for t in turns) * 1000
+        bound = statistics.median(t["bound_s"] for t in turns) * 1000
+        bandwidth = tiers["disk_read"]["bytes_per_s"] / 1e9
+        rows.append(
+            f"| TTFT, history on disk ({met} of {len(turns)} within) | {disk:,.0f} ms | | | "
+            f"<= on device + 1.5 x bytes / disk read (median bound {bound:,.0f} ms, disk "
+            f"{bandwidth:.2f} GB/s) | {'yes' if met == len(turns) else 'NO'} |"
+        )
+    overflow = report.get("overflow") or {}
+    if "tieredkv" in overflow and "vllm" in overflow:
+        mine = overflow["tieredkv"]["summary"]["ttft_p50_s"] * 1000
+        theirs = overflow["vllm"]["summary"]["ttft_p50_s"] * 1000
+        met = theirs >= 5 * mine
+        rows.append(
+            f"| TTFT p50, chats 3.7x the KV budget (rounds 2-3) | {mine:,.0f} ms | {theirs:,.0f} "
+            f"ms | {theirs / mine:.1f}x lower | >= 5x lower than vLLM | {'yes' if met else 'NO'} |"
+        )
+    return "\n".join(rows)
+
+
+def combine(reports: list[dict]) -> dict:
+    """Several runs' reports as one: each server figure the median of the runs' medians, with
+    the runs' min and max; the tiers and overflow sections from the runs that have them."""
+    combined: dict = {"runs": len(reports)}
+    for server in ("tieredkv", "vllm"):
+        runs = [r[server] for r in reports if server in r]
+        if not runs:
+            continue
+        merged: dict = {"prefill_tok_per_s": {}, "warm_ttft_s": {}, "decode": {}}
+        for section in ("prefill_tok_per_s", "warm_ttft_s"):
+            for key in runs[0][section]:
+                merged[section][key] = spread([run[section][key]["median"] for run in runs])
+        for key in runs[0]["decode"]:
+            merged["decode"][key] = {
+                figure: spread([run["decode"][key][figure]["median"] for run in runs])
+                for figure in ("ms_per_token", "tokens_per_s")
+            }
+        combined[server] = merged
+    for section in ("tiers", "overflow"):
+        found = [r[section] for r in reports if r.get(section)]
+        if found:
+            combined[section] = found[-1]
+    if "tiers" in combined:
+        combined["tiers"] = {
+            "disk_read": combined["tiers"]["disk_read"],
+            "turns": [t for r in reports if r.get("tiers") for t in r["tiers"]["turns"]],
+        }
+    return combined
+
+
+def spread_table(report: dict) -> str:
+    """Every figure as median (min-max) for both servers."""
+    rows = ["| figure | tieredkv | vLLM |", "|---|---|---|"]
+
+    def cell(value: dict | None, scale: float, spec: str) -> str:
+        if value is None:
+            return ""
+        return (
+            f"{value['median'] * scale:{spec}} ({value['min'] * scale:{spec}}-"
+            f"{value['max'] * scale:{spec}})"
+        )
+
+    ours, peer = report.get("tieredkv", {}), report.get("vllm", {})
+    for key in ours.get("prefill_tok_per_s", {}):
+        rows.append(
+            f"| cold prefill {key} tokens, tok/s | "
+            f"{cell(ours['prefill_tok_per_s'][key], 1, ',.0f')} | "
+            f"{cell(peer.get('prefill_tok_per_s', {}).get(key), 1, ',.0f')} |"
+        )
+    for key in ours.get("warm_ttft_s", {}):
+        rows.append(
+            f"| warm turn TTFT, {key}-token history, ms | "
+            f"{cell(ours['warm_ttft_s'][key], 1000, ',.0f')} | "
+            f"{cell(peer.get('warm_ttft_s', {}).get(key), 1000, ',.0f')} |"
+        )
+    for key in ours.get("decode", {}):
+        for figure, scale, spec in (("ms_per_token", 1, ".1f"), ("tokens_per_s", 1, ".1f")):
+            theirs = peer.get("decode", {}).get(key, {}).get(figure)
+            rows.append(
+                f"| decode x{key}, {figure.replace('_', ' ')} | "
+                f"{cell(ours['decode'][key][figure], scale, spec)} | {cell(theirs, scale, spec)} |"
+            )
+    return "\n".join(rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench-results/vs-vllm"))
@@ -347,7 +483,17 @@ def main() -> int:
     parser.add_argument("--tiers", action="store_true", help="also the disk/device decomposition")
     parser.add_argument("--only-tiers", action="store_true", help="only the decomposition")
     parser.add_argument("--overflow", action="store_true", help="also the 3.7x-budget chats")
+    parser.add_argument(
+        "--combine", nargs="+", type=Path, help="print the tables of these runs' report dirs"
+    )
     args = parser.parse_args()
+    if args.combine:
+        runs = [json.loads((d / "report.json").read_text()) for d in args.combine]
+        combined = combine(runs)
+        print(targets_table(combined))
+        print()
+        print(spread_table(combined))
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict = {"argv": sys.argv, "repeats": args.repeats, "kv_gib": args.kv_gib}
     servers = ["tieredkv"] if args.skip_vllm else ["vllm", "tieredkv"]
@@ -388,6 +534,9 @@ def main() -> int:
         with ManagedServer(serve_args, args.out / "tieredkv-overflow.log") as server:
             report["overflow"]["tieredkv"] = overflow_run(server.base_url, "tieredkv", args.seed)
     (args.out / "report.json").write_text(json.dumps(report, indent=2))
+    table = targets_table(report)
+    (args.out / "targets.md").write_text(table + "\n")
+    print(table)
     print(f"report: {args.out / 'report.json'}")
     return 0
 
