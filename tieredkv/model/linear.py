@@ -39,7 +39,6 @@ class PackedLinear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         reorder = torch.ops.mkldnn._reorder_linear_weight
-        self.out_features = weight.shape[0]
         self.bias = bias
         self._few = reorder(weight, 1)
         self._many = reorder(weight, 2048)

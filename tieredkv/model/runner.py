@@ -65,10 +65,11 @@ class ModelRunner:
         max_model_len: int = 4096,
         device: torch.device | str = "cpu",
         attention_backend: str = "auto",
+        max_seqs: int = DEFAULT_MAX_SEQS,
     ) -> ModelRunner:
         dtype = weights["model.embed_tokens.weight"].dtype
         pool = DevicePool(PageLayout.for_model(config, page_size, dtype), num_pages, device)
-        return cls(config, weights, pool, max_model_len, attention_backend)
+        return cls(config, weights, pool, max_model_len, attention_backend, max_seqs)
 
     def forward(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
         """Logits (B, vocab) fp32 of each chunk's last token."""

@@ -246,12 +246,8 @@ def test_decodes_attended_together_equal_each_alone(hf_and_runner, max_seqs: int
         weights.pop("lm_head.weight", None)
 
     def runner() -> ModelRunner:
-        return ModelRunner(
-            config,
-            weights,
-            ModelRunner.create(config, weights, num_pages=256, page_size=4).pool,
-            max_model_len=512,
-            max_seqs=max_seqs,
+        return ModelRunner.create(
+            config, weights, num_pages=256, page_size=4, max_model_len=512, max_seqs=max_seqs
         )
 
     prompts = [_prompt(length, seed=20 + length) for length in (9, 30, 17)]
@@ -264,6 +260,8 @@ def test_decodes_attended_together_equal_each_alone(hf_and_runner, max_seqs: int
         for seq in seqs:
             seq.token_ids.append(token)
         steps.append(together.forward([seq.next_chunk(together.pool) for seq in seqs]))
+        group = together.attention._decodes  # the decodes in arena slots went through one call
+        assert group is not None and len(group.rows) == min(max_seqs, len(seqs))
     for i, prompt in enumerate(prompts):
         alone = runner()
         seq = PagedSequence(i, list(prompt))
