@@ -56,7 +56,7 @@ from tieredkv.bench.prom_text import parse_samples, select
 from tieredkv.bench.records import percentile
 from tieredkv.bench.workload import Workload, WorkloadConfig, prose
 from tieredkv.bench.workload_run import run_workload
-from tieredkv.cache.device_pool import PageLayout
+from tieredkv.cache.page_layout import PageLayout
 from tieredkv.model.default_model import default_model_dir
 from tieredkv.model.hf_config import parse_model_config, read_config_json
 from tieredkv.model.tokenizer import ChatTokenizer

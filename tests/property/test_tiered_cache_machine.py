@@ -25,13 +25,14 @@ from hypothesis.stateful import (
     rule,
 )
 
-from tieredkv.cache.cache_results import MatchResult, PromotionTicket
-from tieredkv.cache.disk_store import DiskRecord
-from tieredkv.cache.page_key import page_key
-from tieredkv.cache.radix_tree import RadixNode
+from tieredkv.cache.disk.store import DiskRecord
+from tieredkv.cache.index.match_results import MatchResult
+from tieredkv.cache.index.page_key import page_key
+from tieredkv.cache.index.radix_tree import RadixNode
+from tieredkv.cache.index.token_run import PackedTokens
+from tieredkv.cache.residency.promotion import PromotionTicket
 from tieredkv.cache.testing import expected_pages, make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.token_run import PackedTokens
 from tieredkv.config import WritePolicy
 
 PAGE_SIZE = 2

@@ -31,9 +31,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tieredkv.cache.disk_file import STORE_FILE
-from tieredkv.cache.disk_format import SUPERBLOCK_BYTES, decode_superblock
-from tieredkv.cache.disk_io import Buffer, DiskIOBackend, FaultInjectingIO, as_bytes
+from tieredkv.cache.disk.direct_io import Buffer, DiskIOBackend, FaultInjectingIO, as_bytes
+from tieredkv.cache.disk.directory import STORE_FILE
+from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, decode_superblock
 from tieredkv.engine.async_engine import AsyncEngine
 
 # Unpickling any object resolves a global through find_class (marshal is left out: the import

@@ -18,8 +18,8 @@ import httpx
 import numpy as np
 
 from tests.integration.server_process import ServerProcess, free_port
-from tieredkv.cache.disk_file import STORE_FILE
-from tieredkv.cache.disk_format import (
+from tieredkv.cache.disk.directory import STORE_FILE
+from tieredkv.cache.disk.format import (
     SUPERBLOCK_BYTES,
     RecordHeader,
     chain_ok,

@@ -27,8 +27,8 @@ from tests.reliability.harness import (
     reachable_from_prompt_start,
     scan_store,
 )
-from tieredkv.cache.disk_file import STORE_FILE
-from tieredkv.cache.disk_format import SUPERBLOCK_BYTES, decode_superblock
+from tieredkv.cache.disk.directory import STORE_FILE
+from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, decode_superblock
 
 SEEDS = range(5)
 IM_START = 1

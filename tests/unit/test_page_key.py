@@ -1,4 +1,4 @@
-from tieredkv.cache.page_key import KEY_BYTES, chain_keys, namespace_root_key, page_key
+from tieredkv.cache.index.page_key import KEY_BYTES, chain_keys, namespace_root_key, page_key
 
 
 def test_keys_chain_through_parents() -> None:

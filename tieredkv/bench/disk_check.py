@@ -12,7 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tieredkv.cache.disk_store import CHUNK_BYTES, IO_DEPTH
+from tieredkv.cache.disk.store import CHUNK_BYTES, IO_DEPTH
 
 log = logging.getLogger(__name__)
 

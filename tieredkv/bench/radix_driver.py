@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from tieredkv.bench.radix_workload import ChatTurn
-from tieredkv.cache.radix_node import RadixNode
+from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.index.token_run import PackedTokens, TokenPacker
 from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.cache.token_run import PackedTokens, TokenPacker
 
 T = TypeVar("T")
 Timer = Callable[..., Any]  # (samples, call, *args) -> call(*args)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tieredkv.cache.page_key import token_bytes
+from tieredkv.cache.index.page_key import token_bytes
 
 GAP_NS = 200_000
 

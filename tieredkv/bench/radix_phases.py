@@ -16,10 +16,10 @@ import torch
 
 from tieredkv.bench.radix_driver import ChatDriver, fresh_tokens, pack_prompt, timed
 from tieredkv.bench.radix_workload import ChatShape, ChatWorkload
-from tieredkv.cache.device_pool import PageLayout
-from tieredkv.cache.executor import ManualTransferExecutor
+from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import CacheConfig
 
 PAGE_SIZE = 16

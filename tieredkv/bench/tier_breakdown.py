@@ -19,10 +19,10 @@ import torch
 
 from tieredkv.bench.tier_limits import drop_cache, median_seconds
 from tieredkv.bench.tier_store import LAYOUT, aligned_pages, make_records
-from tieredkv.cache.disk_file import STORE_FILE
-from tieredkv.cache.disk_store import DiskStore
-from tieredkv.cache.page_copier import PageCopier
+from tieredkv.cache.disk.directory import STORE_FILE
+from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.transfer.page_copier import PageCopier
 
 
 def _pool_views(copier: PageCopier) -> tuple[np.ndarray, np.ndarray]:

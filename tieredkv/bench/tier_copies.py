@@ -21,12 +21,12 @@ import torch
 
 from tieredkv.bench.tier_limits import drop_cache, median_seconds
 from tieredkv.bench.tier_store import LAYOUT, REP_BYTES, make_records, span_gbps
-from tieredkv.cache.device_pool import DevicePool
-from tieredkv.cache.disk_file import STORE_FILE
-from tieredkv.cache.disk_store import DiskStore
-from tieredkv.cache.host_pool import HostPool
-from tieredkv.cache.page_copier import PageCopier
+from tieredkv.cache.disk.directory import STORE_FILE
+from tieredkv.cache.disk.store import DiskStore
+from tieredkv.cache.pools.device_pool import DevicePool
+from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.transfer.page_copier import PageCopier
 
 
 def make_copier(num_pages: int, disk: DiskStore | None, seed: int) -> PageCopier:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from tieredkv.cache.disk_io import aligned_empty
+from tieredkv.cache.page_layout import aligned_empty
 
 RAW_PATTERNS = ((64, 1), (256, 1), (8, 4), (32, 4))  # (request MiB, in flight); best = limit
 

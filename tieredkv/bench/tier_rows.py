@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from tieredkv.bench.tier_copies import memory_gbps
-from tieredkv.cache.page_copier import PageCopier
+from tieredkv.cache.transfer.page_copier import PageCopier
 
 DISK_TARGET = 0.80  # of the raw O_DIRECT bandwidth in the same direction
 MEMORY_TARGET = 0.70  # of numpy memcpy on one thread (the limit)

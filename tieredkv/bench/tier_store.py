@@ -17,11 +17,10 @@ import numpy as np
 import torch
 
 from tieredkv.bench.tier_limits import drop_cache, median_seconds
-from tieredkv.cache.device_pool import PageLayout
-from tieredkv.cache.disk_file import STORE_FILE
-from tieredkv.cache.disk_io import aligned_empty
-from tieredkv.cache.disk_store import DiskRecord, DiskStore
-from tieredkv.cache.page_key import namespace_root_key, page_key
+from tieredkv.cache.disk.directory import STORE_FILE
+from tieredkv.cache.disk.store import DiskRecord, DiskStore
+from tieredkv.cache.index.page_key import namespace_root_key, page_key
+from tieredkv.cache.page_layout import PageLayout, aligned_empty
 
 LAYOUT = PageLayout(num_layers=30, num_kv_heads=3, head_dim=64, page_size=16, dtype=torch.bfloat16)
 REP_BYTES = 256 << 20  # bytes moved per timed repetition, in batches

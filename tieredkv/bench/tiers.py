@@ -31,7 +31,7 @@ from tieredkv.bench.tier_limits import RAW_PATTERNS, memcpy_gbps, raw_disk_gbps,
 from tieredkv.bench.tier_report import print_breakdown, print_report
 from tieredkv.bench.tier_rows import DISK_TARGET, MOVER, BandwidthRow, memory_rows
 from tieredkv.bench.tier_store import LAYOUT, random_pages, store_gbps
-from tieredkv.cache.disk_store import DiskStore
+from tieredkv.cache.disk.store import DiskStore
 
 
 def _counts(text: str) -> list[int]:

@@ -14,18 +14,16 @@ It walks the whole tree: for tests and the debug endpoint, never the hot path.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from tieredkv.cache.mover import TransferPart
-from tieredkv.cache.page_key import page_key
-from tieredkv.cache.radix_tree import RadixNode
-from tieredkv.cache.residency import parent_committed
+from tieredkv.cache.index.page_key import page_key
+from tieredkv.cache.index.radix_index import RadixIndex
+from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.index.token_run import TOKEN_BYTES
+from tieredkv.cache.pools.tier_pools import TierPools
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.token_run import TOKEN_BYTES
-
-if TYPE_CHECKING:
-    from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.cache.transfer.mover import PartState, TransferPart, TransferTicket
 
 OWNERS = ("node", "request", "ticket")
 
@@ -51,15 +49,15 @@ class _Ledger:
             self.owner[tier][page] = owner
 
 
-def _live_parts(cache: TieredCache) -> list[TransferPart]:
-    parts = {id(p): p for node in cache.tree.iter_nodes() for p in node.inflight.values()}
-    for ticket in cache.mover.in_flight.values():
-        parts.update({id(p): p for p in ticket.parts if p.doomed})
-    return list(parts.values())
+def _live_parts(index: RadixIndex, transfers: Collection[TransferTicket]) -> list[TransferPart]:
+    parts = {id(p): p for node in index.tree.iter_nodes() for p in node.inflight.values()}
+    for ticket in transfers:
+        parts.update({id(p): p for p in ticket.parts if p.state is PartState.DETACHED})
+    return list(parts.values())  # type: ignore[arg-type]
 
 
-def _check_node(cache: TieredCache, node: RadixNode, problems: list[str]) -> None:
-    ps, parent = cache.page_size, node.parent
+def _check_node(index: RadixIndex, node: RadixNode, problems: list[str]) -> None:
+    ps, parent = index.page_size, node.parent
     assert parent is not None
     if node.num_tokens * TOKEN_BYTES != len(node.packed) or node.num_pages == 0:
         problems.append(f"{node}: {len(node.packed)} bytes of tokens, {node.num_pages} pages")
@@ -74,16 +72,20 @@ def _check_node(cache: TieredCache, node: RadixNode, problems: list[str]) -> Non
     for tier, pages in node.copies.items():
         if len(pages) != node.num_pages:
             problems.append(f"{node}: {tier.label} copy has {len(pages)} pages")
-        if not parent_committed(node, tier):
+        if not node.may_commit(tier):
             problems.append(f"{node}: committed {tier.label} copy without the parent's")
-    for tier, part in node.inflight.items():
-        if part.node is not node or part.dst_tier is not tier or part.doomed:
+    for tier, pending in node.inflight.items():
+        part: TransferPart = pending  # type: ignore[assignment]
+        if part.node is not node or part.dst_tier is not tier:
             problems.append(f"{node}: stale transfer part towards {tier.label}")
+        if part.state is PartState.DETACHED:
+            problems.append(f"{node}: a detached transfer part towards {tier.label}")
         if len(part.dst_pages) != node.num_pages or tier in node.copies:
             problems.append(f"{node}: transfer towards {tier.label} does not fit the node")
-        if part.arrived and parent_committed(node, tier):
+        arrived = part.state is PartState.ARRIVED
+        if arrived and node.may_commit(tier):
             problems.append(f"{node}: its {tier.label} copy arrived and was never committed")
-        if not part.arrived and node.copies.get(part.src_tier) != part.src_pages:
+        if not arrived and node.copies.get(part.src_tier) != part.src_pages:
             problems.append(f"{node}: the source of its copy towards {tier.label} is gone")
     for tier in Tier:
         if node.in_closure(tier) and not parent.in_closure(tier):
@@ -99,42 +101,46 @@ def _check_node(cache: TieredCache, node: RadixNode, problems: list[str]) -> Non
         on_disk += child_on_disk
     if ranks != node.child_ranks or on_disk != node.children_on_disk:
         problems.append(f"{node}: child counts {node.child_ranks}/{node.children_on_disk}")
-    expected_locks = cache.lock_holders.get(node, 0) + sum(
+    expected_locks = index.lock_holders.get(node, 0) + sum(
         child.lock_count for child in node.children.values()
     )
     if node.lock_count != expected_locks:
         problems.append(f"{node}: lock count {node.lock_count}, holders say {expected_locks}")
 
 
-def check_integrity(cache: TieredCache) -> IntegrityResult:
+def check_integrity(
+    index: RadixIndex, pools: TierPools, transfers: Collection[TransferTicket]
+) -> IntegrityResult:
+    """Check the index's tree, locks and lent pages against `pools`, with `transfers` the
+    tickets in flight (submitted, not yet applied)."""
     ledger = _Ledger()
     problems = ledger.problems
-    for node in cache.tree.iter_nodes():
-        _check_node(cache, node, problems)
+    for node in index.tree.iter_nodes():
+        _check_node(index, node, problems)
         for tier, pages in node.copies.items():
             ledger.claim(tier, pages, "node", node)
-    ledger.claim(Tier.DEVICE, sorted(cache.private_pages), "request", "private")
-    for part in _live_parts(cache):
+    ledger.claim(Tier.DEVICE, sorted(index.private_pages), "request", "private")
+    for part in _live_parts(index, transfers):
         ledger.claim(part.dst_tier, part.dst_pages, "ticket", part.ticket)
-    for ticket in cache.mover.in_flight.values():
+    for ticket in transfers:
         for tier, pages in ticket.release:
             ledger.claim(tier, pages, "ticket", ticket)
-    for holder in cache.lock_holders:
+    for holder in index.lock_holders:
         if not holder.attached:
             problems.append(f"lock held on detached {holder}")
     page_counts = {}
     for tier in Tier:
         owned = ledger.owner[tier]
-        num_used = cache.pools.num_pages(tier) - cache.pools.num_free(tier)
+        num_used = pools.num_pages(tier) - pools.num_free(tier)
         if len(owned) != num_used:
             problems.append(f"{tier.label}: {num_used} pages used, {len(owned)} owned")
         if tier is not Tier.DISK:
-            pool = cache.pools.device if tier is Tier.DEVICE else cache.pools.host
+            pool = pools.device if tier is Tier.DEVICE else pools.host
             freed = [page for page in owned if pool.is_free(page)]
             problems.extend(f"{tier.label} page {page} owned but free" for page in freed)
         counts = dict.fromkeys(OWNERS, 0)
         for owner in owned.values():
             counts[owner] += 1
-        counts["free"] = cache.pools.num_free(tier)
+        counts["free"] = pools.num_free(tier)
         page_counts[tier.label] = counts
     return IntegrityResult(not problems, problems, page_counts)

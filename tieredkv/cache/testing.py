@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from tieredkv.cache.device_pool import PageLayout
-from tieredkv.cache.disk_format import SUPERBLOCK_BYTES, align_up, header_bytes_for
-from tieredkv.cache.disk_io import DiskIOBackend
-from tieredkv.cache.executor import ManualTransferExecutor
-from tieredkv.cache.page_key import chain_keys, namespace_root_key
+from tieredkv.cache.disk.direct_io import DiskIOBackend
+from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, align_up, header_bytes_for
+from tieredkv.cache.index.page_key import chain_keys, namespace_root_key
+from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import CacheConfig, WritePolicy
 
 FINGERPRINT = b"tieredkv-test-model"

@@ -18,33 +18,34 @@ A request's life against the cache:
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 
 import torch
 
 from tieredkv.cache.cache_metrics import CacheCounters
-from tieredkv.cache.cache_results import InsertResult, MatchResult, PromotionTicket
-from tieredkv.cache.demotion import Demoter
-from tieredkv.cache.device_pool import DevicePool, PageLayout
-from tieredkv.cache.disk_io import DiskIOBackend
-from tieredkv.cache.disk_store import DiskStore
-from tieredkv.cache.executor import (
+from tieredkv.cache.disk.direct_io import DiskIOBackend
+from tieredkv.cache.disk.store import DiskStore
+from tieredkv.cache.index.match_results import InsertResult, MatchResult
+from tieredkv.cache.index.radix_index import RadixIndex
+from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.index.radix_tree import RadixTree
+from tieredkv.cache.index.token_run import TokenSequence
+from tieredkv.cache.integrity import IntegrityResult, check_integrity
+from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.pools.device_pool import DevicePool
+from tieredkv.cache.pools.host_pool import HostPool
+from tieredkv.cache.pools.tier_pools import TierPools
+from tieredkv.cache.residency.demotion import Demoter
+from tieredkv.cache.residency.promotion import Promoter, PromotionTicket
+from tieredkv.cache.residency.residency import Residency
+from tieredkv.cache.tier import Tier
+from tieredkv.cache.transfer.executor import (
     CudaStreamTransferExecutor,
     ThreadTransferExecutor,
     TransferExecutor,
 )
-from tieredkv.cache.host_pool import HostPool
-from tieredkv.cache.integrity import IntegrityResult, check_integrity
-from tieredkv.cache.match_insert import insert_pages, match_prefix
-from tieredkv.cache.mover import Mover, TransferTicket
-from tieredkv.cache.page_copier import PageCopier
-from tieredkv.cache.promotion import Promoter
-from tieredkv.cache.radix_tree import RadixNode, RadixTree
-from tieredkv.cache.residency import Residency
-from tieredkv.cache.tier import Tier
-from tieredkv.cache.tier_pools import TierPools
-from tieredkv.cache.token_run import TokenSequence
+from tieredkv.cache.transfer.mover import Mover, TransferTicket
+from tieredkv.cache.transfer.page_copier import PageCopier
 from tieredkv.cache.warm_restart import rebuild_from_disk
 from tieredkv.config import CacheConfig, WritePolicy
 
@@ -105,13 +106,11 @@ class TieredCache:
         )
         copier = PageCopier(self.pools.device, self.pools.host, disk)
         self.residency = Residency(self.tree, self.pools, copier, self.mover, self.counters, clock)
-        self.demoter = Demoter(self.tree, self.pools, self.residency)
+        self.index = RadixIndex(self.tree, fingerprint, config.enable_prefix_reuse, self.residency)
+        self.demoter = Demoter(self.pools, self.residency)
         self.promoter = Promoter(
-            self.pools, self.residency, self.demoter, self.lock, self.unlock, clock
+            self.pools, self.residency, self.demoter, self.index, self.counters, clock
         )
-        self.private_pages: set[int] = set()  # device pages allocated to requests
-        self.lock_holders: Counter[RadixNode] = Counter()
-        self.access_clock = 0
         if disk is not None:
             rebuild_from_disk(self.tree, disk, self.residency)
 
@@ -124,7 +123,7 @@ class TieredCache:
 
         `tokens` are ids, or `PackedTokens` (what the tree compares: a caller that matches the
         same sequence several times packs it once; ids are packed on every call)."""
-        return match_prefix(self, tokens, namespace)
+        return self.index.match(tokens, namespace)
 
     def insert(
         self,
@@ -145,26 +144,18 @@ class TieredCache:
         first `start_pages` pages of `tokens` are the path ending at `start_node`: the walk
         goes on from there instead of comparing those pages again. The result is the same as
         without them; a node whose depth is not `start_pages` is a programming error."""
-        result = insert_pages(self, tokens, namespace, device_pages, start_node, start_pages)
+        result = self.index.insert(tokens, namespace, device_pages, start_node, start_pages)
         if self.write_policy is WritePolicy.WRITE_THROUGH and result.node is not None:
             self._write_through_path(result.node)
         return result
 
     def lock(self, node: RadixNode) -> None:
         """Pin `node` and its ancestors: never evicted, demoted or merged until unlocked."""
-        assert node is not None and node.attached, f"lock of {node}"
-        self.lock_holders[node] += 1
-        self.tree.lock_path(node, +1)  # heap entries of locked nodes are skipped when popped
+        self.index.lock(node)
 
     def unlock(self, node: RadixNode) -> None:
         """Release one `lock(node)`."""
-        assert self.lock_holders[node] > 0, f"unlock of {node} without a lock"
-        self.lock_holders[node] -= 1
-        if not self.lock_holders[node]:
-            del self.lock_holders[node]
-        for changed in self.tree.lock_path(node, -1):
-            self.residency.refresh(changed)
-            self.residency.remove_if_empty(changed, cascade=False)
+        self.index.unlock(node)
 
     # --- device pages for requests ---------------------------------------------------------
 
@@ -175,14 +166,12 @@ class TieredCache:
         if not self.demoter.make_room(Tier.DEVICE, num_pages):
             return None
         pages = self.pools.alloc(Tier.DEVICE, num_pages)
-        self.private_pages.update(pages)
+        self.index.lend(pages)
         return pages
 
     def free(self, pages: Sequence[int]) -> None:
         """Return a request's private device pages (never pages the tree owns)."""
-        for page in pages:
-            assert page in self.private_pages, f"device page {page} is not a request's"
-            self.private_pages.remove(page)
+        self.index.reclaim(pages)
         self.pools.free(Tier.DEVICE, list(pages))
 
     # --- moving pages ----------------------------------------------------------------------
@@ -207,10 +196,10 @@ class TieredCache:
 
     def _apply_finished(self, start_write_through: bool) -> list[PromotionTicket]:
         finished: list[PromotionTicket] = []
+        committed = []
         for ticket in self.mover.drain():
-            self.residency.apply(ticket)
+            committed += self.residency.apply(ticket)
             finished.extend(self.promoter.transfer_applied(ticket))
-        committed, self.residency.committed = self.residency.committed, []
         if start_write_through and self.write_policy is WritePolicy.WRITE_THROUGH:
             for node, tier in committed:
                 if tier is not Tier.DEVICE:
@@ -244,7 +233,7 @@ class TieredCache:
 
     def check_integrity(self) -> IntegrityResult:
         """Reconcile page ownership, lock counts and the closure invariants (engine thread)."""
-        return check_integrity(self)
+        return check_integrity(self.index, self.pools, list(self.mover.in_flight.values()))
 
     def tier_enabled(self, tier: Tier) -> bool:
         return self.pools.enabled(tier)

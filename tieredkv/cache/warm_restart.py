@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from tieredkv.cache.page_key import token_bytes
+from tieredkv.cache.index.page_key import token_bytes
 from tieredkv.cache.tier import Tier
 
 if TYPE_CHECKING:
-    from tieredkv.cache.disk_store import DiskRecord, DiskStore
-    from tieredkv.cache.radix_tree import RadixNode, RadixTree
-    from tieredkv.cache.residency import Residency
+    from tieredkv.cache.disk.store import DiskRecord, DiskStore
+    from tieredkv.cache.index.radix_tree import RadixNode, RadixTree
+    from tieredkv.cache.residency.residency import Residency
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from tieredkv.cache.device_pool import PageLayout
+from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig, EngineConfig
@@ -183,7 +183,7 @@ class AsyncEngine(EngineClient):
                 "ok": result.ok,
                 "problems": list(result.problems),
                 "pages": result.page_counts,
-                "locked_nodes": sum(self.engine.cache.lock_holders.values()),
+                "locked_nodes": sum(self.engine.cache.index.lock_holders.values()),
                 "requests": {
                     "waiting": len(self.engine.waiting),
                     "promoting": len(self.engine.promoting),

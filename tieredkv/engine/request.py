@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tieredkv.cache.cache_results import MatchResult, PromotionTicket
-from tieredkv.cache.radix_tree import RadixNode
+from tieredkv.cache.index.match_results import MatchResult
+from tieredkv.cache.index.radix_tree import RadixNode
+from tieredkv.cache.index.token_run import PackedTokens, TokenPacker
+from tieredkv.cache.residency.promotion import PromotionTicket
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.token_run import PackedTokens, TokenPacker
 from tieredkv.engine.output import OutputProcessor
 from tieredkv.engine.protocol import FinishReason, GenerationRequest, Usage
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from tieredkv.cache.device_pool import PageLayout
+from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig
 from tieredkv.errors import ConfigError

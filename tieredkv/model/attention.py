@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tieredkv.cache.device_pool import DevicePool
+from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.model.forward_batch import ForwardBatch
 from tieredkv.model.workspace import SpareWorkspaces, Workspace, WorkspaceArena
 

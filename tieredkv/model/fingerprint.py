@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from tieredkv.cache.device_pool import PageLayout
+from tieredkv.cache.page_layout import PageLayout
 from tieredkv.model.default_model import cache_root
 
 if TYPE_CHECKING:

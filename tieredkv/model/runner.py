@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tieredkv.cache.device_pool import DevicePool, PageLayout
+from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.config import ModelConfig
 from tieredkv.model.attention import AttentionBackend, PagedKernelAttention, WorkspaceAttention
 from tieredkv.model.forward_batch import ForwardBatch, SequenceChunk

@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from tieredkv.cache.device_pool import DevicePool
-from tieredkv.cache.page_rows import paired_runs
+from tieredkv.cache.pools.device_pool import DevicePool
+from tieredkv.cache.transfer.page_rows import paired_runs
 
 ROUNDING = 256  # tokens; workspaces grow in these steps at least, doubling beyond
 _PARALLEL_MIN_TOKENS = 512  # below this one thread copies faster than two coordinate

@@ -7,7 +7,7 @@ from pathlib import Path
 from tieredkv.bench.radix_driver import ChatDriver
 from tieredkv.bench.radix_phases import chat_calls, eviction_cost, tiny_cache
 from tieredkv.bench.radix_workload import ChatShape, ChatWorkload
-from tieredkv.cache.token_run import PackedTokens
+from tieredkv.cache.index.token_run import PackedTokens
 from tieredkv.cli import main as cli_main
 
 
@@ -27,8 +27,8 @@ def test_cli_writes_the_report(tmp_path: Path) -> None:
         assert 0 < machine[f"cpu_share_{when}"]["share"] <= 1
     assert machine["compare_floor_3k_tokens_us"] > 0
     assert machine["packed_floor_3k_tokens_us"] > 0
-    assert "match_prefix" in report["profile"]["match"]
-    assert "insert_pages" in report["profile"]["insert"]
+    assert "radix_index.py" in report["profile"]["match"]
+    assert "radix_index.py" in report["profile"]["insert"]
     chat = report["chat"]
     assert chat["integrity_ok"] and report["eviction"]["integrity_ok"]
     for name in ("pack", "match", "insert", "lock", "unlock"):
@@ -72,7 +72,7 @@ def test_driver_reuses_the_previous_turn() -> None:
     match = cache.match(second.prompt)
     assert match.matched_len == used * 16  # the whole first turn is reused
     driver.run(second)
-    assert not cache.lock_holders and cache.check_integrity().ok
+    assert not cache.index.lock_holders and cache.check_integrity().ok
 
 
 def test_the_tree_holds_the_turn_packed() -> None:

@@ -12,9 +12,9 @@ from tieredkv.bench import tiers
 from tieredkv.bench.tier_copies import make_copier, memory_gbps, mover_disk_gbps
 from tieredkv.bench.tier_limits import raw_disk_gbps
 from tieredkv.bench.tier_store import LAYOUT
-from tieredkv.cache.disk_store import DiskStore
-from tieredkv.cache.page_rows import SPLIT_MIN_PAGES
+from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.transfer.page_rows import SPLIT_MIN_PAGES
 
 PATHS = {"host->device", "device->host", "host->disk", "disk->host"}
 

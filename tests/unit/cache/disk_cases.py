@@ -6,11 +6,11 @@ from pathlib import Path
 
 import torch
 
-from tieredkv.cache.device_pool import PageLayout
-from tieredkv.cache.disk_format import SUPERBLOCK_BYTES, Superblock, decode_superblock
-from tieredkv.cache.disk_io import DiskIOBackend
-from tieredkv.cache.disk_store import DiskRecord, DiskStore
-from tieredkv.cache.page_key import namespace_root_key, page_key
+from tieredkv.cache.disk.direct_io import DiskIOBackend
+from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, Superblock, decode_superblock
+from tieredkv.cache.disk.store import DiskRecord, DiskStore
+from tieredkv.cache.index.page_key import namespace_root_key, page_key
+from tieredkv.cache.page_layout import PageLayout
 
 # 2 layers x 2 (K, V) x 4 tokens x 1 head x 8 dims x 2 B = 256 B per page
 LAYOUT = PageLayout(num_layers=2, num_kv_heads=1, head_dim=8, page_size=4, dtype=torch.bfloat16)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from disk_cases import CAPACITY, FINGERPRINT, LAYOUT, chain, open_store, random_pages, same_bytes
 
-from tieredkv.cache.disk_io import FaultInjectingIO, SimulatedCrash
-from tieredkv.cache.disk_store import DiskStore
+from tieredkv.cache.disk.direct_io import FaultInjectingIO, SimulatedCrash
+from tieredkv.cache.disk.store import DiskStore
 
 
 def _reopened_contents(directory: Path, pages_by_slot: dict[int, torch.Tensor]):

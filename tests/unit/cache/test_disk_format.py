@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tieredkv.cache.disk_format import (
+from tieredkv.cache.disk.format import (
     FORMAT_VERSION,
     SUPERBLOCK_BYTES,
     Superblock,
@@ -20,7 +20,7 @@ from tieredkv.cache.disk_format import (
     header_bytes_for,
     payload_ok,
 )
-from tieredkv.cache.page_key import page_key
+from tieredkv.cache.index.page_key import page_key
 
 PAGE_SIZE = 4
 BLOCK = Superblock(

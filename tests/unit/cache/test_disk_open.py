@@ -24,9 +24,9 @@ from disk_cases import (
     same_bytes,
 )
 
-from tieredkv.cache.device_pool import PageLayout
-from tieredkv.cache.disk_file import SET_ASIDE_INFIX, STORE_FILE
-from tieredkv.cache.disk_io import DiskIOBackend, FaultInjectingIO
+from tieredkv.cache.disk.direct_io import DiskIOBackend, FaultInjectingIO
+from tieredkv.cache.disk.directory import SET_ASIDE_INFIX, STORE_FILE
+from tieredkv.cache.page_layout import PageLayout
 from tieredkv.errors import DiskStoreError
 
 TESTS_DIR = Path(__file__).parent

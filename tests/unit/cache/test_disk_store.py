@@ -21,13 +21,13 @@ from disk_cases import (
     same_bytes,
 )
 
-from tieredkv.cache.device_pool import PageLayout
-from tieredkv.cache.disk_file import LOCK_FILE, STORE_FILE
-from tieredkv.cache.disk_format import CODECS, SUPERBLOCK_BYTES, decode_header
-from tieredkv.cache.disk_io import FaultInjectingIO, aligned_empty
-from tieredkv.cache.disk_pages import PageFile
-from tieredkv.cache.disk_store import DiskRecord
-from tieredkv.cache.page_key import page_key
+from tieredkv.cache.disk.direct_io import FaultInjectingIO
+from tieredkv.cache.disk.directory import LOCK_FILE, STORE_FILE
+from tieredkv.cache.disk.format import CODECS, SUPERBLOCK_BYTES, decode_header
+from tieredkv.cache.disk.page_file import PageFile
+from tieredkv.cache.disk.store import DiskRecord
+from tieredkv.cache.index.page_key import page_key
+from tieredkv.cache.page_layout import PageLayout, aligned_empty
 from tieredkv.errors import DiskStoreError, OutOfPagesError
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from tieredkv.cache.host_pool import HostPool
+from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.testing import tiny_layout
 from tieredkv.errors import OutOfPagesError
 

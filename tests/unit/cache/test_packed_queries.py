@@ -9,12 +9,12 @@ import random
 
 import pytest
 
-from tieredkv.cache.cache_results import InsertResult, MatchResult
-from tieredkv.cache.radix_node import RadixNode
+from tieredkv.cache.index.match_results import InsertResult, MatchResult
+from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.index.token_run import PackedTokens
 from tieredkv.cache.testing import make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.cache.token_run import PackedTokens
 
 PS = 4
 LAYOUT = tiny_layout(PS)

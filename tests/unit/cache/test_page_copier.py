@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from tests.unit.cache.disk_cases import chain, open_store
-from tieredkv.cache.device_pool import DevicePool, PageLayout
-from tieredkv.cache.disk_store import DiskStore
-from tieredkv.cache.host_pool import HostPool
-from tieredkv.cache.page_copier import PageCopier
-from tieredkv.cache.page_rows import SPLIT_MIN_PAGES
+from tieredkv.cache.disk.store import DiskStore
+from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.pools.device_pool import DevicePool
+from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.transfer.page_copier import PageCopier
+from tieredkv.cache.transfer.page_rows import SPLIT_MIN_PAGES
 
 NUM_PAGES = 20
 LAYOUTS = {

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from tests.unit.cache.disk_cases import chain, open_store
-from tieredkv.cache.device_pool import DevicePool, PageLayout
-from tieredkv.cache.executor import ThreadTransferExecutor
-from tieredkv.cache.host_pool import HostPool
-from tieredkv.cache.mover import TransferTicket
-from tieredkv.cache.page_copier import PageCopier
-from tieredkv.cache.page_rows import paired_runs
-from tieredkv.cache.page_staging import StagingBuffers
+from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.pools.device_pool import DevicePool
+from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.transfer.executor import ThreadTransferExecutor
+from tieredkv.cache.transfer.page_copier import PageCopier
+from tieredkv.cache.transfer.page_rows import paired_runs
+from tieredkv.cache.transfer.page_staging import StagingBuffers
 
 # 4 KiB pages, bf16
 LAYOUT = PageLayout(num_layers=2, num_kv_heads=2, head_dim=64, page_size=4, dtype=torch.bfloat16)
@@ -74,7 +74,7 @@ def test_concurrent_jobs_on_the_thread_executor_each_move_their_own_pages(
     outcomes: list[list[bool] | None] = []
     done = threading.Event()
 
-    def report(ticket: TransferTicket, page_ok: list[bool] | None, error: object) -> None:
+    def report(page_ok: list[bool] | None, error: object) -> None:
         assert error is None, error
         outcomes.append(page_ok)
         if len(outcomes) == len(jobs):
@@ -82,7 +82,7 @@ def test_concurrent_jobs_on_the_thread_executor_each_move_their_own_pages(
 
     executor = ThreadTransferExecutor(num_workers=4, name="test-copy")
     for index, job in enumerate(jobs):
-        executor.submit(TransferTicket(index, Tier.HOST, Tier.DEVICE, 4, 0.0), job, report)
+        executor.submit(index, job, report)
     executor.shutdown()
     assert done.is_set() and outcomes == [[True] * 4] * 12
     for page, want in device_want.items():

@@ -11,8 +11,8 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 import pytest
 import torch
 
-from tieredkv.cache.device_pool import PageLayout
-from tieredkv.cache.page_rows import (
+from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.transfer.page_rows import (
     SPLIT_MIN_PAGES,
     PageRows,
     _split,

@@ -2,8 +2,8 @@
 
 import random
 
-from tieredkv.cache.eviction import LruEvictionPolicy, TierHeap
-from tieredkv.cache.radix_node import RadixNode
+from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.residency.eviction import LruEvictionPolicy, TierHeap
 from tieredkv.cache.tier import Tier
 
 

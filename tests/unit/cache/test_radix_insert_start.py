@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from tieredkv.cache.cache_results import InsertResult
-from tieredkv.cache.radix_node import RadixNode
+from tieredkv.cache.index.match_results import InsertResult
+from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.testing import make_cache, tiny_layout
 from tieredkv.cache.tiered_cache import TieredCache
 

@@ -5,7 +5,7 @@ import random
 
 import numpy as np
 
-from tieredkv.cache.page_key import (
+from tieredkv.cache.index.page_key import (
     KEY_BYTES,
     chain_keys,
     namespace_root_key,

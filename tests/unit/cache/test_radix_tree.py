@@ -1,7 +1,7 @@
 import pytest
 
-from tieredkv.cache.page_key import chain_keys, namespace_root_key, token_bytes
-from tieredkv.cache.radix_tree import RadixTree
+from tieredkv.cache.index.page_key import chain_keys, namespace_root_key, token_bytes
+from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.tier import Tier
 
 PS = 4

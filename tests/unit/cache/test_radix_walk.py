@@ -3,8 +3,8 @@
 import random
 from collections.abc import Sequence
 
-from tieredkv.cache.page_key import namespace_root_key, token_bytes
-from tieredkv.cache.radix_tree import RadixNode, RadixTree
+from tieredkv.cache.index.page_key import namespace_root_key, token_bytes
+from tieredkv.cache.index.radix_tree import RadixNode, RadixTree
 
 PS = 4
 

@@ -4,9 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tieredkv.cache.disk_store import DiskRecord
-from tieredkv.cache.executor import ManualTransferExecutor
-from tieredkv.cache.page_key import page_key
+from tieredkv.cache.disk.store import DiskRecord
+from tieredkv.cache.index.page_key import page_key
 from tieredkv.cache.testing import (
     FINGERPRINT,
     device_page,
@@ -17,6 +16,7 @@ from tieredkv.cache.testing import (
 )
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import CacheConfig, WritePolicy
 
 LAYOUT = tiny_layout(page_size=4)
@@ -259,7 +259,7 @@ def test_promote_can_hand_the_caller_a_lock_on_the_ready_pages() -> None:
     assert ticket is not None and ticket.ready_node is None
     settle(cache, executor)
     assert ticket.done and ticket.ready_node is not None
-    assert cache.lock_holders[ticket.ready_node] == 1  # the match's own lock is gone
+    assert cache.index.lock_holders[ticket.ready_node] == 1  # the match's own lock is gone
     assert not cache.evict(Tier.DEVICE, 4)  # the caller's lock keeps the ready pages
     cache.unlock(ticket.ready_node)
     assert cache.evict(Tier.DEVICE, 4)

@@ -2,10 +2,9 @@ from pathlib import Path
 
 import torch
 
-from tieredkv.cache.eviction import LruEvictionPolicy, TierHeap
-from tieredkv.cache.executor import ManualTransferExecutor
-from tieredkv.cache.page_key import token_bytes
-from tieredkv.cache.radix_tree import RadixTree
+from tieredkv.cache.index.page_key import token_bytes
+from tieredkv.cache.index.radix_tree import RadixTree
+from tieredkv.cache.residency.eviction import LruEvictionPolicy, TierHeap
 from tieredkv.cache.testing import (
     expected_pages,
     fill_device_pages,
@@ -14,6 +13,7 @@ from tieredkv.cache.testing import (
 )
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.cache.transfer.executor import ManualTransferExecutor
 
 LAYOUT = tiny_layout(page_size=4)
 

@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tieredkv.cache.disk_io import FaultInjectingIO
-from tieredkv.cache.executor import ManualTransferExecutor
+from tieredkv.cache.disk.direct_io import FaultInjectingIO
 from tieredkv.cache.testing import (
     FINGERPRINT,
     device_page,
@@ -18,6 +17,7 @@ from tieredkv.cache.testing import (
 )
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import CacheConfig
 
 LAYOUT = tiny_layout(page_size=4)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from tieredkv.cache.page_key import token_bytes
-from tieredkv.cache.token_run import PackedTokens, TokenPacker, packed_bytes
+from tieredkv.cache.index.page_key import token_bytes
+from tieredkv.cache.index.token_run import PackedTokens, TokenPacker, packed_bytes
 
 IDS = [5, 0, 49151, -1, 2**31 - 1, -(2**31), 7, 8, 9]
 

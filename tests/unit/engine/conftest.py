@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from tests.model_factory import make_tiny_model_dir
-from tieredkv.cache.device_pool import PageLayout
-from tieredkv.cache.executor import ManualTransferExecutor
+from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.testing import make_cache
 from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import EngineConfig, SchedulePolicy
 from tieredkv.engine.engine import Engine
 from tieredkv.engine.engine_metrics import EngineRecorder

@@ -156,7 +156,7 @@ def test_preemption_when_device_is_full_keeps_outputs(make_harness) -> None:
     harness.run()
     assert {r: harness.tokens(r) for r in prompts} == expected
     assert harness.metrics.preemptions.value() > 0
-    assert not harness.cache.lock_holders
+    assert not harness.cache.index.lock_holders
 
 
 def test_abort_frees_pages_and_locks(make_harness) -> None:
@@ -171,8 +171,8 @@ def test_abort_frees_pages_and_locks(make_harness) -> None:
     harness.run()
     assert harness.outputs["long"][-1].finish_reason is FinishReason.ABORT
     assert harness.outputs["queued"][-1].finish_reason is FinishReason.ABORT
-    assert not harness.cache.lock_holders
-    assert not harness.cache.private_pages
+    assert not harness.cache.index.lock_holders
+    assert not harness.cache.index.private_pages
     assert harness.engine.runner.attention.num_workspaces == 0
 
 
@@ -228,7 +228,7 @@ def test_a_sampling_error_ends_only_its_own_request(make_harness, monkeypatch) -
     last = harness.outputs["bad"][-1]
     assert last.finish_reason is FinishReason.ERROR and "bad sampling parameters" in last.error
     assert harness.outputs["good"][-1].finish_reason is FinishReason.LENGTH
-    assert not harness.cache.lock_holders and not harness.cache.private_pages
+    assert not harness.cache.index.lock_holders and not harness.cache.index.private_pages
 
 
 def test_queue_time_ends_where_the_first_forward_begins(make_harness) -> None:

@@ -11,7 +11,7 @@ import torch
 import xxhash
 
 from tests.model_factory import make_tiny_model_dir
-from tieredkv.cache.device_pool import PageLayout
+from tieredkv.cache.page_layout import PageLayout
 from tieredkv.model import fingerprint
 from tieredkv.model.fingerprint import file_digest_uncached, model_fingerprint, weights_digest
 from tieredkv.model.loader import load_model

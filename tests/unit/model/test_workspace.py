@@ -5,7 +5,8 @@ import random
 import pytest
 import torch
 
-from tieredkv.cache.device_pool import DevicePool, PageLayout
+from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.model.workspace import SpareWorkspaces, Workspace, WorkspaceArena
 
 

@@ -22,7 +22,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from tieredkv.cache.radix_tree import RadixNode
+from tieredkv.cache.index.radix_tree import RadixNode
 from tieredkv.cache.tier import Tier
 
 Priority = tuple[int, int]

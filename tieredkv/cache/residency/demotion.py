@@ -19,18 +19,17 @@ Write-through copies new device pages down in the background, so that eviction i
 
 from __future__ import annotations
 
-from tieredkv.cache.eviction import copy_may_leave
-from tieredkv.cache.radix_tree import RadixNode, RadixTree
-from tieredkv.cache.residency import Residency
+from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.pools.tier_pools import TierPools
+from tieredkv.cache.residency.eviction import copy_may_leave
+from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.tier_pools import TierPools
 
 
 class Demoter:
     """Frees pages in a tier on demand (engine thread only)."""
 
-    def __init__(self, tree: RadixTree, pools: TierPools, residency: Residency) -> None:
-        self.tree = tree
+    def __init__(self, pools: TierPools, residency: Residency) -> None:
         self.pools = pools
         self.residency = residency
 
@@ -39,15 +38,14 @@ class Demoter:
 
         Copies that can leave at once do; copies that must first move down start moving (they
         free their pages when applied, see `TieredCache.poll`). True if `count` are free now."""
-        pools, heap, pending = self.pools, self.residency.heaps[tier], self.residency.pending_free
-        while pools.num_free(tier) + pending[tier] < count:
-            node = heap.pop(self.residency.policy.evictable)
+        pools, residency = self.pools, self.residency
+        while pools.num_free(tier) + residency.pending_free(tier) < count:
+            node = residency.pop_evictable(tier)
             if node is None:
                 break
-            needed = count - pools.num_free(tier) - pending[tier]
+            needed = count - pools.num_free(tier) - residency.pending_free(tier)
             if node.num_pages > needed:
-                head = self.tree.split(node, node.num_pages - needed)  # evict the tail only
-                self.residency.refresh(head)
+                residency.split(node, node.num_pages - needed)  # evict the tail only
             if not self._evict(node, tier):
                 self.residency.refresh(node)
                 break
@@ -63,12 +61,12 @@ class Demoter:
             while lower is not None:
                 if lower in node.copies or lower in node.inflight:
                     break  # its copy there is too low for its children: drop below instead
-                if self.copy_down(node, lower, drop_source=True):
+                if self.copy_down(node, lower, frees_source=True):
                     return True
-                if self.residency.pending_free[lower]:
+                if self.residency.pending_free(lower):
                     return False  # room is on its way there: wait for it
                 lower = self.pools.lower(lower)
-            if self.residency.mover.in_flight and self._drop_loses_pages(node, tier):
+            if self.residency.transfers_in_flight() and self._drop_loses_pages(node, tier):
                 return False  # transfers in flight will change what can move: wait, lose nothing
         # demoted iff a copy remains below (a clean lower copy that was too low for children)
         self.residency.free_copy(node, tier, count_as=any(t > tier for t in node.copies))
@@ -89,7 +87,7 @@ class Demoter:
         self.residency.refresh(parent)
         self.residency.remove_if_empty(node)
 
-    def copy_down(self, node: RadixNode, lower: Tier, drop_source: bool) -> bool:
+    def copy_down(self, node: RadixNode, lower: Tier, frees_source: bool) -> bool:
         """Start copying `node` to `lower`; for disk, its ancestors without a disk copy first.
 
         False if `lower` has no room now (its own demotions may have started)."""
@@ -108,8 +106,8 @@ class Demoter:
                 if not self.make_room(lower, num_pages):
                     return False
         if len(chain) > 1:
-            self.residency.start_copy(chain[:-1], lower, drop_source=False)
-        self.residency.start_copy([node], lower, drop_source=drop_source)
+            self.residency.start_copy(chain[:-1], lower, frees_source=False)
+        self.residency.start_copy([node], lower, frees_source=frees_source)
         return True
 
     def write_through(self, node: RadixNode, tier: Tier) -> None:
@@ -120,7 +118,7 @@ class Demoter:
             return
         if any(t >= lower for t in node.copies) or any(t >= lower for t in node.inflight):
             return
-        self.copy_down(node, lower, drop_source=False)
+        self.copy_down(node, lower, frees_source=False)
 
     def flush(self) -> int:
         """Drop every copy that may leave its tier now (locked and in-flight ones stay).
@@ -132,7 +130,7 @@ class Demoter:
             progress = False
             for tier in Tier:
                 later = []  # children below still need this copy: they go first
-                while node := self.residency.heaps[tier].pop(self.residency.policy.evictable):
+                while node := self.residency.pop_evictable(tier):
                     if not copy_may_leave(node, tier):
                         later.append(node)
                         continue

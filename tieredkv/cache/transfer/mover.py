@@ -9,24 +9,31 @@ destination pages until then.
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from tieredkv.cache.executor import CopyJob, TransferExecutor
+from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.tier import Tier
-
-if TYPE_CHECKING:
-    from tieredkv.cache.radix_tree import RadixNode
-    from tieredkv.cache.tiered_cache import PromotionTicket
+from tieredkv.cache.transfer.executor import CopyJob, TransferExecutor
 
 
 class TicketState(enum.Enum):
     PENDING = "pending"  # copying, or copied and not yet applied by the engine thread
     DONE = "done"  # applied: every page that arrived intact is committed
     FAILED = "failed"  # applied: nothing committed (an I/O error)
+
+
+class PartState(enum.Enum):
+    """A transfer part's life: copying, then committed (it leaves its node's `inflight`), or
+    arrived and waiting for its parent's copy to commit first; detached from its node at any
+    point (its source or closure went away), and then its destination is freed."""
+
+    COPYING = "copying"  # the bytes are on their way
+    ARRIVED = "arrived"  # the bytes are in; commits once the parent's copy allows
+    DETACHED = "detached"  # no longer its node's: the destination is freed when applied
 
 
 @dataclass(eq=False)
@@ -40,9 +47,7 @@ class TransferPart:
     src_pages: list[int]
     dst_pages: list[int]
     offset: int
-    drop_source: bool  # a demotion: free the source when applied, if still evictable
-    arrived: bool = False  # bytes are in, waiting for the parent to commit first
-    doomed: bool = False  # detached from its node: free the destination when applied
+    state: PartState = PartState.COPYING
 
     def split_head(self, num_pages: int, head: RadixNode) -> TransferPart:
         """Cut off the first `num_pages` pages as a part of the same ticket for `head`."""
@@ -54,8 +59,7 @@ class TransferPart:
             self.src_pages[:num_pages],
             self.dst_pages[:num_pages],
             self.offset,
-            self.drop_source,
-            self.arrived,
+            self.state,
         )
         self.src_pages = self.src_pages[num_pages:]
         self.dst_pages = self.dst_pages[num_pages:]
@@ -69,20 +73,21 @@ class TransferTicket:
     """A pending copy of pages from one tier to another.
 
     `created_at` / `completed_at` come from the cache's clock (completed = applied on the engine
-    thread). `page_ok[i]` says whether page i of the ticket arrived intact.
+    thread). `page_ok[i]` says whether page i of the ticket arrived intact. A demotion
+    (`frees_source`) frees each source copy when applied, if that copy may still leave.
     """
 
     id: int
     src_tier: Tier
     dst_tier: Tier
     num_pages: int
+    frees_source: bool
     created_at: float
     completed_at: float | None = None
     state: TicketState = TicketState.PENDING
     page_ok: list[bool] | None = None
     error: BaseException | None = None
     parts: list[TransferPart] = field(default_factory=list)
-    waiters: list[PromotionTicket] = field(default_factory=list)
     release: list[tuple[Tier, list[int]]] = field(default_factory=list)  # freed when applied
 
     @property
@@ -118,14 +123,22 @@ class Mover:
         self.in_flight: dict[int, TransferTicket] = {}  # submitted, not yet applied
         self._listeners: list[Callable[[], None]] = []
 
-    def new_ticket(self, src_tier: Tier, dst_tier: Tier, num_pages: int) -> TransferTicket:
-        return TransferTicket(next(self._ids), src_tier, dst_tier, num_pages, self.clock())
+    def new_ticket(
+        self, src_tier: Tier, dst_tier: Tier, num_pages: int, frees_source: bool
+    ) -> TransferTicket:
+        return TransferTicket(
+            next(self._ids), src_tier, dst_tier, num_pages, frees_source, self.clock()
+        )
 
     def submit(self, ticket: TransferTicket, job: CopyJob) -> None:
         self.in_flight[ticket.id] = ticket
         uses_disk = Tier.DISK in (ticket.src_tier, ticket.dst_tier)
         executor = self.disk_executor if uses_disk else self.memory_executor
-        executor.submit(ticket, job, self._report)
+        executor.submit(ticket, job, functools.partial(self._report, ticket))
+
+    def retire(self, ticket: TransferTicket) -> None:
+        """`ticket` was applied: it is no longer in flight."""
+        del self.in_flight[ticket.id]
 
     def add_listener(self, notify: Callable[[], None]) -> None:
         """Call `notify()` (from a worker thread) whenever a copy finishes: lets the engine

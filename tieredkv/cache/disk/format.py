@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from tieredkv.cache.page_key import page_key
+from tieredkv.cache.index.page_key import page_key
 
 FORMAT_VERSION = 1
 ALIGN_BYTES = 4096  # O_DIRECT-safe alignment of offsets, lengths and buffers

@@ -13,8 +13,7 @@ import threading
 
 import torch
 
-from tieredkv.cache.device_pool import PageLayout
-from tieredkv.cache.disk_io import aligned_empty
+from tieredkv.cache.page_layout import PageLayout, aligned_empty
 
 
 class StagingBuffers:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
-import mmap
 import os
 import threading
 from dataclasses import dataclass
@@ -22,18 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tieredkv.cache.disk_format import ALIGN_BYTES
+from tieredkv.cache.disk.format import ALIGN_BYTES
 
 logger = logging.getLogger(__name__)
 
 Buffer = np.ndarray | memoryview | bytearray | bytes
-
-
-def aligned_empty(num_bytes: int) -> np.ndarray:
-    """A page-aligned (hence O_DIRECT-aligned) uint8 buffer: an anonymous mmap. Give the disk
-    store tensors built on these (torch.from_numpy(...).view(dtype)) to skip its bounce copy."""
-    region = mmap.mmap(-1, max(num_bytes, 1))
-    return np.frombuffer(region, dtype=np.uint8, count=num_bytes)
 
 
 def as_bytes(buffer: Buffer) -> np.ndarray:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from tieredkv.cache.device_pool import DevicePool, PageLayout
-from tieredkv.cache.host_pool import HostPool
+from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.pools.device_pool import DevicePool
+from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.tier import Tier
 
 if TYPE_CHECKING:
-    from tieredkv.cache.disk_store import DiskStore
+    from tieredkv.cache.disk.store import DiskStore
 
 logger = logging.getLogger(__name__)
 

@@ -2,39 +2,49 @@
 
 Rules kept here (engine thread only):
   - A copy is committed only after its parent has a committed copy in the same or a faster
-    tier (disk: a committed disk copy). A copy that arrives early waits (`arrived`), so
-    completions apply parents before children whatever order the workers finish in.
+    tier (disk: a committed disk copy). A copy that arrives early waits (`PartState.ARRIVED`),
+    so completions apply parents before children whatever order the workers finish in.
   - A failed copy frees its destination; whatever depended on it (children's copies in flight
     towards that tier, or disk copies below a bad record) is detached and freed too, so the
     closure invariants hold after every completion.
   - A demotion frees its source only when applied, and only if the node could still leave
     that tier (unlocked, no child needing it); otherwise the source stays as the serving copy.
+
+Demotion and promotion use it through its methods; `presence(node)` says in one place what a
+node has in each tier: present, arriving or leaving.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from tieredkv.cache.cache_metrics import CacheCounters
-from tieredkv.cache.disk_store import DiskRecord
-from tieredkv.cache.eviction import LruEvictionPolicy, TierHeap, copy_may_leave
-from tieredkv.cache.mover import Mover, TicketState, TransferPart, TransferTicket
-from tieredkv.cache.page_copier import PageCopier
-from tieredkv.cache.radix_tree import RadixNode, RadixTree
+from tieredkv.cache.disk.format import DiskRecord
+from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.index.radix_tree import RadixTree
+from tieredkv.cache.pools.tier_pools import TierPools
+from tieredkv.cache.residency.eviction import LruEvictionPolicy, TierHeap, copy_may_leave
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.tier_pools import TierPools
+from tieredkv.cache.transfer.mover import (
+    Mover,
+    PartState,
+    TicketState,
+    TransferPart,
+    TransferTicket,
+)
+from tieredkv.cache.transfer.page_copier import PageCopier
+
+Commit = tuple[RadixNode, Tier]  # a copy committed in a tier
 
 
-def parent_committed(node: RadixNode, tier: Tier) -> bool:
-    """May `node` commit a copy in `tier` now (its parent's committed copies allow it)?"""
-    parent = node.parent
-    assert parent is not None
-    if parent.parent is None:
-        return True
-    if tier is Tier.DISK:
-        return Tier.DISK in parent.copies
-    return any(t <= tier for t in parent.copies)
+class Presence(enum.Enum):
+    """What a node has in one tier."""
+
+    PRESENT = "present"  # a committed copy, staying
+    ARRIVING = "arriving"  # a copy on its way (copying, or arrived and waiting for the parent)
+    LEAVING = "leaving"  # a committed copy that a demotion in flight frees when applied
 
 
 def page_records(node: RadixNode, page_size: int) -> list[DiskRecord]:
@@ -64,20 +74,62 @@ class Residency:
         self.mover = mover
         self.counters = counters
         self.clock = clock
-        self.policy = LruEvictionPolicy()
-        self.heaps = {tier: TierHeap(tier) for tier in Tier}
-        self.pending_free = dict.fromkeys(Tier, 0)  # source pages in-flight demotions free
-        self.committed: list[tuple[RadixNode, Tier]] = []  # drained by the facade
+        self._policy = LruEvictionPolicy()
+        self._heaps = {tier: TierHeap(tier) for tier in Tier}
+        self._pending_free = dict.fromkeys(Tier, 0)  # source pages in-flight demotions free
+        self._commits: list[Commit] = []  # since the last `apply`
+
+    # --- what is where ---------------------------------------------------------------------
+
+    def presence(self, node: RadixNode) -> dict[Tier, Presence]:
+        """Per tier where `node` has pages: present, arriving or leaving."""
+        leaving = {
+            part.src_tier
+            for part in node.inflight.values()
+            if part.ticket.frees_source  # type: ignore[attr-defined]
+        }
+        found = {
+            tier: Presence.LEAVING if tier in leaving else Presence.PRESENT for tier in node.copies
+        }
+        found.update(dict.fromkeys(node.inflight, Presence.ARRIVING))
+        return found
+
+    def pending_free(self, tier: Tier) -> int:
+        """Pages of `tier` that demotions in flight free when applied."""
+        return self._pending_free[tier]
+
+    def transfers_in_flight(self) -> bool:
+        return bool(self.mover.in_flight)
 
     # --- heaps -----------------------------------------------------------------------------
+
+    def pop_evictable(self, tier: Tier) -> RadixNode | None:
+        """The cheapest copy to evict from `tier` now (see `eviction`), or None."""
+        return self._heaps[tier].pop(self._policy.evictable)
 
     def refresh(self, node: RadixNode | None) -> None:
         """Push `node` into the heap of every tier where it is evictable now."""
         if node is None or node.parent is None or not node.attached:
             return
         for tier in node.copies:
-            if self.policy.evictable(node, tier):
-                self.heaps[tier].push(node, self.policy.priority(node, tier))
+            if self._policy.evictable(node, tier):
+                self._heaps[tier].push(node, self._policy.priority(node, tier))
+
+    def split(self, node: RadixNode, num_pages: int) -> RadixNode:
+        """Cut `node` after `num_pages` pages (see `RadixTree.split`); returns the head."""
+        head = self.tree.split(node, num_pages)
+        self.refresh(head)
+        return head
+
+    # --- what the index reports (`TreeEvents`) ---------------------------------------------
+
+    def device_copy_adopted(self, node: RadixNode) -> None:
+        self.refresh(node.parent)
+        self.commit_waiting_children(node)
+
+    def released(self, node: RadixNode) -> None:
+        self.refresh(node)
+        self.remove_if_empty(node, cascade=False)
 
     @contextmanager
     def pinned(self, node: RadixNode) -> Iterator[None]:
@@ -92,9 +144,10 @@ class Residency:
     # --- starting transfers ----------------------------------------------------------------
 
     def start_copy(
-        self, nodes: list[RadixNode], dst: Tier, drop_source: bool
+        self, nodes: list[RadixNode], dst: Tier, frees_source: bool
     ) -> list[TransferTicket]:
-        """Copy each node's fastest committed copy to `dst` (room must already be free).
+        """Copy each node's fastest committed copy to `dst` (room must already be free); a
+        demotion (`frees_source`) frees each source when applied.
 
         One ticket per source tier; nodes keep their order (parents first)."""
         by_source: dict[Tier, list[RadixNode]] = {}
@@ -102,44 +155,44 @@ class Residency:
             source = node.fastest_copy()
             assert source is not None and source != dst and dst not in node.inflight, node
             by_source.setdefault(source, []).append(node)
-        return [self._submit(src, dst, group, drop_source) for src, group in by_source.items()]
+        return [self._submit(src, dst, group, frees_source) for src, group in by_source.items()]
 
     def _submit(
-        self, src: Tier, dst: Tier, nodes: list[RadixNode], drop_source: bool
+        self, src: Tier, dst: Tier, nodes: list[RadixNode], frees_source: bool
     ) -> TransferTicket:
         num_pages = sum(node.num_pages for node in nodes)
-        ticket = self.mover.new_ticket(src, dst, num_pages)
+        ticket = self.mover.new_ticket(src, dst, num_pages, frees_source)
         dst_pages = self.pools.alloc(dst, num_pages)
         src_pages: list[int] = []
         records: list[DiskRecord] = []
         for node in nodes:
             offset = len(src_pages)
             part_dst = dst_pages[offset : offset + node.num_pages]
-            part = TransferPart(
-                node, ticket, src, dst, list(node.copies[src]), part_dst, offset, drop_source
-            )
+            part = TransferPart(node, ticket, src, dst, list(node.copies[src]), part_dst, offset)
             node.set_inflight(dst, part)
             ticket.parts.append(part)
             src_pages.extend(part.src_pages)
             if Tier.DISK in (src, dst):
                 records.extend(page_records(node, self.tree.page_size))
-        if drop_source:
-            self.pending_free[src] += num_pages
+        if frees_source:
+            self._pending_free[src] += num_pages
         self.mover.submit(ticket, self.copier.job(src, dst, src_pages, dst_pages, records))
         return ticket
 
     # --- applying completions --------------------------------------------------------------
 
-    def apply(self, ticket: TransferTicket) -> None:
-        """Commit or roll back every part of a ticket whose copy finished."""
+    def apply(self, ticket: TransferTicket) -> list[Commit]:
+        """Commit or roll back every part of a ticket whose copy finished. Returns the copies
+        committed since the last call: this ticket's, the waiting children's they let commit,
+        and any an insert let commit since (`device_copy_adopted`)."""
         failed = ticket.error is not None or ticket.page_ok is None
         if failed and ticket.dst_tier is Tier.DISK:
             self.pools.mark_degraded(f"write failed: {ticket.error}")
         arrived_pages = 0
         for part in list(ticket.parts):
-            if part.drop_source:
-                self.pending_free[part.src_tier] -= len(part.src_pages)
-            if part.doomed:
+            if ticket.frees_source:
+                self._pending_free[part.src_tier] -= len(part.src_pages)
+            if part.state is PartState.DETACHED:
                 self.pools.free(part.dst_tier, part.dst_pages)
                 continue
             if failed:
@@ -150,7 +203,7 @@ class Residency:
                 arrived_pages += self._fail_from(part, page_ok.index(False))
                 continue
             arrived_pages += len(part.dst_pages)
-            part.arrived = True
+            part.state = PartState.ARRIVED
             self._try_commit(part)
         ticket.state = TicketState.FAILED if failed else TicketState.DONE
         ticket.completed_at = self.clock()
@@ -160,16 +213,18 @@ class Residency:
         for tier, pages in ticket.release:
             self.pools.free(tier, pages)
         ticket.release.clear()
-        del self.mover.in_flight[ticket.id]
+        self.mover.retire(ticket)
+        commits, self._commits = self._commits, []
+        return commits
 
     def _try_commit(self, part: TransferPart) -> None:
         node, dst = part.node, part.dst_tier
-        if not parent_committed(node, dst):
+        if not node.may_commit(dst):
             return  # the parent's copy commits first and then commits this one
         node.pop_inflight(dst)
         node.set_copy(dst, part.dst_pages)
-        self.committed.append((node, dst))
-        if part.drop_source:
+        self._commits.append((node, dst))
+        if part.ticket.frees_source:
             self._finish_demotion(node, part.src_tier)
         self.refresh(node)
         self.refresh(node.parent)
@@ -179,7 +234,7 @@ class Residency:
         """Commit the children's arrived copies that `node`'s copies now allow."""
         for child in list(node.children.values()):
             for child_part in list(child.inflight.values()):
-                if child_part.arrived:
+                if child_part.state is PartState.ARRIVED:
                     self._try_commit(child_part)
 
     def _finish_demotion(self, node: RadixNode, src: Tier) -> None:
@@ -200,7 +255,7 @@ class Residency:
         if first_bad:
             head = self.tree.split(part.node, first_bad)  # `part` keeps the tail
             head_part = head.inflight[part.dst_tier]
-            head_part.arrived = True
+            head_part.state = PartState.ARRIVED
             self._try_commit(head_part)
         self._fail(part, bad_record=part.src_tier is Tier.DISK)
         return first_bad
@@ -219,10 +274,9 @@ class Residency:
     def _doom(self, part: TransferPart) -> None:
         """Detach a part from its node; its destination is freed now or when it is applied."""
         part.node.pop_inflight(part.dst_tier)
-        if part.arrived:
+        if part.state is PartState.ARRIVED:
             self.pools.free(part.dst_tier, part.dst_pages)
-        else:
-            part.doomed = True
+        part.state = PartState.DETACHED
 
     # --- dropping copies -------------------------------------------------------------------
 
@@ -231,9 +285,9 @@ class Residency:
         pages freed only when those reads finish. `count_as`: demoted, dropped, or None."""
         pages = node.pop_copy(tier)
         readers = [part for part in node.inflight.values() if part.src_tier == tier]
+        live = [part.ticket for part in readers if part.state is PartState.COPYING]
         for part in readers:
             self._doom(part)
-        live = [part.ticket for part in readers if not part.arrived]
         if live:
             live[0].release.append((tier, pages))
         else:

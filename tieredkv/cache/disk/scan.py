@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tieredkv.cache.disk_format import DiskRecord, chain_ok, decode_header
-from tieredkv.cache.disk_pages import PageFile
+from tieredkv.cache.disk.format import DiskRecord, chain_ok, decode_header
+from tieredkv.cache.disk.page_file import PageFile
 
 SCAN_CHUNK_BYTES = 4 << 20
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tieredkv.cache.page_key import chain_packed_keys
-from tieredkv.cache.radix_node import NO_COPY, RadixNode
-from tieredkv.cache.token_run import TOKEN_BYTES
+from tieredkv.cache.index.page_key import chain_packed_keys
+from tieredkv.cache.index.radix_node import NO_COPY, RadixNode
+from tieredkv.cache.index.token_run import TOKEN_BYTES
 
 __all__ = ["RadixNode", "RadixTree"]
 

@@ -19,15 +19,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tieredkv.cache.device_pool import PageLayout
-from tieredkv.cache.disk_file import (
+from tieredkv.cache.disk.direct_io import DiskIOBackend
+from tieredkv.cache.disk.directory import (
     OpenedFile,
     lock_directory,
     open_store_file,
     prepare_directory,
     superblock_for,
 )
-from tieredkv.cache.disk_format import (
+from tieredkv.cache.disk.format import (
     CODECS,
     DiskRecord,
     RecordHeader,
@@ -35,10 +35,10 @@ from tieredkv.cache.disk_format import (
     decode_header,
     encode_header,
 )
-from tieredkv.cache.disk_io import DiskIOBackend
-from tieredkv.cache.disk_pages import PageFile, lz4_block, slot_runs
-from tieredkv.cache.disk_pipeline import ChunkPipeline
-from tieredkv.cache.disk_scan import scan_headers
+from tieredkv.cache.disk.page_file import PageFile, lz4_block, slot_runs
+from tieredkv.cache.disk.pipeline import ChunkPipeline
+from tieredkv.cache.disk.scan import scan_headers
+from tieredkv.cache.page_layout import PageLayout
 from tieredkv.errors import DiskStoreError, OutOfPagesError
 
 logger = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tieredkv.cache.device_pool import PageLayout
-from tieredkv.cache.disk_format import (
+from tieredkv.cache.disk.direct_io import DiskIOBackend
+from tieredkv.cache.disk.format import (
     SUPERBLOCK_BYTES,
     Superblock,
     SuperblockError,
@@ -29,7 +29,7 @@ from tieredkv.cache.disk_format import (
     fingerprint_digest,
     header_bytes_for,
 )
-from tieredkv.cache.disk_io import DiskIOBackend, aligned_empty
+from tieredkv.cache.page_layout import PageLayout, aligned_empty
 from tieredkv.errors import DiskStoreError
 
 logger = logging.getLogger(__name__)

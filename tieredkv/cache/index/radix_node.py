@@ -10,15 +10,21 @@ the parent's per-rank child counts, so evictability checks are O(1) whatever the
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from tieredkv.cache.index.token_run import TOKEN_BYTES
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.token_run import TOKEN_BYTES
-
-if TYPE_CHECKING:
-    from tieredkv.cache.mover import TransferPart
 
 NO_COPY = 3  # the closure rank of a node with no copy and nothing in flight
+
+
+class PendingCopy(Protocol):
+    """A copy of a node's pages on its way to a tier (the transfer layer's `TransferPart`).
+    The index only cuts it in two when it splits the node."""
+
+    src_tier: Tier
+
+    def split_head(self, num_pages: int, head: RadixNode) -> PendingCopy: ...
 
 
 class RadixNode:
@@ -49,7 +55,7 @@ class RadixNode:
         self.root_key = root_key  # the namespace root's key
         self.children: dict[bytes, RadixNode] = {}  # by their first page's packed tokens
         self.copies: dict[Tier, list[int]] = {}  # committed copies: page ids per tier
-        self.inflight: dict[Tier, TransferPart] = {}  # copies on their way, by destination tier
+        self.inflight: dict[Tier, PendingCopy] = {}  # copies on their way, by destination tier
         self.lock_count = 0
         self.last_access = 0
         self.stamps = [0, 0, 0]  # per-tier heap entry versions (lazy deletion)
@@ -107,12 +113,12 @@ class RadixNode:
         self._ranked(before)
         return pages
 
-    def set_inflight(self, tier: Tier, part: TransferPart) -> None:
+    def set_inflight(self, tier: Tier, part: PendingCopy) -> None:
         before = self.rank()
         self.inflight[tier] = part
         self._ranked(before)
 
-    def pop_inflight(self, tier: Tier) -> TransferPart:
+    def pop_inflight(self, tier: Tier) -> PendingCopy:
         before = self.rank()
         part = self.inflight.pop(tier)
         self._ranked(before)
@@ -139,6 +145,17 @@ class RadixNode:
         if self.parent is None:
             return True
         return any(t <= tier for t in self.copies) or any(t <= tier for t in self.inflight)
+
+    def may_commit(self, tier: Tier) -> bool:
+        """May this node commit a copy in `tier` now? Only once its parent has a committed copy
+        in `tier` or a faster one (disk: a committed disk copy)."""
+        parent = self.parent
+        assert parent is not None
+        if parent.parent is None:
+            return True
+        if tier is Tier.DISK:
+            return Tier.DISK in parent.copies
+        return any(t <= tier for t in parent.copies)
 
     def has_disk_copy(self) -> bool:
         """A disk copy exists or is being written (the disk closure counts both)."""

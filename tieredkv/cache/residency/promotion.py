@@ -10,14 +10,59 @@ it waits for was applied. A read that fails shortens the ready prefix; it is nev
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from tieredkv.cache.cache_results import MatchResult, PromotionTicket
-from tieredkv.cache.demotion import Demoter
-from tieredkv.cache.mover import TransferTicket
-from tieredkv.cache.radix_tree import RadixNode
-from tieredkv.cache.residency import Residency
+from tieredkv.cache.cache_metrics import CacheCounters
+from tieredkv.cache.index.match_results import MatchResult
+from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.pools.tier_pools import TierPools
+from tieredkv.cache.residency.demotion import Demoter
+from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.tier_pools import TierPools
+from tieredkv.cache.transfer.mover import TransferTicket
+
+
+class PathLocks(Protocol):
+    """Locks on a node's path (`RadixIndex`): a locked path is never evicted or demoted."""
+
+    def lock(self, node: RadixNode) -> None: ...
+
+    def unlock(self, node: RadixNode) -> None: ...
+
+
+@dataclass(eq=False)
+class PromotionTicket:
+    """Bringing a match's host and disk pages to the device (see `TieredCache.promote`).
+
+    Done once every transfer it waits for was applied by `TieredCache.poll`. Then
+    `num_ready_pages` leading pages of the match are on the device (`device_pages`): fewer than
+    matched when a read failed (the rest is a miss, to prefill). `tokens_by_tier` credits each
+    ready token to the tier it was served or promoted from. Times come from the cache's clock.
+    """
+
+    match: MatchResult = field(repr=False)
+    created_at: float
+    transfers: list[TransferTicket] = field(default_factory=list)
+    source_tiers: list[Tier] = field(default_factory=list, repr=False)  # per page of the match
+    done: bool = False
+    completed_at: float | None = None
+    num_ready_pages: int = 0
+    device_pages: tuple[int, ...] = ()
+    tokens_by_tier: dict[Tier, int] = field(default_factory=lambda: dict.fromkeys(Tier, 0))
+    waiting_on: set[int] = field(default_factory=set)  # transfer ticket ids not yet applied
+    hold_lock: bool = False  # when done, lock `ready_node` for the caller
+    ready_node: RadixNode | None = None  # deepest ready node; locked for the caller if hold_lock
+
+    @property
+    def ready_len(self) -> int:
+        """Tokens of the prompt whose KV is on the device once done."""
+        return self.num_ready_pages * self.match.page_size
+
+    @property
+    def seconds(self) -> float | None:
+        """Created to completed, for `promotion_seconds`."""
+        return None if self.completed_at is None else self.completed_at - self.created_at
 
 
 def match_path(match: MatchResult) -> list[RadixNode]:
@@ -36,16 +81,17 @@ class Promoter:
         pools: TierPools,
         residency: Residency,
         demoter: Demoter,
-        lock: Callable[[RadixNode], None],
-        unlock: Callable[[RadixNode], None],
+        locks: PathLocks,
+        counters: CacheCounters,
         clock: Callable[[], float],
     ) -> None:
         self.pools = pools
         self.residency = residency
         self.demoter = demoter
-        self.lock = lock
-        self.unlock = unlock
+        self.locks = locks
+        self.counters = counters
         self.clock = clock
+        self._waiters: dict[int, list[PromotionTicket]] = {}  # by transfer ticket id
 
     def promote(self, match: MatchResult, hold_lock: bool = False) -> PromotionTicket | None:
         path = match_path(match)
@@ -54,7 +100,7 @@ class Promoter:
             self._finish(ticket, [])
             return ticket
         assert match.last_node is not None
-        self.lock(match.last_node)
+        self.locks.lock(match.last_node)
         needed: list[RadixNode] = []
         shared: dict[int, TransferTicket] = {}
         for node in path:
@@ -73,13 +119,13 @@ class Promoter:
             ticket.source_tiers.extend([source] * node.num_pages)  # type: ignore[list-item]
         num_pages = sum(node.num_pages for node in needed)
         if num_pages and not self.demoter.make_room(Tier.DEVICE, num_pages):
-            self.unlock(match.last_node)
+            self.locks.unlock(match.last_node)
             return None
-        started = self.residency.start_copy(needed, Tier.DEVICE, drop_source=False)
+        started = self.residency.start_copy(needed, Tier.DEVICE, frees_source=False)
         for transfer in [*started, *shared.values()]:
             ticket.transfers.append(transfer)
             ticket.waiting_on.add(transfer.id)
-            transfer.waiters.append(ticket)
+            self._waiters.setdefault(transfer.id, []).append(ticket)
         if not ticket.waiting_on:
             self._finish(ticket, path)
         return ticket
@@ -87,12 +133,11 @@ class Promoter:
     def transfer_applied(self, transfer: TransferTicket) -> list[PromotionTicket]:
         """Note that `transfer` was applied; return the promotions that are now done."""
         finished = []
-        for ticket in transfer.waiters:
+        for ticket in self._waiters.pop(transfer.id, []):
             ticket.waiting_on.discard(transfer.id)
             if not ticket.waiting_on and not ticket.done:
                 self._finish(ticket, match_path(ticket.match))
                 finished.append(ticket)
-        transfer.waiters.clear()
         return finished
 
     def _finish(self, ticket: PromotionTicket, path: list[RadixNode]) -> None:
@@ -108,18 +153,18 @@ class Promoter:
             # locked before the match's lock goes, so no transfer applied later in the same
             # poll can take the ready pages away; the caller owns this lock
             ticket.ready_node = ready_node
-            self.lock(ready_node)
+            self.locks.lock(ready_node)
         ticket.num_ready_pages = len(pages)
         ticket.device_pages = tuple(pages)
         page_size = ticket.match.page_size
         for tier in ticket.source_tiers[: len(pages)]:
             ticket.tokens_by_tier[tier] += page_size
-            self.residency.counters.hit_tokens[tier] += page_size
+            self.counters.hit_tokens[tier] += page_size
         ticket.done = True
         ticket.completed_at = self.clock()
         if path:
             assert ticket.match.last_node is not None
-            self.unlock(ticket.match.last_node)
+            self.locks.unlock(ticket.match.last_node)
 
     def prefetch(self, match: MatchResult, max_pages: int) -> list[TransferTicket]:
         """Start copying up to `max_pages` leading disk-only pages of the match to host.
@@ -136,17 +181,16 @@ class Promoter:
             if not budget or Tier.DISK not in node.copies:
                 break
             if node.num_pages > budget:
-                node = self.residency.tree.split(node, budget)  # take the head only
-                self.residency.refresh(node)
+                node = self.residency.split(node, budget)  # take the head only
             chosen.append(node)
             budget -= node.num_pages
         if not chosen:
             return []
         assert match.last_node is not None
-        self.lock(match.last_node)  # making room must not take the path's own host copies
+        self.locks.lock(match.last_node)  # making room must not take the path's own host copies
         try:
             if not self.demoter.make_room(Tier.HOST, sum(n.num_pages for n in chosen)):
                 return []
-            return self.residency.start_copy(chosen, Tier.HOST, drop_source=False)
+            return self.residency.start_copy(chosen, Tier.HOST, frees_source=False)
         finally:
-            self.unlock(match.last_node)
+            self.locks.unlock(match.last_node)

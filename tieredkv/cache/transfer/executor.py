@@ -14,30 +14,30 @@ import errno
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from tieredkv.cache.mover import TransferTicket
-
 CopyJob = Callable[[], list[bool]]  # copies the bytes; per page: arrived intact
-Report = Callable[["TransferTicket", "list[bool] | None", "BaseException | None"], None]
+Report = Callable[[list[bool] | None, BaseException | None], None]  # (page_ok, error)
 
 
 class TransferExecutor(Protocol):
-    def submit(self, ticket: TransferTicket, job: CopyJob, report: Report) -> None: ...
+    """Runs `job` off the engine thread and calls `report` once with its outcome. `ticket` is
+    the transfer the job belongs to: executors only hold it (the manual one hands it back)."""
+
+    def submit(self, ticket: Any, job: CopyJob, report: Report) -> None: ...
 
     def shutdown(self) -> None: ...
 
 
-def _run(ticket: TransferTicket, job: CopyJob, report: Report) -> None:
+def _run(job: CopyJob, report: Report) -> None:
     try:
         page_ok = job()
     except Exception as error:  # an I/O error becomes a failed ticket, never a dead worker
-        report(ticket, None, error)
+        report(None, error)
     else:
-        report(ticket, page_ok, None)
+        report(page_ok, None)
 
 
 class ThreadTransferExecutor:
@@ -46,8 +46,8 @@ class ThreadTransferExecutor:
     def __init__(self, num_workers: int, name: str) -> None:
         self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix=name)
 
-    def submit(self, ticket: TransferTicket, job: CopyJob, report: Report) -> None:
-        self._pool.submit(_run, ticket, job, report)
+    def submit(self, ticket: Any, job: CopyJob, report: Report) -> None:
+        self._pool.submit(_run, job, report)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
@@ -73,13 +73,11 @@ class CudaStreamTransferExecutor:
             self._local.stream = stream
         return stream
 
-    def submit(self, ticket: TransferTicket, job: CopyJob, report: Report) -> None:
+    def submit(self, ticket: Any, job: CopyJob, report: Report) -> None:
         ready = torch.cuda.current_stream(self._device).record_event()
-        self._pool.submit(self._run_on_stream, ticket, job, report, ready)
+        self._pool.submit(self._run_on_stream, job, report, ready)
 
-    def _run_on_stream(
-        self, ticket: TransferTicket, job: CopyJob, report: Report, ready: torch.cuda.Event
-    ) -> None:
+    def _run_on_stream(self, job: CopyJob, report: Report, ready: torch.cuda.Event) -> None:
         stream = self._stream()
         stream.wait_event(ready)
         with torch.cuda.stream(stream):
@@ -88,9 +86,9 @@ class CudaStreamTransferExecutor:
                 # SYNC: the copy worker waits for its own stream before reporting the ticket.
                 stream.synchronize()
             except Exception as error:
-                report(ticket, None, error)
+                report(None, error)
                 return
-        report(ticket, page_ok, None)
+        report(page_ok, None)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
@@ -100,24 +98,24 @@ class ManualTransferExecutor:
     """Holds jobs until a test says `complete(ticket)` or `fail(ticket)`, in any order."""
 
     def __init__(self) -> None:
-        self._pending: dict[int, tuple[TransferTicket, CopyJob, Report]] = {}
+        self._pending: dict[int, tuple[Any, CopyJob, Report]] = {}  # by id(ticket)
 
-    def submit(self, ticket: TransferTicket, job: CopyJob, report: Report) -> None:
-        self._pending[ticket.id] = (ticket, job, report)
+    def submit(self, ticket: Any, job: CopyJob, report: Report) -> None:
+        self._pending[id(ticket)] = (ticket, job, report)
 
-    def pending(self) -> list[TransferTicket]:
+    def pending(self) -> list[Any]:
         """Tickets submitted and neither completed nor failed yet, oldest first."""
         return [ticket for ticket, _, _ in self._pending.values()]
 
-    def complete(self, ticket: TransferTicket) -> None:
+    def complete(self, ticket: Any) -> None:
         """Run the copy now, on the calling thread, and report its outcome."""
-        ticket, job, report = self._pending.pop(ticket.id)
-        _run(ticket, job, report)
+        _, job, report = self._pending.pop(id(ticket))
+        _run(job, report)
 
-    def fail(self, ticket: TransferTicket, error: BaseException | None = None) -> None:
+    def fail(self, ticket: Any, error: BaseException | None = None) -> None:
         """Report the transfer failed without copying anything."""
-        ticket, _, report = self._pending.pop(ticket.id)
-        report(ticket, None, error or OSError(errno.EIO, "injected transfer failure"))
+        _, _, report = self._pending.pop(id(ticket))
+        report(None, error or OSError(errno.EIO, "injected transfer failure"))
 
     def complete_all(self) -> None:
         for ticket in self.pending():

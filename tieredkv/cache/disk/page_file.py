@@ -12,7 +12,8 @@ from types import ModuleType
 
 import numpy as np
 
-from tieredkv.cache.disk_format import (
+from tieredkv.cache.disk.direct_io import DiskIOBackend
+from tieredkv.cache.disk.format import (
     ALIGN_BYTES,
     CODECS,
     SUPERBLOCK_BYTES,
@@ -20,7 +21,7 @@ from tieredkv.cache.disk_format import (
     Superblock,
     payload_ok,
 )
-from tieredkv.cache.disk_io import DiskIOBackend, aligned_empty
+from tieredkv.cache.page_layout import aligned_empty
 from tieredkv.errors import DiskStoreError
 
 BOUNCE_BYTES = 8 << 20  # per thread; a chunk of records moves through it at a time

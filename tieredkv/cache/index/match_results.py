@@ -1,11 +1,10 @@
-"""What the cache hands back: a match, an insert's outcome, a promotion in progress."""
+"""What the index hands back: a match (its pages per serving tier) and an insert's outcome."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from tieredkv.cache.mover import TransferTicket
-from tieredkv.cache.radix_tree import RadixNode
+from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.tier import Tier
 
 
@@ -75,37 +74,3 @@ class InsertResult:
     node: RadixNode | None  # the deepest node of those pages: move the request's lock here
     device_pages: tuple[int, ...]
     duplicate_pages: tuple[int, ...]
-
-
-@dataclass(eq=False)
-class PromotionTicket:
-    """Bringing a match's host and disk pages to the device (see `TieredCache.promote`).
-
-    Done once every transfer it waits for was applied by `TieredCache.poll`. Then
-    `num_ready_pages` leading pages of the match are on the device (`device_pages`): fewer than
-    matched when a read failed (the rest is a miss, to prefill). `tokens_by_tier` credits each
-    ready token to the tier it was served or promoted from. Times come from the cache's clock.
-    """
-
-    match: MatchResult = field(repr=False)
-    created_at: float
-    transfers: list[TransferTicket] = field(default_factory=list)
-    source_tiers: list[Tier] = field(default_factory=list, repr=False)  # per page of the match
-    done: bool = False
-    completed_at: float | None = None
-    num_ready_pages: int = 0
-    device_pages: tuple[int, ...] = ()
-    tokens_by_tier: dict[Tier, int] = field(default_factory=lambda: dict.fromkeys(Tier, 0))
-    waiting_on: set[int] = field(default_factory=set)  # transfer ticket ids not yet applied
-    hold_lock: bool = False  # when done, lock `ready_node` for the caller
-    ready_node: RadixNode | None = None  # deepest ready node; locked for the caller if hold_lock
-
-    @property
-    def ready_len(self) -> int:
-        """Tokens of the prompt whose KV is on the device once done."""
-        return self.num_ready_pages * self.match.page_size
-
-    @property
-    def seconds(self) -> float | None:
-        """Created to completed, for `promotion_seconds`."""
-        return None if self.completed_at is None else self.completed_at - self.created_at

@@ -28,16 +28,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tieredkv.cache.device_pool import DevicePool
-from tieredkv.cache.executor import CopyJob
-from tieredkv.cache.host_pool import HostPool
-from tieredkv.cache.page_rows import PageRows, copy_pages, copy_threads, paired_runs
-from tieredkv.cache.page_staging import StagingBuffers
+from tieredkv.cache.pools.device_pool import DevicePool
+from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.transfer.executor import CopyJob
+from tieredkv.cache.transfer.page_rows import PageRows, copy_pages, copy_threads, paired_runs
+from tieredkv.cache.transfer.page_staging import StagingBuffers
 from tieredkv.kernels.backend import select_backend
 
 if TYPE_CHECKING:
-    from tieredkv.cache.disk_store import DiskRecord, DiskStore
+    from tieredkv.cache.disk.store import DiskRecord, DiskStore
 
 STAGE_BYTES = 32 << 20  # per staging buffer, two per worker thread: the store's own chunk size
 # Threads that run the store calls of disk jobs and the helper half of host<->device copies,

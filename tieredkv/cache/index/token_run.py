@@ -13,7 +13,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import overload
 
-from tieredkv.cache.page_key import token_bytes
+from tieredkv.cache.index.page_key import token_bytes
 
 TOKEN_BYTES = 4  # one int32 per token
 _TOKEN = struct.Struct("<i")

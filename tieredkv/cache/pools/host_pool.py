@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from tieredkv.cache.device_pool import PageLayout
-from tieredkv.cache.disk_io import aligned_empty
-from tieredkv.cache.free_list import PageFreeList, PagePool
+from tieredkv.cache.page_layout import PageLayout, aligned_empty
+from tieredkv.cache.pools.free_list import PageFreeList, PagePool
 from tieredkv.errors import ConfigError
 
 

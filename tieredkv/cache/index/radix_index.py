@@ -1,0 +1,210 @@
+"""`RadixIndex`: matching and inserting prompts, locks on paths, and the pages requests hold.
+
+Both `match` and `insert` split a node where the prompt diverges inside it, so a match ends
+exactly at a node boundary (its `last_node` can be locked) and an insert can branch there. The
+index owns the access clock (every match and insert marks its path used, one tick per node) and
+the bookkeeping of device pages lent to requests (`private_pages`). It never decides which
+copies exist: it tells the layer that does (`TreeEvents`) whenever it changed a node.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Protocol
+
+from tieredkv.cache.index.match_results import InsertResult, MatchResult, MatchSegment
+from tieredkv.cache.index.page_key import namespace_root_key
+from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.index.radix_tree import RadixTree
+from tieredkv.cache.index.token_run import TOKEN_BYTES, TokenSequence, packed_bytes
+from tieredkv.cache.tier import Tier
+
+_TIERS = tuple(Tier)  # iterating the enum itself is slow
+_NO_SEGMENT = {tier: MatchSegment(tier) for tier in _TIERS}  # immutable: shared by results
+
+
+class TreeEvents(Protocol):
+    """What the index reports to the layer that keeps copies (`Residency`)."""
+
+    def refresh(self, node: RadixNode | None) -> None:
+        """`node`'s shape, lock count or copies changed: it may have become evictable."""
+
+    def device_copy_adopted(self, node: RadixNode) -> None:
+        """`insert` gave `node` a committed device copy (a request's pages)."""
+
+    def released(self, node: RadixNode) -> None:
+        """`node`'s last lock went: it may now be empty and leave the tree."""
+
+
+class RadixIndex:
+    """The tree behind `TieredCache.match` / `insert` / `lock` / `unlock` (engine thread)."""
+
+    def __init__(
+        self, tree: RadixTree, fingerprint: bytes, prefix_reuse: bool, events: TreeEvents
+    ) -> None:
+        self.tree = tree
+        self.page_size = tree.page_size
+        self.fingerprint = fingerprint
+        self.prefix_reuse = prefix_reuse
+        self.events = events
+        self.access_clock = 0
+        self.private_pages: set[int] = set()  # device pages lent to requests
+        self.lock_holders: Counter[RadixNode] = Counter()
+
+    # --- matching and inserting ------------------------------------------------------------
+
+    def match(self, tokens: TokenSequence, namespace: str) -> MatchResult:
+        query = packed_bytes(tokens)
+        num_tokens = len(query) // TOKEN_BYTES
+        key = namespace_root_key(self.fingerprint, namespace)
+        max_pages = max(num_tokens - 1, 0) // self.page_size
+        root = self.tree.root(key, create=False)
+        if not (self.prefix_reuse and root is not None and max_pages > 0):
+            return MatchResult(key, num_tokens, self.page_size, *_NO_SEGMENT.values(), None)
+        # group the path by serving tier (its fastest copy): device nodes, then host, then disk
+        nodes: tuple[list[RadixNode], ...] = ([], [], [])
+        pages: tuple[list[int], ...] = ([], [], [])
+        matched: list[RadixNode] = []
+        previous = Tier.DEVICE
+        for node in self._walk_exact(root, query, max_pages):
+            copies = node.copies
+            if not copies:
+                break  # emptied by a failed read, kept only by a lock: a miss from here
+            tier = min(copies)
+            assert tier >= previous, f"match tiers out of order at {node}"
+            previous = tier
+            nodes[tier].append(node)
+            pages[tier].extend(copies[tier])
+            matched.append(node)
+        self._touch(matched)
+        segments = [
+            MatchSegment(t, tuple(nodes[t]), tuple(pages[t])) if nodes[t] else _NO_SEGMENT[t]
+            for t in _TIERS
+        ]
+        last = matched[-1] if matched else None
+        return MatchResult(key, num_tokens, self.page_size, *segments, last)
+
+    def insert(
+        self,
+        tokens: TokenSequence,
+        namespace: str,
+        device_pages: Sequence[int],
+        start_node: RadixNode | None = None,
+        start_pages: int = 0,
+    ) -> InsertResult:
+        query = packed_bytes(tokens)
+        page_bytes = self.tree.page_bytes
+        num_pages = min(len(query) // page_bytes, len(device_pages))
+        if not self.prefix_reuse or num_pages == 0:
+            return InsertResult(0, 0, None, (), ())
+        root = self.tree.root(namespace_root_key(self.fingerprint, namespace), create=True)
+        assert root is not None
+        existing = _start_path(root, start_node, start_pages, num_pages)
+        existing += self._walk_exact(start_node or root, query, num_pages, start_pages)
+        tree_pages: list[int] = []
+        duplicates: list[int] = []
+        covered = 0
+        touched: list[RadixNode] = []
+        copied: list[RadixNode] = []  # nodes given a device copy here: new heap entries
+        for node in existing:
+            mine = list(device_pages[covered : covered + node.num_pages])
+            if Tier.DEVICE in node.copies:
+                theirs = node.copies[Tier.DEVICE]
+                if mine != theirs:  # usually equal: the request's table starts with the tree's
+                    duplicates.extend(a for a, b in zip(mine, theirs, strict=True) if a != b)
+            elif Tier.DEVICE not in node.inflight and node.may_commit(Tier.DEVICE):
+                self.reclaim(mine)  # the tree had these pages on host or disk only: adopt ours
+                node.set_copy(Tier.DEVICE, mine)
+                copied.append(node)
+                self.events.device_copy_adopted(node)
+            else:
+                break  # its device copy is still in flight: the caller keeps its pages from here
+            tree_pages.extend(node.copies[Tier.DEVICE])
+            covered += node.num_pages
+            touched.append(node)
+        num_existing = sum(node.num_pages for node in existing)
+        deepest = touched[-1] if touched else None
+        if covered == num_existing and covered < num_pages:
+            parent = deepest or root
+            new_pages = list(device_pages[covered:num_pages])
+            self.reclaim(new_pages)
+            deepest = self.tree.add_child(
+                parent, query[covered * page_bytes : num_pages * page_bytes]
+            )
+            deepest.set_copy(Tier.DEVICE, new_pages)
+            tree_pages.extend(new_pages)
+            covered = num_pages
+            touched.append(deepest)
+            copied.append(deepest)
+            self.events.refresh(parent)
+        self._touch(touched)
+        for node in copied:
+            self.events.refresh(node)
+        return InsertResult(num_existing, covered, deepest, tuple(tree_pages), tuple(duplicates))
+
+    def _walk_exact(
+        self, root: RadixNode, query: bytes, max_pages: int, first_page: int = 0
+    ) -> list[RadixNode]:
+        walked = self.tree.walk(root, query, max_pages, first_page)
+        nodes = [node for node, _ in walked]
+        if walked and walked[-1][1] < walked[-1][0].num_pages:
+            node, count = walked[-1]
+            nodes[-1] = self.tree.split(node, count)
+            self.events.refresh(nodes[-1])
+        return nodes
+
+    def _touch(self, nodes: list[RadixNode]) -> None:
+        """Mark `nodes` used now, in path order (one clock tick each, so ties keep the order
+        the path gives). No heap push: `TierHeap.pop` re-prioritises lazily."""
+        for clock, node in enumerate(nodes, self.access_clock + 1):
+            node.last_access = clock
+        self.access_clock += len(nodes)
+
+    # --- device pages lent to requests -----------------------------------------------------
+
+    def lend(self, pages: Sequence[int]) -> None:
+        """`pages` (just allocated) now belong to a request."""
+        self.private_pages.update(pages)
+
+    def reclaim(self, pages: Sequence[int]) -> None:
+        """`pages` stop being a request's: returned (the caller frees them) or taken by the
+        tree. Never pages the tree owns."""
+        for page in pages:
+            assert page in self.private_pages, f"device page {page} is not a request's"
+            self.private_pages.remove(page)
+
+    # --- locks -----------------------------------------------------------------------------
+
+    def lock(self, node: RadixNode) -> None:
+        """Pin `node` and its ancestors: never evicted, demoted or merged until unlocked."""
+        assert node is not None and node.attached, f"lock of {node}"
+        self.lock_holders[node] += 1
+        self.tree.lock_path(node, +1)  # heap entries of locked nodes are skipped when popped
+
+    def unlock(self, node: RadixNode) -> None:
+        """Release one `lock(node)`."""
+        assert self.lock_holders[node] > 0, f"unlock of {node} without a lock"
+        self.lock_holders[node] -= 1
+        if not self.lock_holders[node]:
+            del self.lock_holders[node]
+        for changed in self.tree.lock_path(node, -1):
+            self.events.released(changed)
+
+
+def _start_path(
+    root: RadixNode, start_node: RadixNode | None, start_pages: int, num_pages: int
+) -> list[RadixNode]:
+    """The path to `start_node`, checked cheaply against the caller's claim that it holds
+    exactly the first `start_pages` pages (its tokens are taken on trust)."""
+    if start_node is None:
+        assert start_pages == 0, f"start_pages={start_pages} without a start_node"
+        return []
+    assert start_node.attached and start_node.root_key == root.root_key, f"start at {start_node}"
+    path = start_node.path()
+    depth = sum(node.num_pages for node in path)
+    assert depth == start_pages <= num_pages, (
+        f"{start_node} ends at page {depth}, not {start_pages}"
+    )
+    assert path[0].parent is root
+    return path
