@@ -6,6 +6,7 @@ import torch
 
 from tieredkv.cache.disk.store import DiskRecord
 from tieredkv.cache.index.page_key import page_key
+from tieredkv.cache.residency.residency import Presence
 from tieredkv.cache.testing import (
     FINGERPRINT,
     device_page,
@@ -115,6 +116,29 @@ def test_eviction_demotes_to_host_then_promotion_brings_bytes_back() -> None:
     before = cache.counters.transfer_bytes[Tier.DEVICE, Tier.HOST]
     assert cache.evict(Tier.DEVICE, 4)
     assert cache.counters.transfer_bytes[Tier.DEVICE, Tier.HOST] == before
+    ok(cache)
+
+
+def test_presence_says_what_is_present_arriving_and_leaving() -> None:
+    cache, executor = make_cache(LAYOUT, device_pages=4, host_pages=4)
+    first, second = list(range(9)), list(range(100, 109))
+    compute(cache, first)
+    compute(cache, second)
+    node = cache.match(first).last_node
+    assert node is not None
+    assert cache.residency.presence(node) == {Tier.DEVICE: Presence.PRESENT}
+    assert cache.allocate(4) is None  # both demotions start
+    assert cache.residency.presence(node) == {
+        Tier.DEVICE: Presence.LEAVING,
+        Tier.HOST: Presence.ARRIVING,
+    }
+    settle(cache, executor)
+    assert cache.residency.presence(node) == {Tier.HOST: Presence.PRESENT}
+    assert_promoted(cache, first)  # a promotion copies: the host copy stays
+    assert cache.residency.presence(node) == {
+        Tier.DEVICE: Presence.PRESENT,
+        Tier.HOST: Presence.PRESENT,
+    }
     ok(cache)
 
 
