@@ -406,8 +406,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     sg = None if args.no_sglang else load_sglang()
+    import tieredkv
+
+    print(f"tieredkv from {tieredkv.__path__[0]}, torch {torch.__version__}")
     if sg is not None:
-        print(f"SGLang {sg.sglang.__version__}, torch {torch.__version__}")
+        print(f"SGLang {sg.sglang.__version__} from {sg.sglang.__path__[0]}")
     trace = make_trace(args.seed, args.users, args.rounds)
     num_tokens = sum(len(turn.prompt) for turn in trace)
     lengths = [len(turn.prompt) for turn in trace]
