@@ -133,24 +133,34 @@ class RadixTree:
         return head
 
     def can_merge(self, node: RadixNode) -> bool:
-        """One child, the same copy tiers, no locks and nothing in flight on either."""
+        """One child, the same copy tiers, no locks and nothing in flight on either, and the
+        node not used since its child was (see `merge`)."""
         if node.parent is None or len(node.children) != 1:
             return False
         child = next(iter(node.children.values()))
-        return node.copies.keys() == child.copies.keys() and not (
-            node.lock_count or child.lock_count or node.inflight or child.inflight
+        return (
+            node.copies.keys() == child.copies.keys()
+            and node.last_access <= child.last_access
+            and not (node.lock_count or child.lock_count or node.inflight or child.inflight)
         )
 
     def merge(self, node: RadixNode) -> RadixNode:
-        """Fold `node` into its only child (which survives, longer); `node` is detached."""
+        """Fold `node` into its only child (which survives, longer); `node` is detached.
+
+        The run keeps the node's access time, the older of the two, and LRU order stays exact:
+        the use that last touched the child touched its path just before it (one tick a node,
+        down the path), so every tick between the two times belongs to an ancestor, which
+        never leaves a tier before the run does. A node used since its child (through another
+        child, since gone) is not merged: no one time would be exact for both runs, the
+        child's pages would look younger than they are or the node's older."""
         assert self.can_merge(node) and node.parent is not None
         child = next(iter(node.children.values()))
+        child.last_access = node.last_access
         child.packed = node.packed + child.packed
         # the child's keys continue the node's only if the node knows all of its own
         child.keys = node.keys + child.keys if len(node.keys) == node.num_pages else node.keys
         child.num_pages += node.num_pages
         child.copies = {tier: node.copies[tier] + pages for tier, pages in child.copies.items()}
-        child.last_access = max(child.last_access, node.last_access)
         child.parent = node.parent
         node.parent.children[child.packed[: self.page_bytes]] = child
         node.children = {}
