@@ -316,14 +316,17 @@ class Residency:
             self.remove_if_empty(child, cascade=False, merge=False)
             self.refresh(child)
 
-    def remove_if_empty(self, node: RadixNode, cascade: bool = True, merge: bool = True) -> None:
+    def remove_if_empty(self, node: RadixNode, cascade: bool = True, merge: bool = True) -> bool:
         """Detach a node left with no copy, no transfer, no child and no lock; then try its
-        parent (which may now be empty too, or mergeable with its last child)."""
+        parent (which may now be empty too, or mergeable with its last child). True if `node`
+        left the tree (its parent, or the run it merged into, is refreshed)."""
+        removed = False
         while node.attached and node.parent is not None:
             if node.copies or node.inflight or node.children or node.lock_count:
                 break
             parent = node.parent
             self.tree.remove(node)
+            removed = True
             if merge and parent.parent is not None and self.tree.can_merge(parent):
                 self.refresh(self.tree.merge(parent))
             else:
@@ -331,3 +334,4 @@ class Residency:
             if not cascade:
                 break
             node = parent
+        return removed
