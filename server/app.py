@@ -18,6 +18,7 @@ from tieredkv.engine.protocol import EngineClient, EngineUnavailableError
 from tieredkv.model.tokenizer import ChatTokenizer
 
 from .completions import CompletionHandler
+from .connections import SendStallLimit
 from .errors import APIError, install_error_handlers
 from .openapi import body_spec, error_responses, install_openapi
 from .schemas import ChatCompletionRequest, CompletionRequest
@@ -127,6 +128,7 @@ def create_app(
             return await engine.debug_cache()
 
     install_openapi(app)
+    app.add_middleware(SendStallLimit, seconds=server_config.stall_timeout_s)
     return app
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from tieredkv.config import ServerConfig
@@ -17,7 +17,13 @@ from tieredkv.model.tokenizer import ChatTokenizer
 from .body import read_request
 from .responses import ResponseFormatter, finish_error, new_request_id, usage_body
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
-from .streaming import collect, first_output, sse_events, unless_disconnected
+from .streaming import (
+    ClosingStreamingResponse,
+    collect,
+    first_output,
+    sse_events,
+    unless_disconnected,
+)
 from .translate import (
     chat_prompt_ids,
     check_chat_supported,
@@ -45,7 +51,12 @@ class CompletionHandler:
 
     async def chat(self, request: Request) -> Response:
         arrival = self.clock()
-        body = await read_request(request, self.config.max_request_bytes, ChatCompletionRequest)
+        body = await read_request(
+            request,
+            self.config.max_request_bytes,
+            self.config.body_timeout_s,
+            ChatCompletionRequest,
+        )
         check_model(body.model, self.model_name)
         check_chat_supported(body)
         namespace = resolve_namespace(body.cache_salt, request.headers.get(NAMESPACE_HEADER))
@@ -61,7 +72,12 @@ class CompletionHandler:
 
     async def completion(self, request: Request) -> Response:
         arrival = self.clock()
-        body = await read_request(request, self.config.max_request_bytes, CompletionRequest)
+        body = await read_request(
+            request,
+            self.config.max_request_bytes,
+            self.config.body_timeout_s,
+            CompletionRequest,
+        )
         check_model(body.model, self.model_name)
         check_completion_supported(body)
         namespace = resolve_namespace(body.cache_salt, request.headers.get(NAMESPACE_HEADER))
@@ -98,7 +114,9 @@ class CompletionHandler:
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             events = sse_events(outputs, first, formatter, include_usage, len(prompt_ids))
-            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+            return ClosingStreamingResponse(
+                events, media_type="text/event-stream", headers=SSE_HEADERS
+            )
         result = await unless_disconnected(request, collect(outputs, first))
         assert result.last is not None, "collect returns only a finished result"
         error = finish_error(result.last.finish_reason, result.last.error)

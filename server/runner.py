@@ -20,6 +20,8 @@ from fastapi import FastAPI
 
 from tieredkv.config import ServerConfig
 
+from .connections import guarded_protocol
+
 log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 6.0  # engine.shutdown(timeout=...): finish, then abort in-flight requests
@@ -72,16 +74,22 @@ class GracefulServer(uvicorn.Server):
             log.error("the engine did not shut down in time; exiting anyway")
 
 
-def serve(app: FastAPI, engine: DrainableEngine, server_config: ServerConfig) -> None:
-    """Serve `app` on --host/--port until SIGTERM/SIGINT; returns after a graceful shutdown."""
-    config = uvicorn.Config(
+def uvicorn_config(
+    app: FastAPI, server_config: ServerConfig, log_level: str = "info"
+) -> uvicorn.Config:
+    """uvicorn (uvloop, h11) on --host/--port with the connection limits (`connections`)."""
+    return uvicorn.Config(
         app,
         host=server_config.host,
         port=server_config.port,
         loop="uvloop",
-        http="h11",
+        http=guarded_protocol(server_config.max_connections, server_config.header_timeout_s),
         lifespan="off",
-        log_level="info",
+        log_level=log_level,
         timeout_graceful_shutdown=int(GRACE_SECONDS),
     )
-    GracefulServer(config, engine).run()
+
+
+def serve(app: FastAPI, engine: DrainableEngine, server_config: ServerConfig) -> None:
+    """Serve `app` on --host/--port until SIGTERM/SIGINT; returns after a graceful shutdown."""
+    GracefulServer(uvicorn_config(app, server_config), engine).run()

@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-num-seqs", type=_positive_int, default=EngineConfig.max_num_seqs)
     add("--max-queue", type=_positive_int, default=EngineConfig.max_queue)
     add("--max-request-bytes", type=_size, default=DEFAULT_MAX_REQUEST_BYTES, metavar="SIZE")
+    add("--max-connections", type=_positive_int, default=ServerConfig.max_connections,
+        help="open connections; one more is answered 503 and closed")  # fmt: skip
     add("--api-key", default=None, help="require this Bearer token on /v1/*")
     add("--no-cache", action="store_true", help="no prefix reuse at all (recompute baseline)")
     add("--debug-endpoints", action="store_true", help="serve GET /debug/cache")
@@ -111,6 +113,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         served_model_name=args.served_model_name,
         api_key=args.api_key,
         max_request_bytes=args.max_request_bytes,
+        max_connections=args.max_connections,
         debug_endpoints=args.debug_endpoints,
     )
     cache_fields = (

@@ -179,6 +179,10 @@ class ServerConfig:
     api_key: str | None = None
     max_request_bytes: int = 1 << 20
     debug_endpoints: bool = False
+    max_connections: int = 512  # open connections; one more is answered 503 and closed
+    header_timeout_s: float = 10.0  # a request's headers, from its first byte
+    body_timeout_s: float = 10.0  # a request's body, from its headers
+    stall_timeout_s: float = 30.0  # a response whose reader takes nothing this long is dropped
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -187,3 +191,10 @@ class ServerConfig:
             raise ConfigError(
                 f"ServerConfig.max_request_bytes must be > 0, got {self.max_request_bytes}"
             )
+        if self.max_connections <= 0:
+            raise ConfigError(
+                f"ServerConfig.max_connections must be > 0, got {self.max_connections}"
+            )
+        for name in ("header_timeout_s", "body_timeout_s", "stall_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"ServerConfig.{name} must be > 0, got {getattr(self, name)}")
