@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from tieredkv.config import ServerConfig
+from tieredkv.config import KeyGrant, ServerConfig
 from tieredkv.engine.protocol import EngineClient, GenerationRequest
 from tieredkv.model.tokenizer import ChatTokenizer
 
@@ -49,7 +49,7 @@ class CompletionHandler:
     max_model_len: int
     clock: Callable[[], float]
 
-    async def chat(self, request: Request) -> Response:
+    async def chat(self, request: Request, grant: KeyGrant) -> Response:
         arrival = self.clock()
         body = await read_request(
             request,
@@ -59,7 +59,9 @@ class CompletionHandler:
         )
         check_model(body.model, self.model_name)
         check_chat_supported(body)
-        namespace = resolve_namespace(body.cache_salt, request.headers.get(NAMESPACE_HEADER))
+        namespace = resolve_namespace(
+            body.cache_salt, request.headers.get(NAMESPACE_HEADER), grant.tenant
+        )
         prompt_ids = await run_in_threadpool(chat_prompt_ids, body, self.tokenizer)
         max_tokens = (
             body.max_completion_tokens
@@ -70,7 +72,7 @@ class CompletionHandler:
             request, body, True, prompt_ids, max_tokens, "messages", namespace, arrival
         )
 
-    async def completion(self, request: Request) -> Response:
+    async def completion(self, request: Request, grant: KeyGrant) -> Response:
         arrival = self.clock()
         body = await read_request(
             request,
@@ -80,7 +82,9 @@ class CompletionHandler:
         )
         check_model(body.model, self.model_name)
         check_completion_supported(body)
-        namespace = resolve_namespace(body.cache_salt, request.headers.get(NAMESPACE_HEADER))
+        namespace = resolve_namespace(
+            body.cache_salt, request.headers.get(NAMESPACE_HEADER), grant.tenant
+        )
         prompt_ids = await run_in_threadpool(completion_prompt_ids, body, self.tokenizer)
         return await self._generate(
             request, body, False, prompt_ids, body.max_tokens, "prompt", namespace, arrival

@@ -60,9 +60,22 @@ def _check_n(n: int | None) -> None:
         raise bad_request(f"only n = 1 is supported, got {n}", "n")
 
 
-def resolve_namespace(cache_salt: str | None, header: str | None) -> str:
+def tenant_namespace(tenant: str, salt: str | None = None) -> str:
+    """A tenant's namespace, or one subdivision of it. No salt or header can name it (they
+    cannot hold NUL), so no request escapes into another tenant's namespace."""
+    return f"\0tenant\0{tenant}" if salt is None else f"\0tenant\0{tenant}\0{salt}"
+
+
+def in_tenant(namespace: str, tenant: str) -> bool:
+    """Is `namespace` the tenant's own or one of its subdivisions?"""
+    own = tenant_namespace(tenant)
+    return namespace == own or namespace.startswith(own + "\0")
+
+
+def resolve_namespace(cache_salt: str | None, header: str | None, tenant: str | None) -> str:
     """The cache namespace from `cache_salt` or the X-Cache-Namespace header (as Starlette
-    decoded it, latin-1); both must agree; empty or over 256 UTF-8 bytes is refused."""
+    decoded it, latin-1); both must agree; empty, over 256 UTF-8 bytes or holding NUL is
+    refused. A tenant's requests live in its namespace, which a salt subdivides."""
     if header is not None:
         try:
             header = header.encode("latin-1").decode("utf-8")
@@ -71,14 +84,17 @@ def resolve_namespace(cache_salt: str | None, header: str | None) -> str:
     if cache_salt is not None and header is not None and cache_salt != header:
         raise bad_request("cache_salt and X-Cache-Namespace differ", "cache_salt")
     namespace = cache_salt if cache_salt is not None else header
-    if namespace is None:
-        return DEFAULT_NAMESPACE
-    param = "cache_salt" if cache_salt is not None else "X-Cache-Namespace"
-    if not namespace:
-        raise bad_request("the cache namespace must not be empty", param)
-    if len(namespace.encode("utf-8")) > MAX_NAMESPACE_BYTES:
-        raise bad_request(f"the cache namespace is over {MAX_NAMESPACE_BYTES} bytes", param)
-    return namespace
+    if namespace is not None:
+        param = "cache_salt" if cache_salt is not None else "X-Cache-Namespace"
+        if not namespace:
+            raise bad_request("the cache namespace must not be empty", param)
+        if len(namespace.encode("utf-8")) > MAX_NAMESPACE_BYTES:
+            raise bad_request(f"the cache namespace is over {MAX_NAMESPACE_BYTES} bytes", param)
+        if "\0" in namespace:
+            raise bad_request("the cache namespace must not contain NUL", param)
+    if tenant is not None:
+        return tenant_namespace(tenant, namespace)
+    return DEFAULT_NAMESPACE if namespace is None else namespace
 
 
 def chat_prompt_ids(req: ChatCompletionRequest, tokenizer: ChatTokenizer) -> list[int]:

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tieredkv.api_keys import API_KEY_ENV, read_api_keys_file, single_api_key
 from tieredkv.bench import BENCHMARKS
 from tieredkv.config import (
     CacheConfig,
@@ -84,7 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-request-bytes", type=_size, default=DEFAULT_MAX_REQUEST_BYTES, metavar="SIZE")
     add("--max-connections", type=_positive_int, default=ServerConfig.max_connections,
         help="open connections; one more is answered 503 and closed")  # fmt: skip
-    add("--api-key", default=None, help="require this Bearer token on /v1/*")
+    add("--api-key", default=None,
+        help=f"an admin Bearer token (better: --api-key-file or ${API_KEY_ENV})")  # fmt: skip
+    add("--api-key-file", type=Path, default=None, metavar="PATH",
+        help="a file holding the admin key (mode 600)")  # fmt: skip
+    add("--api-keys-file", type=Path, default=None, metavar="PATH",
+        help="keys bound to tenants: `KEY TENANT ROLE` per line, ROLE admin|tenant")  # fmt: skip
     add("--no-cache", action="store_true", help="no prefix reuse at all (recompute baseline)")
     add("--debug-endpoints", action="store_true", help="serve GET /debug/cache")
     bench = commands.add_parser("bench", help=f"benchmarks ({', '.join(BENCHMARKS)})")
@@ -111,7 +117,8 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         host=args.host,
         port=args.port,
         served_model_name=args.served_model_name,
-        api_key=args.api_key,
+        api_key=single_api_key(args.api_key, args.api_key_file),
+        api_keys=read_api_keys_file(args.api_keys_file) if args.api_keys_file else {},
         max_request_bytes=args.max_request_bytes,
         max_connections=args.max_connections,
         debug_endpoints=args.debug_endpoints,

@@ -219,10 +219,14 @@ class TieredCache:
         they are free now. Locked paths and copies in flight are never touched."""
         return self.demoter.make_room(tier, num_pages)
 
-    def flush(self) -> int:
+    def flush(self, within: Callable[[str], bool] | None = None) -> int:
         """Drop every cached page that is not locked or in flight, in every tier (the disk
-        records too). Returns the number of pages dropped."""
-        return self.demoter.flush()
+        records too); with `within`, only in the namespaces it accepts (those named by a
+        match or insert since the start). Returns the number of pages dropped."""
+        if within is None:
+            return self.demoter.flush()
+        names = self.tree.names
+        return self.demoter.flush([self.tree.roots[key] for key in names if within(names[key])])
 
     def _write_through_path(self, node: RadixNode) -> None:
         for path_node in node.path():

@@ -173,8 +173,8 @@ class AsyncEngine(EngineClient):
         self.engine.call_soon(run)
         return await asyncio.wrap_future(future)
 
-    async def flush_cache(self) -> int:
-        return await self._on_engine_thread(self.engine.cache.flush)
+    async def flush_cache(self, within: Callable[[str], bool] | None = None) -> int:
+        return await self._on_engine_thread(lambda: self.engine.cache.flush(within))
 
     async def debug_cache(self) -> dict:
         def inspect() -> dict:
