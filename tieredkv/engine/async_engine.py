@@ -238,3 +238,4 @@ class AsyncEngine(EngineClient):
             engine.call_soon(abort_all)
             await loop.run_in_executor(None, self._thread.join, timeout / 2)
         engine.cache.close()
+        engine.runner.close()

@@ -41,10 +41,10 @@ if TYPE_CHECKING:
 
 STAGE_BYTES = 32 << 20  # per staging buffer, two per worker thread: the store's own chunk size
 # Threads that run the store calls of disk jobs and the helper half of host<->device copies,
-# shared by every copier in the process (neither a store call nor a copy part ever waits on
-# this pool, so sharing cannot deadlock; a copier owns no threads).
-DISK_HELPERS = 8
-_helpers = ThreadPoolExecutor(DISK_HELPERS, thread_name_prefix="tkv-stage")  # threads on demand
+# shared by the copier's jobs (neither a store call nor a copy part ever waits on this pool, so
+# sharing cannot deadlock).
+HELPER_THREADS = 8
+HELPER_THREAD_PREFIX = "tkv-stage"
 
 
 def _index(pages: list[int], device: torch.device) -> torch.Tensor:
@@ -66,7 +66,10 @@ class PageCopier:
 
     `staged=True` forces the CUDA data path (staging buffers, gather/scatter kernels) on a CPU
     device pool too, so tests cover it on a machine without a GPU. `split_copies=False` keeps
-    every host<->device job on its own thread (the bench measures both)."""
+    every host<->device job on its own thread (the bench measures both).
+
+    The copier owns its helper threads (started on demand): `close()` them once no job runs
+    any more, after the mover that runs the jobs has closed."""
 
     def __init__(
         self,
@@ -87,12 +90,16 @@ class PageCopier:
         self._host_rows = PageRows.page_major(host_pool.kv)
         # the device pool seen page by page: only where it lives in CPU memory
         self._device_rows = None if self.staged else PageRows.layer_major(device_pool.kv)
-        self._helpers = _helpers
-        self._copy_helper = _helpers if split_copies and not self.staged else None
+        self._helpers = ThreadPoolExecutor(HELPER_THREADS, thread_name_prefix=HELPER_THREAD_PREFIX)
+        self._copy_helper = self._helpers if split_copies and not self.staged else None
 
     def copy_threads(self, num_pages: int) -> int:
         """Threads a host<->device job of `num_pages` pages copies on (1 or 2)."""
         return copy_threads(num_pages, self._copy_helper)
+
+    def close(self) -> None:
+        """Stop the helper threads (idle once every job has returned)."""
+        self._helpers.shutdown(wait=True)
 
     def job(
         self,

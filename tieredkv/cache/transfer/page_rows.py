@@ -29,7 +29,7 @@ a part delays the job by up to a time slice: the price of the gain on a quiet ma
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 
 import numpy as np
 import torch
@@ -128,14 +128,11 @@ def copy_pages(
         while (part := parts.take()) is not None:
             _copy_runs(dst, src, part)
 
-    try:
-        helping: Future | None = helper.submit(drain)
-    except RuntimeError:  # the pool refuses new tasks (interpreter exit): copy alone
-        helping = None
+    helping = helper.submit(drain)
     try:
         drain()
     finally:
-        if helping is not None and not helping.cancel():
+        if not helping.cancel():
             helping.result()  # SYNC: the helper's last part is in place (or its error raised)
 
 
