@@ -31,7 +31,7 @@ from tieredkv.bench.tier_limits import RAW_PATTERNS, memcpy_gbps, raw_disk_gbps,
 from tieredkv.bench.tier_report import print_report
 from tieredkv.bench.tier_rows import DISK_TARGET, MOVER, BandwidthRow, memory_rows
 from tieredkv.bench.tier_store import LAYOUT, random_pages, store_gbps
-from tieredkv.cache.disk.store import DiskStore
+from tieredkv.cache.disk.store import CHUNK_BYTES, IO_DEPTH, IO_THREADS, DiskStore
 
 
 def _counts(text: str) -> list[int]:
@@ -43,14 +43,6 @@ def _counts(text: str) -> list[int]:
     if not counts or min(counts) <= 0:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return counts
-
-
-def _store_config(text: str) -> tuple[int, int, int]:
-    """io_threads:io_depth:chunk_MiB (argparse type)."""
-    parts = _counts(text.replace(":", ","))
-    if len(parts) != 3:
-        raise argparse.ArgumentTypeError(f"expected io_threads:io_depth:chunk_MiB, got {text!r}")
-    return parts[0], parts[1], parts[2]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,12 +66,6 @@ def _parser() -> argparse.ArgumentParser:
         type=_counts,
         default=[1, 2],
         help="DiskStore rows: callers splitting each batch",
-    )
-    add(
-        "--store-config",
-        type=_store_config,
-        default=(4, 2, 32),
-        help="DiskStore io_threads:io_depth:chunk_MiB",
     )
     add("--memory-only", action="store_true", help="only memcpy and host<->device (no disk)")
     add("--quick", action="store_true", help="tiny sizes, for tests (figures meaningless)")
@@ -120,7 +106,7 @@ def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
             "seed": args.seed,
             "reps": args.reps,
             "page_bytes": LAYOUT.page_bytes,
-            "store_config": ":".join(map(str, args.store_config)),
+            "store_config": f"{IO_THREADS}:{IO_DEPTH}:{CHUNK_BYTES >> 20}",
             "quick": args.quick,
             "memory_only": args.memory_only,
         },
@@ -151,18 +137,9 @@ def _all_rows(
         "raw_read_gbps": raw_read,
         "raw_patterns": [asdict(r) for r in raw],
     }
-    io_threads, io_depth, chunk_mib = args.store_config
     # the store spans as much disk as the raw file (and at least two largest batches)
     capacity = max(args.raw_bytes, 2 * max(batches) * LAYOUT.page_bytes) + (16 << 20)
-    store = DiskStore(
-        directory / "store",
-        b"bench",
-        LAYOUT,
-        capacity,
-        io_threads=io_threads,
-        io_depth=io_depth,
-        chunk_bytes=chunk_mib << 20,
-    )
+    store = DiskStore(directory / "store", b"bench", LAYOUT, capacity)
     disk_limit = {
         "host->disk": ("raw disk write", raw_write, DISK_TARGET),
         "disk->host": ("raw disk read", raw_read, DISK_TARGET),
