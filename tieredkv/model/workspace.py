@@ -1,9 +1,9 @@
 """A running sequence's contiguous KV on CPU, and its one-time fill from the paged pool.
 
-The workspace keeps the pool's token-major order, (layers, 2, capacity, kv_heads, head_dim):
-attention reads a layer's keys as a (kv_heads, tokens, head_dim) strided view at the speed of a
-head-major copy, and a run of pages that are consecutive in the pool moves in with one block
-copy per layer and K/V (numpy releases the GIL; the layers are split over two threads).
+The workspace keeps the pool's token-major order, (layers, 2, capacity, kv_heads, head_dim), so
+a run of pages that are consecutive in the pool moves in with one block copy per layer and K/V
+(numpy releases the GIL: a long fill splits the layers with one helper thread), and attention
+reads a layer's keys as a (kv_heads, tokens, head_dim) strided view.
 
 Running sequences take their workspaces from one `WorkspaceArena`: slots of a single tensor,
 (slots, layers, 2, max_model_len, kv_heads, head_dim), reserved up front and touched only as

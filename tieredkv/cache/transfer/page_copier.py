@@ -9,9 +9,8 @@ whether it arrived intact (a disk record that fails verification is False, never
   *       disk    host run in place, else staging    (device: gather -> pinned staging)
   disk    *       host run in place, else staging    (device: staging -> device, scatter)
 
-(*) A job of `SPLIT_MIN_PAGES` pages or more shares its pages with one helper thread. On these
-strided copies one thread reaches ~75% of one-thread memcpy into the device pool and ~55% out
-of it; two reach ~95% and ~85% when the other core is free (page_rows has the measurements).
+(*) A job of `SPLIT_MIN_PAGES` pages or more shares its pages with one helper thread: one
+thread alone cannot reach memcpy speed on these strided copies (see page_rows).
 
 Staging is reused (per worker thread, see page_staging) and bounded: a staged transfer moves
 at most STAGE_BYTES at a time, double-buffered. A disk transfer overlaps its staging copies with
