@@ -125,8 +125,8 @@ class CacheConfig:
     disk_cache_dir: Path | None = None
     disk_cache_bytes: int = 0
     # the benchmark's choice: write-through at page 16 had the lowest reuse-round TTFT p50 in
-    # two runs of `tieredkv bench multiturn --dtype bfloat16 --compare-policies` (142 ms vs
-    # 157-165 for write-back; README "Performance")
+    # two runs of the write-policy x page-size grid (benchmarks/policy_grid.py) in bf16 (142 ms
+    # vs 157-165 for write-back; README "Performance")
     write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
     enable_prefix_reuse: bool = True  # False is `--no-cache`: the recompute baseline
 

@@ -18,7 +18,7 @@ The faults come from the environment variable TKV_FAULTS, a JSON object (every k
 Runtime faults are armed once the engine has started (warm-up done, disk index rebuilt), so
 their counts are relative to serving. A "crash" is a real SIGKILL of this process, sent from
 inside the write that tears: nothing after it runs, exactly as with kill -9. Production code
-is untouched: AsyncEngine.start takes `disk_io` through its documented **cache_options.
+is untouched: the engine's TieredCache is given the backend through its `disk_io` argument.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from typing import Any
 from tieredkv.cache.disk.direct_io import Buffer, DiskIOBackend, FaultInjectingIO, as_bytes
 from tieredkv.cache.disk.directory import STORE_FILE
 from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, decode_superblock
+from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.engine import async_engine
 from tieredkv.engine.async_engine import AsyncEngine
 
 # Unpickling any object resolves a global through find_class (marshal is left out: the import
@@ -119,11 +121,15 @@ def main(argv: list[str]) -> int:
     io = KillingIO(spec)
     start = AsyncEngine.start.__func__  # type: ignore[attr-defined]
 
+    def cache_with_faults(*args: Any, **kwargs: Any) -> TieredCache:
+        return TieredCache(*args, disk_io=io, **kwargs)
+
     def start_with_faults(cls: type[AsyncEngine], *args: Any, **kwargs: Any) -> AsyncEngine:
-        engine = start(cls, *args, disk_io=io, **kwargs)
+        engine = start(cls, *args, **kwargs)
         io.arm(_disk_dir(argv))
         return engine
 
+    async_engine.TieredCache = cache_with_faults  # type: ignore[misc, assignment]
     AsyncEngine.start = classmethod(start_with_faults)  # type: ignore[method-assign]
     from tieredkv.cli import main as cli_main
 

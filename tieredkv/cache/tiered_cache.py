@@ -104,8 +104,10 @@ class TieredCache:
             disk_executor or ThreadTransferExecutor(num_workers=4, name="tkv-disk"),
             clock,
         )
-        copier = PageCopier(self.pools.device, self.pools.host, disk)
-        self.residency = Residency(self.tree, self.pools, copier, self.mover, self.counters, clock)
+        self.copier = PageCopier(self.pools.device, self.pools.host, disk)
+        self.residency = Residency(
+            self.tree, self.pools, self.copier, self.mover, self.counters, clock
+        )
         self.index = RadixIndex(self.tree, fingerprint, config.enable_prefix_reuse, self.residency)
         self.demoter = Demoter(self.pools, self.residency)
         self.promoter = Promoter(
@@ -268,11 +270,12 @@ class TieredCache:
         return self.pools.host
 
     def close(self) -> None:
-        """Let transfers in flight finish and apply them, then close the disk store (its
-        records stay for the next start)."""
+        """Let transfers in flight finish and apply them, stop the copy threads, then close the
+        disk store (its records stay for the next start)."""
         self.mover.close()
         # no new copies once the mover is closed: what write-through would start now has no
         # executor to run on (the disk stays closed under "parent of": nothing more is written)
         self._apply_finished(start_write_through=False)
+        self.copier.close()
         if self.pools.disk is not None:
             self.pools.disk.close()

@@ -67,15 +67,14 @@ class AsyncEngine(EngineClient):
         *,
         device: torch.device | str = "cpu",
         clock: Callable[[], float] = time.monotonic,
-        **cache_options: Any,
     ) -> AsyncEngine:
         """Build the cache (rebuilding the disk index), the runner and the engine, warm the
-        model up and start the step thread. `cache_options` go to TieredCache (tests)."""
+        model up and start the step thread."""
         dtype = loaded.weights["model.embed_tokens.weight"].dtype
         layout = PageLayout.for_model(loaded.config, cache_config.page_size, dtype)
         check_device_capacity(cache_config, layout, engine_config.max_model_len)
         fingerprint = model_fingerprint(loaded, layout)
-        cache = TieredCache(cache_config, layout, fingerprint, device, clock=clock, **cache_options)
+        cache = TieredCache(cache_config, layout, fingerprint, device, clock=clock)
         runner = ModelRunner(
             loaded.config,
             loaded.weights,
@@ -238,3 +237,4 @@ class AsyncEngine(EngineClient):
             engine.call_soon(abort_all)
             await loop.run_in_executor(None, self._thread.join, timeout / 2)
         engine.cache.close()
+        engine.runner.close()

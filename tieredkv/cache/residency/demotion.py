@@ -12,8 +12,7 @@ Evicting a copy from tier T, cheapest first:
      leaves the tree                                            (dropped)
      ... except while transfers are in flight and the drop would lose pages (the copy is the
      last one, or children would lose theirs) in a tier that has an enabled tier below: then
-     wait, as those transfers complete, room opens below (a tiny host tier full of copies in
-     flight dropped whole conversations that the disk had room for).
+     wait, as those transfers complete, room opens below.
 Write-through copies new device pages down in the background, so that eviction is case 1.
 """
 
