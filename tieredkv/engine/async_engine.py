@@ -183,7 +183,7 @@ class AsyncEngine(EngineClient):
                 "ok": result.ok,
                 "problems": list(result.problems),
                 "pages": result.page_counts,
-                "locked_nodes": sum(self.engine.cache.index.lock_holders.values()),
+                "locked_nodes": self.engine.cache.num_locks(),
                 "requests": {
                     "waiting": len(self.engine.waiting),
                     "promoting": len(self.engine.promoting),
@@ -204,13 +204,11 @@ class AsyncEngine(EngineClient):
         # the capacity in effect: a disk store that could not be preallocated starts smaller
         capacity = {tier.label: cache.tier_capacity_bytes(tier) for tier in Tier}
         ready = self._ready and not self._stopping
-        disk = cache.pools.disk
-        direct_io = None if disk is None else disk.direct_io  # None: no disk tier
         return {
             "ready": ready,
             "tiers": tiers,
             "tier_capacity_bytes": capacity,
-            "direct_io": direct_io,
+            "direct_io": cache.disk_direct_io(),  # None: no disk tier
         }
 
     def render_metrics(self) -> str:

@@ -79,7 +79,7 @@ class Engine:
         self._seq_ids = itertools.count()
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.wake = threading.Event()  # set by call_soon and by finished transfers
-        cache.mover.add_listener(self.wake.set)
+        cache.add_transfer_listener(self.wake.set)
 
     # --- the hot path ----------------------------------------------------------------------
 
@@ -130,9 +130,9 @@ class Engine:
         output = OutputProcessor(
             self.tokenizer, spec.prompt_ids, spec.sampling, self.config.max_model_len
         )
-        request = Request(
-            spec, next(self._seq_ids), output, self.sampler.new_generator(spec.sampling)
-        )
+        generator = self.sampler.new_generator(spec.sampling)
+        kv = self.cache.new_handle(spec.namespace)
+        request = Request(spec, next(self._seq_ids), output, generator, kv)
         self.requests[spec.request_id] = request
         self.pages.on_arrival(request)
         self.waiting.append(request)
@@ -194,7 +194,7 @@ class Engine:
                 (r for r in reversed(self.running) if r is not request and r not in plan.requests),
                 None,
             )
-            if victim is None or self.cache.mover.in_flight:
+            if victim is None or self.pages.transfers_in_flight():
                 return False  # demotions in flight free pages soon, or nothing left to take
             self._preempt(victim)
         return True
@@ -209,14 +209,14 @@ class Engine:
                 break  # no device room now; demotions started
             self.waiting.remove(request)
             request.admitted_at = request.admitted_at or self.clock()
-            if request.promotion is None or request.promotion.done:
-                self.pages.take_promotion(request)
-                self._start_running(request)
-                started.append(request)
-            else:
+            if request.kv.promotion_pending:
                 request.status = RequestStatus.PROMOTING
                 self.promoting.append(request)
                 budget.seqs -= 1
+            else:
+                self.pages.take_promotion(request)
+                self._start_running(request)
+                started.append(request)
         return started
 
     def _preempt(self, request: Request) -> None:

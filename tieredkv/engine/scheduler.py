@@ -46,12 +46,8 @@ class QueueOrder:
 
 
 def weighted_match_tokens(request: Request) -> float:
-    match = request.waiting_match
-    if match is None:
-        return 0.0
-    return sum(
-        TIER_WEIGHT[tier] * tokens for tier, tokens in match.tokens_by_tier().items() if tokens
-    )
+    matched = request.kv.matched_tokens_by_tier
+    return sum(TIER_WEIGHT[tier] * tokens for tier, tokens in matched.items() if tokens)
 
 
 @dataclass
