@@ -129,7 +129,7 @@ class AsyncEngine(EngineClient):
     async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         if not self._ready or self._stopping:
             raise EngineUnavailableError("the engine is not accepting requests")
-        if len(self.engine.waiting) >= self.engine.config.max_queue:
+        if len(self.engine.scheduler.waiting) >= self.engine.config.max_queue:
             raise QueueFullError(f"the queue is full ({self.engine.config.max_queue} requests)")
         if not request.arrival_time:
             request = dataclasses.replace(request, arrival_time=self.clock())
@@ -179,15 +179,16 @@ class AsyncEngine(EngineClient):
     async def debug_cache(self) -> dict:
         def inspect() -> dict:
             result = self.engine.cache.check_integrity()
+            scheduler = self.engine.scheduler
             return {
                 "ok": result.ok,
                 "problems": list(result.problems),
                 "pages": result.page_counts,
                 "locked_nodes": self.engine.cache.num_locks(),
                 "requests": {
-                    "waiting": len(self.engine.waiting),
-                    "promoting": len(self.engine.promoting),
-                    "running": len(self.engine.running),
+                    "waiting": len(scheduler.waiting),
+                    "promoting": len(scheduler.promoting),
+                    "running": len(scheduler.running),
                 },
             }
 
@@ -221,7 +222,7 @@ class AsyncEngine(EngineClient):
         engine = self.engine
 
         def abort_waiting() -> None:
-            for request in list(engine.waiting):
+            for request in list(engine.scheduler.waiting):
                 engine.abort(request.request_id)
 
         def abort_all() -> None:

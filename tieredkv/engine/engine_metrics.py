@@ -56,9 +56,9 @@ class EngineRecorder:
 
     def step_done(self, engine: Engine) -> None:
         """Queue sizes and the cache's counters and sizes, once per step."""
-        cache = engine.cache
+        cache, scheduler = engine.cache, engine.scheduler
         self.metrics.set_queue_sizes(
-            len(engine.running), len(engine.waiting) + len(engine.promoting)
+            len(scheduler.running), len(scheduler.waiting) + len(scheduler.promoting)
         )
         self.metrics.sync_cache(
             cache.counters,
