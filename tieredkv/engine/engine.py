@@ -14,9 +14,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import EngineConfig
-from tieredkv.engine.engine_metrics import EngineRecorder
+from tieredkv.engine.engine_metrics import EngineRecorder, StepFigures
 from tieredkv.engine.output import OutputProcessor
 from tieredkv.engine.protocol import FinishReason, GenerationRequest, RequestOutput
 from tieredkv.engine.request import Request, RequestStatus
@@ -74,7 +75,7 @@ class Engine:
             logits = self.runner.forward(plan.chunks)
             self._sample_and_emit(plan, logits, forward_started)
             self._insert_full_pages(plan.requests)
-        self.recorder.step_done(self)
+        self.recorder.step_done(self._step_figures())
         return bool(plan.chunks)
 
     def wait_for_work(self, timeout: float | None = None) -> None:
@@ -169,6 +170,17 @@ class Engine:
         for request in requests:
             if request.status is RequestStatus.RUNNING:
                 self.pages.insert_computed(request)
+
+    def _step_figures(self) -> StepFigures:
+        cache, scheduler = self.cache, self.scheduler
+        return StepFigures(
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting) + len(scheduler.promoting),
+            cache_counters=cache.counters,
+            tier_used_bytes={tier: cache.tier_used_bytes(tier) for tier in Tier},
+            tier_capacity_bytes={tier: cache.tier_capacity_bytes(tier) for tier in Tier},
+            disk_page_errors=cache.disk_page_errors(),
+        )
 
     def _finish(
         self,
