@@ -3,9 +3,8 @@
 Threads: every method runs on the engine thread, the only writer of the tree, pools, locks and
 heaps. Mover threads copy bytes and report; `poll()` applies what they reported.
 
-The engine holds one `CacheHandle` per request (`new_handle`; see `cache_handle.py` for its
-life): it sees tokens and device pages, never a node. The handle is built on the node-level
-calls below, which the cache's own tests drive directly:
+The engine holds one `CacheHandle` per request (`new_handle`; its life in `cache_handle.py`) and
+never sees a node. The handle is built on these node-level calls, which the cache's tests drive:
   match = cache.match(prompt, namespace)          # device, host, disk segments + the miss
   cache.lock(match.last_node)                     # keep the path while queued
   cache.prefetch(match)                           # disk -> host in the background (bounded)
@@ -212,8 +211,6 @@ class TieredCache:
                 if tier is not Tier.DEVICE:
                     self.demoter.write_through(node, tier)
         return finished
-
-    apply_completions = poll
 
     def wait(self, timeout: float | None = None) -> list[PromotionTicket]:
         """Block until a transfer finishes (or `timeout`), then `poll()`."""
