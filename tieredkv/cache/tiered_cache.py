@@ -3,7 +3,8 @@
 Threads: every method runs on the engine thread, the only writer of the tree, pools, locks and
 heaps. Mover threads copy bytes and report; `poll()` applies what they reported.
 
-A request's life against the cache:
+The engine holds one `CacheHandle` per request (`new_handle`; its life in `cache_handle.py`) and
+never sees a node. The handle is built on these node-level calls, which the cache's tests drive:
   match = cache.match(prompt, namespace)          # device, host, disk segments + the miss
   cache.lock(match.last_node)                     # keep the path while queued
   cache.prefetch(match)                           # disk -> host in the background (bounded)
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.store import DiskStore
@@ -116,6 +118,10 @@ class TieredCache:
         if disk is not None:
             rebuild_from_disk(self.tree, disk, self.residency)
 
+    def new_handle(self, namespace: str = DEFAULT_NAMESPACE) -> CacheHandle:
+        """A request's hold on the cache in `namespace`, holding nothing yet."""
+        return CacheHandle(self, namespace)
+
     # --- matching and inserting ------------------------------------------------------------
 
     def match(self, tokens: TokenSequence, namespace: str = DEFAULT_NAMESPACE) -> MatchResult:
@@ -208,13 +214,20 @@ class TieredCache:
                     self.demoter.write_through(node, tier)
         return finished
 
-    apply_completions = poll
-
     def wait(self, timeout: float | None = None) -> list[PromotionTicket]:
         """Block until a transfer finishes (or `timeout`), then `poll()`."""
         if self.mover.in_flight:
             self.mover.wait(timeout)
         return self.poll()
+
+    def transfers_in_flight(self) -> int:
+        """Transfers started and not yet applied (demotions among them free pages soon)."""
+        return len(self.mover.in_flight)
+
+    def add_transfer_listener(self, notify: Callable[[], None]) -> None:
+        """Call `notify()` (from a mover thread) whenever a transfer finishes: the engine
+        thread sleeps on one event for both new requests and finished transfers."""
+        self.mover.add_listener(notify)
 
     def evict(self, tier: Tier, num_pages: int) -> bool:
         """Make `num_pages` free in `tier` (demoting, or dropping at the last tier); True if
@@ -260,6 +273,14 @@ class TieredCache:
         disk = self.pools.disk
         base = {"checksum": 0, "fingerprint": 0, "io": 0}
         return base if disk is None else {**base, **disk.error_counts}
+
+    def disk_direct_io(self) -> bool | None:
+        """Whether the disk tier uses O_DIRECT; None without a disk tier."""
+        return None if self.pools.disk is None else self.pools.disk.direct_io
+
+    def num_locks(self) -> int:
+        """Locks held on paths, by requests and by promotions in progress."""
+        return sum(self.index.lock_holders.values())
 
     @property
     def device_pool(self) -> DevicePool:

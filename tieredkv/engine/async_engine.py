@@ -128,7 +128,7 @@ class AsyncEngine(EngineClient):
     async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         if not self._ready or self._stopping:
             raise EngineUnavailableError("the engine is not accepting requests")
-        if len(self.engine.waiting) >= self.engine.config.max_queue:
+        if len(self.engine.scheduler.waiting) >= self.engine.config.max_queue:
             raise QueueFullError(f"the queue is full ({self.engine.config.max_queue} requests)")
         if not request.arrival_time:
             request = dataclasses.replace(request, arrival_time=self.clock())
@@ -178,15 +178,16 @@ class AsyncEngine(EngineClient):
     async def debug_cache(self) -> dict:
         def inspect() -> dict:
             result = self.engine.cache.check_integrity()
+            scheduler = self.engine.scheduler
             return {
                 "ok": result.ok,
                 "problems": list(result.problems),
                 "pages": result.page_counts,
-                "locked_nodes": sum(self.engine.cache.index.lock_holders.values()),
+                "locked_nodes": self.engine.cache.num_locks(),
                 "requests": {
-                    "waiting": len(self.engine.waiting),
-                    "promoting": len(self.engine.promoting),
-                    "running": len(self.engine.running),
+                    "waiting": len(scheduler.waiting),
+                    "promoting": len(scheduler.promoting),
+                    "running": len(scheduler.running),
                 },
             }
 
@@ -203,13 +204,11 @@ class AsyncEngine(EngineClient):
         # the capacity in effect: a disk store that could not be preallocated starts smaller
         capacity = {tier.label: cache.tier_capacity_bytes(tier) for tier in Tier}
         ready = self._ready and not self._stopping
-        disk = cache.pools.disk
-        direct_io = None if disk is None else disk.direct_io  # None: no disk tier
         return {
             "ready": ready,
             "tiers": tiers,
             "tier_capacity_bytes": capacity,
-            "direct_io": direct_io,
+            "direct_io": cache.disk_direct_io(),  # None: no disk tier
         }
 
     def render_metrics(self) -> str:
@@ -222,7 +221,7 @@ class AsyncEngine(EngineClient):
         engine = self.engine
 
         def abort_waiting() -> None:
-            for request in list(engine.waiting):
+            for request in list(engine.scheduler.waiting):
                 engine.abort(request.request_id)
 
         def abort_all() -> None:

@@ -72,11 +72,11 @@ class Harness:
             if not self.engine.has_work and not self.executor.pending():
                 self.engine.step()  # apply the last transfers
                 return
-        engine = self.engine
+        scheduler = self.engine.scheduler
         state = {
-            "waiting": [(r.request_id, r.num_tokens) for r in engine.waiting],
-            "promoting": [r.request_id for r in engine.promoting],
-            "running": [(r.request_id, r.kv_len, len(r.page_table)) for r in engine.running],
+            "waiting": [(r.request_id, r.num_tokens) for r in scheduler.waiting],
+            "promoting": [r.request_id for r in scheduler.promoting],
+            "running": [(r.request_id, r.kv_len, len(r.page_table)) for r in scheduler.running],
             "device_free": self.cache.device_pool.num_free,
             "host_free": self.cache.host_pool.num_free if self.cache.host_pool else None,
             "in_flight": len(self.cache.mover.in_flight),

@@ -130,7 +130,7 @@ def test_aging_bounds_a_cold_requests_wait(make_harness) -> None:
     harness.submit("warm", hot_base, max_tokens=1)
     harness.run()
     harness.submit("cold", prompt(40, seed=15), max_tokens=1)
-    bound = 256 / engine.order.aging_tokens_per_second  # max_model_len / rate
+    bound = 256 / engine.scheduler.order.aging_tokens_per_second  # max_model_len / rate
     step_seconds = 0.01
     waited = 0.0
     for i in range(1000):
@@ -271,7 +271,7 @@ def test_a_queued_request_prefetches_its_disk_pages_once(make_harness, monkeypat
     harness.step()  # "again" waits: its disk pages start towards host
     harness.step()  # the copy, completed, is applied
     assert len(prefetched) == 1  # once, not every step it waits
-    assert harness.engine.requests["again"] in harness.engine.waiting
+    assert harness.engine.requests["again"] in harness.engine.scheduler.waiting
     disk_to_host = harness.cache.counters.transfer_bytes[(Tier.DISK, Tier.HOST)]
     assert disk_to_host > 0
     harness.run()
