@@ -149,7 +149,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     )
 
 
-def run_serve(settings: ServeSettings) -> None:
+def run_serve(settings: ServeSettings) -> int:
     """Load the model, start the engine (warm-up, disk index), serve until SIGTERM."""
     import torch  # heavy imports only once the flags are known to be good
 
@@ -180,7 +180,7 @@ def run_serve(settings: ServeSettings) -> None:
         engine, loaded.tokenizer, settings.server, name, engine.max_model_len, clock=engine.clock
     )
     print(f"serving {name} on http://{settings.server.host}:{settings.server.port}", flush=True)
-    serve(app, engine, settings.server)
+    return serve(app, engine, settings.server)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -204,10 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        run_serve(settings)
+        return run_serve(settings)
     except TieredKVError as exc:
         print(f"tieredkv serve: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl+C while loading, before the server handles signals
         return 130
-    return 0

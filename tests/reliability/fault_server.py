@@ -14,6 +14,9 @@ The faults come from the environment variable TKV_FAULTS, a JSON object (every k
                                         "<start|done> <offset> <num_bytes> <zero|data>"
     audit_log: path                     one line per object unpickled in this process
     umask: int                          the process umask (e.g. 0, to check exact file modes)
+    hang_payload: n                     the n-th payload write blocks for ever (stuck I/O)
+    kill_engine_after_steps: n          engine steps after the n-th raise, and so does failing
+                                        their requests: the engine thread dies
 
 Runtime faults are armed once the engine has started (warm-up done, disk index rebuilt), so
 their counts are relative to serving. A "crash" is a real SIGKILL of this process, sent from
@@ -77,6 +80,8 @@ class KillingIO(FaultInjectingIO):
             with self._count_lock:
                 self.counts[kind] += 1
                 count = self.counts[kind]
+            if kind == "payload" and self.spec.get("hang_payload") == count:
+                threading.Event().wait()  # stuck I/O: this write never returns
             target = self.spec.get(f"tear_{kind}")
             if target is not None and target[0] == count:
                 # the torn write itself, then the kill: nothing else of this write lands
@@ -108,6 +113,37 @@ def _audit_unpickling(path: str) -> None:
     sys.addaudithook(hook)
 
 
+def _kill_engine_after(num_steps: int) -> None:
+    """Steps after the first `num_steps` (counted once serving) raise, and so does failing
+    their requests: the engine thread dies."""
+    from tieredkv.engine.engine import Engine
+
+    step = Engine.step
+    steps = [0]
+    serving = threading.Event()
+
+    def failing_step(self: Engine) -> bool:
+        if serving.is_set():
+            steps[0] += 1
+            if steps[0] > num_steps:
+                raise RuntimeError("injected: secret-detail-of-a-step")
+        return step(self)
+
+    def failing_fail_all(self: Engine, message: str) -> None:
+        raise RuntimeError("injected: secret-detail-of-fail-all")
+
+    Engine.step = failing_step  # type: ignore[method-assign]
+    Engine.fail_all = failing_fail_all  # type: ignore[method-assign]
+    start = AsyncEngine.start.__func__  # type: ignore[attr-defined]
+
+    def start_then_count(cls: type[AsyncEngine], *args: Any, **kwargs: Any) -> AsyncEngine:
+        engine = start(cls, *args, **kwargs)
+        serving.set()
+        return engine
+
+    AsyncEngine.start = classmethod(start_then_count)  # type: ignore[method-assign]
+
+
 def _disk_dir(argv: list[str]) -> Path | None:
     return Path(argv[argv.index("--disk-cache-dir") + 1]) if "--disk-cache-dir" in argv else None
 
@@ -118,6 +154,8 @@ def main(argv: list[str]) -> int:
         os.umask(spec["umask"])
     if "audit_log" in spec:
         _audit_unpickling(spec["audit_log"])
+    if "kill_engine_after_steps" in spec:
+        _kill_engine_after(spec["kill_engine_after_steps"])
     io = KillingIO(spec)
     start = AsyncEngine.start.__func__  # type: ignore[attr-defined]
 

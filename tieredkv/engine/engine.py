@@ -210,7 +210,8 @@ class Engine:
         self.recorder.request_finished(request, reason, self.clock())
 
     def fail_all(self, message: str) -> None:
-        """An unexpected error in a step: every request ends with an error, pages freed."""
+        """An unexpected error in a step: every request ends with `message` (generic: never
+        an exception's text, which could carry another request's details), pages freed."""
         for request in [*self.scheduler.running, *self.scheduler.waiting]:
             logger.error("request %s failed: %s", request.request_id, message)
             self._finish(request, FinishReason.ERROR, error=message)

@@ -42,6 +42,7 @@ class FakeEngine(EngineClient):
     closed_early: list[str] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     flushes: int = 0
+    closed: bool = True  # nothing to close: a runner's shutdown never waits for it
     flush_scopes: list[Callable[[str], bool] | None] = field(default_factory=list)
     closed_event: threading.Event = field(default_factory=threading.Event)
 
