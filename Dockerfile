@@ -9,6 +9,7 @@ COPY pyproject.toml README.md ./
 COPY tieredkv ./tieredkv
 COPY kernels ./kernels
 COPY server ./server
+COPY deploy/entrypoint.sh /usr/local/bin/tieredkv-entrypoint
 RUN pip install --no-cache-dir .
 
 # The converted default model and the disk tier both live on the volume.
@@ -19,4 +20,6 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=120s \
   CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health')"
 # SIGTERM drains in-flight requests and leaves the disk store clean (exits within 10 s).
 STOPSIGNAL SIGTERM
-CMD ["tieredkv", "serve", "--host", "0.0.0.0", "--disk-cache-dir", "/data/kv", "--disk-cache-size", "16GiB"]
+# Serves on every interface, so never without a key: $TIEREDKV_API_KEY, else the key file on
+# the volume (/data/api-key, generated on first start; the log says where).
+ENTRYPOINT ["tieredkv-entrypoint"]

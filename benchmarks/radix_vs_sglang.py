@@ -12,14 +12,14 @@ a time; page size 16; 8,192 device pages (60% of the final working set), so most
 evict (about 43% of prompt tokens hit: LRU keeps the histories of users who come back soon).
 
 tieredkv is driven through the engine's own `RequestPages` (tieredkv/engine/request_pages.py),
-with `Request` objects and no model: arrival (match), admission (match, promote: a done ticket
-on a device-only cache, lock), then prefill in 2,048-token chunks (`grow`, then `insert_computed`
-after each chunk), decode one token per step (`grow` as pages fill), and `release` at finish
-(insert prompt + output[:-1], free, unlock). The engine also inserts a page as each fills during
-decode; SGLang does not, so this replay inserts only after prefill chunks and at finish on both
-sides, and both trees see the same inserts. Timed: `TieredCache.match` and `TieredCache.insert`
-(wrapped on the instance), and `Demoter.make_room` when the device is short (the eviction inside
-`allocate`).
+with `Request` objects holding a `CacheHandle` and no model: arrival (match), admission (match,
+promote: a done ticket on a device-only cache, lock), then prefill in 2,048-token chunks
+(`grow`, then `insert_computed` after each chunk), decode one token per step (`grow` as pages
+fill), and `release` at finish (insert prompt + output[:-1], free, unlock). The engine also
+inserts a page as each fills during decode; SGLang does not, so this replay inserts only after
+prefill chunks and at finish on both sides, and both trees see the same inserts. Timed:
+`TieredCache.match` and `TieredCache.insert` (wrapped on the instance, which the handle calls),
+and `Demoter.make_room` when the device is short (the eviction inside `allocate`).
 
 SGLang (0.5.23, its `RadixCache` with LRU eviction over its `PagedTokenToKVPoolAllocator` on
 CPU) is driven as its scheduler drives it: match twice (fill ids up to len - 1), lock, evict the
@@ -152,8 +152,9 @@ class TieredkvReplay:
 
     def run(self, turn: Turn, seq_id: int) -> None:
         spec = GenerationRequest(f"r{seq_id}", tuple(turn.prompt), SamplingParams())
+        kv = self.cache.new_handle(spec.namespace)
         # RequestPages never reads the output processor or the generator: no model needed
-        request = Request(spec, seq_id, output=None, generator=None)  # type: ignore[arg-type]
+        request = Request(spec, seq_id, output=None, generator=None, kv=kv)  # type: ignore[arg-type]
         pages = self.pages
         pages.on_arrival(request)
         assert pages.admit(request), "a device-only match promotes at once"

@@ -3,51 +3,27 @@ flush and (optionally) the cache debug view, all errors in OpenAI's shape."""
 
 from __future__ import annotations
 
-import hmac
 import time
 from collections.abc import Callable
-from typing import Annotated
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from tieredkv import __version__
-from tieredkv.config import ServerConfig
+from tieredkv.config import KeyGrant, ServerConfig
 from tieredkv.engine.protocol import EngineClient, EngineUnavailableError
 from tieredkv.model.tokenizer import ChatTokenizer
 
+from .auth import key_checker, require_admin
 from .completions import CompletionHandler
-from .errors import APIError, install_error_handlers
+from .connections import SendStallLimit
+from .errors import install_error_handlers
 from .openapi import body_spec, error_responses, install_openapi
 from .schemas import ChatCompletionRequest, CompletionRequest
-from .translate import check_model
+from .translate import check_model, in_tenant
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-# Module-level so FastAPI can resolve the annotation (the dependency sees the Bearer token).
-_BEARER = HTTPBearer(auto_error=False)
-BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
-
-
-def _auth_dependency(api_key: str | None) -> Callable:
-    """A dependency refusing requests without the Bearer `api_key` (401); compared in
-    constant time. No key: everything passes."""
-    expected = api_key.encode() if api_key is not None else None
-
-    async def require_api_key(
-        credentials: BearerCredentials,
-    ) -> None:
-        if expected is None:
-            return
-        given = credentials.credentials.encode() if credentials is not None else b""
-        if credentials is None or not hmac.compare_digest(given, expected):
-            raise APIError(
-                401, "missing or invalid API key", "authentication_error", None, "invalid_api_key"
-            )
-
-    return require_api_key
 
 
 def create_app(
@@ -60,30 +36,30 @@ def create_app(
 ) -> FastAPI:
     """The app serving `engine` as the model `model_name`. `clock` stamps each request's
     arrival_time and must be the engine's clock. /health and /metrics are never guarded;
-    /v1/* and /debug/* need the Bearer key when `server_config.api_key` is set."""
-    app = FastAPI(title="tieredkv", version=__version__, docs_url=None, redoc_url=None)
+    /v1/*, /debug/* and /openapi.json need a Bearer key when keys are configured (`auth`)."""
+    app = FastAPI(
+        title="tieredkv", version=__version__, docs_url=None, redoc_url=None, openapi_url=None
+    )
     install_error_handlers(app)
-    auth = [Depends(_auth_dependency(server_config.api_key))]
+    authenticated = Depends(key_checker(server_config))  # the caller's KeyGrant
     handler = CompletionHandler(engine, tokenizer, server_config, model_name, max_model_len, clock)
     created = int(time.time())
 
     @app.post(
         "/v1/chat/completions",
-        dependencies=auth,
         openapi_extra=body_spec(ChatCompletionRequest),
-        responses=error_responses(400, 401, 404, 413, 429, 503),
+        responses=error_responses(400, 401, 404, 408, 413, 429, 503),
     )
-    async def chat_completions(request: Request) -> Response:
-        return await handler.chat(request)
+    async def chat_completions(request: Request, caller: KeyGrant = authenticated) -> Response:
+        return await handler.chat(request, caller)
 
     @app.post(
         "/v1/completions",
-        dependencies=auth,
         openapi_extra=body_spec(CompletionRequest),
-        responses=error_responses(400, 401, 404, 413, 429, 503),
+        responses=error_responses(400, 401, 404, 408, 413, 429, 503),
     )
-    async def completions(request: Request) -> Response:
-        return await handler.completion(request)
+    async def completions(request: Request, caller: KeyGrant = authenticated) -> Response:
+        return await handler.completion(request, caller)
 
     def model_card() -> dict:
         return {
@@ -94,12 +70,12 @@ def create_app(
             "max_model_len": max_model_len,
         }
 
-    @app.get("/v1/models", dependencies=auth, responses=error_responses(401))
-    async def list_models() -> dict:
+    @app.get("/v1/models", responses=error_responses(401))
+    async def list_models(caller: KeyGrant = authenticated) -> dict:
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model:path}", dependencies=auth, responses=error_responses(401, 404))
-    async def get_model(model: str) -> dict:
+    @app.get("/v1/models/{model:path}", responses=error_responses(401, 404))
+    async def get_model(model: str, caller: KeyGrant = authenticated) -> dict:
         check_model(model, model_name)
         return model_card()
 
@@ -114,19 +90,30 @@ def create_app(
     async def metrics() -> Response:
         return Response(engine.render_metrics(), media_type=PROMETHEUS_CONTENT_TYPE)
 
-    @app.post("/v1/cache/flush", dependencies=auth, responses=error_responses(401, 503))
-    async def flush_cache() -> dict:
+    @app.post("/v1/cache/flush", responses=error_responses(401, 503))
+    async def flush_cache(caller: KeyGrant = authenticated) -> dict:
+        """Every namespace for an admin key, the caller's tenant's for a tenant key."""
         _require_ready(engine)
-        return {"flushed_pages": await engine.flush_cache()}
+        tenant = caller.tenant
+        if caller.admin or tenant is None:
+            return {"flushed_pages": await engine.flush_cache()}
+        return {"flushed_pages": await engine.flush_cache(lambda name: in_tenant(name, tenant))}
 
     if server_config.debug_endpoints:
 
-        @app.get("/debug/cache", dependencies=auth, responses=error_responses(401, 503))
-        async def debug_cache() -> dict:
+        @app.get("/debug/cache", responses=error_responses(401, 403, 503))
+        async def debug_cache(caller: KeyGrant = authenticated) -> dict:
+            require_admin(caller, "/debug/cache")
             _require_ready(engine)
             return await engine.debug_cache()
 
     install_openapi(app)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_document(caller: KeyGrant = authenticated) -> dict[str, Any]:
+        return app.openapi()
+
+    app.add_middleware(SendStallLimit, seconds=server_config.stall_timeout_s)
     return app
 
 

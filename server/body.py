@@ -12,6 +12,7 @@ import logging
 import re
 from typing import TypeVar
 
+import anyio
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
@@ -32,21 +33,26 @@ def _too_large(limit: int) -> APIError:
     return APIError(413, message, "invalid_request_error", None, "request_too_large")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, or 413 as soon as it is known to exceed `limit` bytes."""
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body, or 413 as soon as it is known to exceed `limit` bytes, or 408 when it
+    has not all arrived `timeout_s` after the headers."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
-            chunks.append(chunk)
+        with anyio.fail_after(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(limit)
+                chunks.append(chunk)
     except ClientDisconnect as exc:
         raise ClientGone() from exc
+    except TimeoutError:
+        message = f"the request body did not arrive within {timeout_s:g} s"
+        raise APIError(408, message, "invalid_request_error", None, "request_timeout") from None
     return b"".join(chunks)
 
 
@@ -87,6 +93,8 @@ def parse_body(body: bytes, model: type[ModelT]) -> ModelT:
     return parsed
 
 
-async def read_request(request: Request, limit: int, model: type[ModelT]) -> ModelT:
+async def read_request(
+    request: Request, limit: int, timeout_s: float, model: type[ModelT]
+) -> ModelT:
     """`read_body` then `parse_body`."""
-    return parse_body(await read_body(request, limit), model)
+    return parse_body(await read_body(request, limit, timeout_s), model)

@@ -7,17 +7,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from tieredkv.config import ServerConfig
+from tieredkv.config import KeyGrant, ServerConfig
 from tieredkv.engine.protocol import EngineClient, GenerationRequest
 from tieredkv.model.tokenizer import ChatTokenizer
 
 from .body import read_request
 from .responses import ResponseFormatter, finish_error, new_request_id, usage_body
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
-from .streaming import collect, first_output, sse_events, unless_disconnected
+from .streaming import (
+    ClosingStreamingResponse,
+    collect,
+    first_output,
+    sse_events,
+    unless_disconnected,
+)
 from .translate import (
     chat_prompt_ids,
     check_chat_supported,
@@ -43,12 +49,19 @@ class CompletionHandler:
     max_model_len: int
     clock: Callable[[], float]
 
-    async def chat(self, request: Request) -> Response:
+    async def chat(self, request: Request, grant: KeyGrant) -> Response:
         arrival = self.clock()
-        body = await read_request(request, self.config.max_request_bytes, ChatCompletionRequest)
+        body = await read_request(
+            request,
+            self.config.max_request_bytes,
+            self.config.body_timeout_s,
+            ChatCompletionRequest,
+        )
         check_model(body.model, self.model_name)
         check_chat_supported(body)
-        namespace = resolve_namespace(body.cache_salt, request.headers.get(NAMESPACE_HEADER))
+        namespace = resolve_namespace(
+            body.cache_salt, request.headers.get(NAMESPACE_HEADER), grant.tenant
+        )
         prompt_ids = await run_in_threadpool(chat_prompt_ids, body, self.tokenizer)
         max_tokens = (
             body.max_completion_tokens
@@ -59,12 +72,19 @@ class CompletionHandler:
             request, body, True, prompt_ids, max_tokens, "messages", namespace, arrival
         )
 
-    async def completion(self, request: Request) -> Response:
+    async def completion(self, request: Request, grant: KeyGrant) -> Response:
         arrival = self.clock()
-        body = await read_request(request, self.config.max_request_bytes, CompletionRequest)
+        body = await read_request(
+            request,
+            self.config.max_request_bytes,
+            self.config.body_timeout_s,
+            CompletionRequest,
+        )
         check_model(body.model, self.model_name)
         check_completion_supported(body)
-        namespace = resolve_namespace(body.cache_salt, request.headers.get(NAMESPACE_HEADER))
+        namespace = resolve_namespace(
+            body.cache_salt, request.headers.get(NAMESPACE_HEADER), grant.tenant
+        )
         prompt_ids = await run_in_threadpool(completion_prompt_ids, body, self.tokenizer)
         return await self._generate(
             request, body, False, prompt_ids, body.max_tokens, "prompt", namespace, arrival
@@ -98,7 +118,9 @@ class CompletionHandler:
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             events = sse_events(outputs, first, formatter, include_usage, len(prompt_ids))
-            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+            return ClosingStreamingResponse(
+                events, media_type="text/event-stream", headers=SSE_HEADERS
+            )
         result = await unless_disconnected(request, collect(outputs, first))
         assert result.last is not None, "collect returns only a finished result"
         error = finish_error(result.last.finish_reason, result.last.error)

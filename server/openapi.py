@@ -20,7 +20,9 @@ _REF = "#/components/schemas/{model}"
 _STATUS_TEXT = {
     400: "Invalid request",
     401: "Missing or wrong API key",
+    403: "The key may not do this",
     404: "Unknown model or route",
+    408: "Headers or body not sent in time",
     413: "Body larger than --max-request-bytes",
     429: "The queue is full",
     503: "Starting or shutting down",

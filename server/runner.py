@@ -5,12 +5,18 @@ lets running requests finish for part of its timeout, then aborts the rest, lets
 flight complete and closes the disk store), while uvicorn stops accepting connections and
 waits for the open ones, whose streams end as the engine finishes or aborts them. Everything
 fits in DRAIN_SECONDS + GRACE_SECONDS, under the contract's 10 s. A second Ctrl+C forces exit.
+If the engine could not close its cache in time (stuck I/O), the process exits at once rather
+than wait for the stuck threads.
+
+If the engine dies (`/health` says `"engine": "dead"`), the server shuts down the same way and
+`serve` returns 1, so a supervisor restarts it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from types import FrameType
 from typing import Protocol
@@ -20,17 +26,26 @@ from fastapi import FastAPI
 
 from tieredkv.config import ServerConfig
 
+from .connections import guarded_protocol
+
 log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 6.0  # engine.shutdown(timeout=...): finish, then abort in-flight requests
 GRACE_SECONDS = 7.0  # uvicorn's wait for open connections (they close once drained)
 FINAL_SECONDS = 2.0  # the rest of the engine shutdown after the connections closed
+WATCH_SECONDS = 0.2  # how often the server checks that the engine is alive
+DEATH_LINGER_SECONDS = 2.0  # /health answers 503 this long before a dead engine's server exits
 
 
 class DrainableEngine(Protocol):
     """What the runner needs of the engine (AsyncEngine has it)."""
 
     async def shutdown(self, timeout: float = ...) -> None: ...
+
+    def health(self) -> dict: ...
+
+    @property
+    def closed(self) -> bool: ...
 
 
 class GracefulServer(uvicorn.Server):
@@ -41,10 +56,25 @@ class GracefulServer(uvicorn.Server):
         self._engine = engine
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[None] | None = None
+        self.engine_died = False
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
+        watch = asyncio.ensure_future(self._watch_engine())
+        try:
+            await super().serve(sockets)
+        finally:
+            watch.cancel()
+
+    async def _watch_engine(self) -> None:
+        while not self.should_exit:
+            if self._engine.health().get("engine") == "dead":
+                log.critical("the engine died: shutting down, exit status 1")
+                self.engine_died = True
+                await asyncio.sleep(DEATH_LINGER_SECONDS)  # health checks see the 503
+                self.should_exit = True  # uvicorn's own graceful shutdown, as on SIGTERM
+                return
+            await asyncio.sleep(WATCH_SECONDS)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
@@ -72,16 +102,30 @@ class GracefulServer(uvicorn.Server):
             log.error("the engine did not shut down in time; exiting anyway")
 
 
-def serve(app: FastAPI, engine: DrainableEngine, server_config: ServerConfig) -> None:
-    """Serve `app` on --host/--port until SIGTERM/SIGINT; returns after a graceful shutdown."""
-    config = uvicorn.Config(
+def uvicorn_config(
+    app: FastAPI, server_config: ServerConfig, log_level: str = "info"
+) -> uvicorn.Config:
+    """uvicorn (uvloop, h11) on --host/--port with the connection limits (`connections`)."""
+    return uvicorn.Config(
         app,
         host=server_config.host,
         port=server_config.port,
         loop="uvloop",
-        http="h11",
+        http=guarded_protocol(server_config.max_connections, server_config.header_timeout_s),
         lifespan="off",
-        log_level="info",
+        log_level=log_level,
         timeout_graceful_shutdown=int(GRACE_SECONDS),
     )
-    GracefulServer(config, engine).run()
+
+
+def serve(app: FastAPI, engine: DrainableEngine, server_config: ServerConfig) -> int:
+    """Serve `app` on --host/--port until SIGTERM/SIGINT or the engine's death; returns the
+    exit status (0, or 1 when the engine died) after a graceful shutdown."""
+    server = GracefulServer(uvicorn_config(app, server_config), engine)
+    server.run()
+    status = 1 if server.engine_died else 0
+    if not engine.closed:  # stuck I/O: its threads would block the interpreter's exit
+        log.error("exiting without waiting for the engine's stuck threads")
+        logging.shutdown()
+        os._exit(status or 1)
+    return status

@@ -45,8 +45,17 @@ class SamplingFields(_Request):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, le=INT64_MAX, description="0 or -1: off")
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    stop: str | list[str] | None = Field(
+        None, description="Up to 4 strings of at most 256 characters each"
+    )
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="Up to 64 token ids"
+    )
+    logit_bias: dict[str, float] | None = Field(
+        None, description="Not supported yet: must be absent or empty"
+    )
+    presence_penalty: float | None = Field(None, description="Not supported yet: absent or 0")
+    frequency_penalty: float | None = Field(None, description="Not supported yet: absent or 0")
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=INT64_MAX)
     n: int | None = Field(None, description="Only 1 is supported")

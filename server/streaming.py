@@ -16,6 +16,8 @@ from typing import TypeVar
 
 import anyio
 from fastapi import Request
+from fastapi.responses import StreamingResponse
+from starlette.types import Send
 
 from tieredkv.engine.protocol import RequestOutput
 
@@ -149,3 +151,17 @@ async def sse_events(
         if not finished:
             await close_quietly(iterator)
     yield DONE_EVENT
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A streaming response that closes its body iterator however sending ends (a send that
+    fails leaves the generator suspended at a `yield`; closing it aborts the request now)."""
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()

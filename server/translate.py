@@ -20,6 +20,9 @@ from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 log = logging.getLogger(__name__)
 
 MAX_NAMESPACE_BYTES = 256
+MAX_STOPS = 4  # OpenAI's limit
+MAX_STOP_CHARS = 256  # text is held back while it could still start a stop string
+MAX_STOP_TOKEN_IDS = 64
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
 
@@ -32,7 +35,7 @@ def check_model(requested: str | None, served: str) -> None:
 
 def check_chat_supported(req: ChatCompletionRequest) -> None:
     """400 for known fields whose values we cannot honour."""
-    _check_n(req.n)
+    _check_common(req)
     if req.tools:
         raise bad_request("tools are not supported", "tools")
     if req.response_format is not None and req.response_format.type != "text":
@@ -44,7 +47,7 @@ def check_chat_supported(req: ChatCompletionRequest) -> None:
 
 
 def check_completion_supported(req: CompletionRequest) -> None:
-    _check_n(req.n)
+    _check_common(req)
     if req.best_of not in (None, 1):
         raise bad_request("only best_of = 1 is supported", "best_of")
     if req.logprobs is not None:
@@ -55,14 +58,32 @@ def check_completion_supported(req: CompletionRequest) -> None:
         raise bad_request("suffix is not supported", "suffix")
 
 
-def _check_n(n: int | None) -> None:
-    if n is not None and n != 1:
-        raise bad_request(f"only n = 1 is supported, got {n}", "n")
+def _check_common(req: SamplingFields) -> None:
+    if req.n is not None and req.n != 1:
+        raise bad_request(f"only n = 1 is supported, got {req.n}", "n")
+    if req.logit_bias:
+        raise bad_request("logit_bias is not supported yet", "logit_bias")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name):
+            raise bad_request(f"{name} is not supported yet", name)
 
 
-def resolve_namespace(cache_salt: str | None, header: str | None) -> str:
+def tenant_namespace(tenant: str, salt: str | None = None) -> str:
+    """A tenant's namespace, or one subdivision of it. No salt or header can name it (they
+    cannot hold NUL), so no request escapes into another tenant's namespace."""
+    return f"\0tenant\0{tenant}" if salt is None else f"\0tenant\0{tenant}\0{salt}"
+
+
+def in_tenant(namespace: str, tenant: str) -> bool:
+    """Is `namespace` the tenant's own or one of its subdivisions?"""
+    own = tenant_namespace(tenant)
+    return namespace == own or namespace.startswith(own + "\0")
+
+
+def resolve_namespace(cache_salt: str | None, header: str | None, tenant: str | None) -> str:
     """The cache namespace from `cache_salt` or the X-Cache-Namespace header (as Starlette
-    decoded it, latin-1); both must agree; empty or over 256 UTF-8 bytes is refused."""
+    decoded it, latin-1); both must agree; empty, over 256 UTF-8 bytes or holding NUL is
+    refused. A tenant's requests live in its namespace, which a salt subdivides."""
     if header is not None:
         try:
             header = header.encode("latin-1").decode("utf-8")
@@ -71,14 +92,17 @@ def resolve_namespace(cache_salt: str | None, header: str | None) -> str:
     if cache_salt is not None and header is not None and cache_salt != header:
         raise bad_request("cache_salt and X-Cache-Namespace differ", "cache_salt")
     namespace = cache_salt if cache_salt is not None else header
-    if namespace is None:
-        return DEFAULT_NAMESPACE
-    param = "cache_salt" if cache_salt is not None else "X-Cache-Namespace"
-    if not namespace:
-        raise bad_request("the cache namespace must not be empty", param)
-    if len(namespace.encode("utf-8")) > MAX_NAMESPACE_BYTES:
-        raise bad_request(f"the cache namespace is over {MAX_NAMESPACE_BYTES} bytes", param)
-    return namespace
+    if namespace is not None:
+        param = "cache_salt" if cache_salt is not None else "X-Cache-Namespace"
+        if not namespace:
+            raise bad_request("the cache namespace must not be empty", param)
+        if len(namespace.encode("utf-8")) > MAX_NAMESPACE_BYTES:
+            raise bad_request(f"the cache namespace is over {MAX_NAMESPACE_BYTES} bytes", param)
+        if "\0" in namespace:
+            raise bad_request("the cache namespace must not contain NUL", param)
+    if tenant is not None:
+        return tenant_namespace(tenant, namespace)
+    return DEFAULT_NAMESPACE if namespace is None else namespace
 
 
 def chat_prompt_ids(req: ChatCompletionRequest, tokenizer: ChatTokenizer) -> list[int]:
@@ -152,6 +176,13 @@ def sampling_params(
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     if any(not s for s in stop):
         raise bad_request("stop strings must not be empty", "stop")
+    if len(stop) > MAX_STOPS:
+        raise bad_request(f"at most {MAX_STOPS} stop strings, got {len(stop)}", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise bad_request(f"a stop string has at most {MAX_STOP_CHARS} characters", "stop")
+    if len(req.stop_token_ids or ()) > MAX_STOP_TOKEN_IDS:
+        message = f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids"
+        raise bad_request(message, "stop_token_ids")
     stop_ids = frozenset(req.stop_token_ids or ())
     if any(not 0 <= i < vocab_size for i in stop_ids):
         raise bad_request(f"stop_token_ids must be in [0, {vocab_size})", "stop_token_ids")

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tieredkv.api_keys import API_KEY_ENV, read_api_keys_file, single_api_key
 from tieredkv.bench import BENCHMARKS
 from tieredkv.config import (
     CacheConfig,
@@ -82,7 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-num-seqs", type=_positive_int, default=EngineConfig.max_num_seqs)
     add("--max-queue", type=_positive_int, default=EngineConfig.max_queue)
     add("--max-request-bytes", type=_size, default=DEFAULT_MAX_REQUEST_BYTES, metavar="SIZE")
-    add("--api-key", default=None, help="require this Bearer token on /v1/*")
+    add("--max-connections", type=_positive_int, default=ServerConfig.max_connections,
+        help="open connections; one more is answered 503 and closed")  # fmt: skip
+    add("--api-key", default=None,
+        help=f"an admin Bearer token (better: --api-key-file or ${API_KEY_ENV})")  # fmt: skip
+    add("--api-key-file", type=Path, default=None, metavar="PATH",
+        help="a file holding the admin key (mode 600)")  # fmt: skip
+    add("--api-keys-file", type=Path, default=None, metavar="PATH",
+        help="keys bound to tenants: `KEY TENANT ROLE` per line, ROLE admin|tenant")  # fmt: skip
     add("--no-cache", action="store_true", help="no prefix reuse at all (recompute baseline)")
     add("--debug-endpoints", action="store_true", help="serve GET /debug/cache")
     bench = commands.add_parser("bench", help=f"benchmarks ({', '.join(BENCHMARKS)})")
@@ -109,8 +117,10 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         host=args.host,
         port=args.port,
         served_model_name=args.served_model_name,
-        api_key=args.api_key,
+        api_key=single_api_key(args.api_key, args.api_key_file),
+        api_keys=read_api_keys_file(args.api_keys_file) if args.api_keys_file else {},
         max_request_bytes=args.max_request_bytes,
+        max_connections=args.max_connections,
         debug_endpoints=args.debug_endpoints,
     )
     cache_fields = (
@@ -139,7 +149,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     )
 
 
-def run_serve(settings: ServeSettings) -> None:
+def run_serve(settings: ServeSettings) -> int:
     """Load the model, start the engine (warm-up, disk index), serve until SIGTERM."""
     import torch  # heavy imports only once the flags are known to be good
 
@@ -170,7 +180,7 @@ def run_serve(settings: ServeSettings) -> None:
         engine, loaded.tokenizer, settings.server, name, engine.max_model_len, clock=engine.clock
     )
     print(f"serving {name} on http://{settings.server.host}:{settings.server.port}", flush=True)
-    serve(app, engine, settings.server)
+    return serve(app, engine, settings.server)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -194,10 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        run_serve(settings)
+        return run_serve(settings)
     except TieredKVError as exc:
         print(f"tieredkv serve: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl+C while loading, before the server handles signals
         return 130
-    return 0

@@ -125,8 +125,8 @@ class CacheConfig:
     disk_cache_dir: Path | None = None
     disk_cache_bytes: int = 0
     # the benchmark's choice: write-through at page 16 had the lowest reuse-round TTFT p50 in
-    # two runs of `tieredkv bench multiturn --dtype bfloat16 --compare-policies` (142 ms vs
-    # 157-165 for write-back; README "Performance")
+    # two runs of the write-policy x page-size grid (benchmarks/policy_grid.py) in bf16 (142 ms
+    # vs 157-165 for write-back; README "Performance")
     write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
     enable_prefix_reuse: bool = True  # False is `--no-cache`: the recompute baseline
 
@@ -170,15 +170,30 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class KeyGrant:
+    """What an API key may do. A key with a tenant serves requests in that tenant's namespace
+    only; an admin key also flushes every namespace and reads the debug endpoints."""
+
+    tenant: str | None
+    admin: bool
+
+
+@dataclass(frozen=True)
 class ServerConfig:
-    """The HTTP front end."""
+    """The HTTP front end. `api_key` is one admin key without a tenant; `api_keys` maps keys
+    to their grants (`--api-keys-file`). With neither, every request passes, as an admin."""
 
     host: str = "127.0.0.1"
     port: int = 8000
     served_model_name: str | None = None
     api_key: str | None = None
+    api_keys: dict[str, KeyGrant] = field(default_factory=dict)
     max_request_bytes: int = 1 << 20
     debug_endpoints: bool = False
+    max_connections: int = 512  # open connections; one more is answered 503 and closed
+    header_timeout_s: float = 10.0  # a request's headers, from its first byte
+    body_timeout_s: float = 10.0  # a request's body, from its headers
+    stall_timeout_s: float = 30.0  # a response whose reader takes nothing this long is dropped
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -187,3 +202,20 @@ class ServerConfig:
             raise ConfigError(
                 f"ServerConfig.max_request_bytes must be > 0, got {self.max_request_bytes}"
             )
+        if self.max_connections <= 0:
+            raise ConfigError(
+                f"ServerConfig.max_connections must be > 0, got {self.max_connections}"
+            )
+        if self.api_key is not None and not self.api_key:
+            raise ConfigError("ServerConfig.api_key must not be empty")
+        if self.api_key is not None and self.api_key in self.api_keys:
+            raise ConfigError("ServerConfig.api_key is also in api_keys")
+        for name in ("header_timeout_s", "body_timeout_s", "stall_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"ServerConfig.{name} must be > 0, got {getattr(self, name)}")
+
+    @property
+    def grants(self) -> dict[str, KeyGrant]:
+        """Every accepted key and its grant (empty: no key is required)."""
+        single = {} if self.api_key is None else {self.api_key: KeyGrant(None, admin=True)}
+        return {**self.api_keys, **single}

@@ -1,12 +1,11 @@
 """Start `tieredkv serve` with tcmalloc and Intel OpenMP preloaded when the machine has them.
 
-Both matter on CPU, measured on this project's 2-core machine (bf16 decode of the default
-model): the engine runs the model on its own thread, and GNU OpenMP pays about 13 ms a step
-there (43 ms against 29 ms on the main thread); Intel OpenMP does not (32 ms). glibc's allocator
-hands large freed blocks back to the kernel, so every step's big activations fault their pages
-in again; tcmalloc keeps them (2k-token prefill 2,700 -> 3,500 tok/s). vLLM's CPU docs
-recommend the same pair. A library can only be preloaded before the process starts, so `serve`
-re-executes itself once with LD_PRELOAD set. TIEREDKV_NO_PRELOAD=1 opts out.
+Both matter on CPU (the README's "Where the code departs" has the figures): the engine runs the
+model on its own thread, where GNU OpenMP slows every step and Intel OpenMP does not; glibc's
+allocator hands large freed blocks back to the kernel, so every step's big activations fault
+their pages in again, and tcmalloc keeps them. vLLM's CPU docs recommend the same pair. A
+library can only be preloaded before the process starts, so `serve` re-executes itself once
+with LD_PRELOAD set. TIEREDKV_NO_PRELOAD=1 opts out.
 """
 
 from __future__ import annotations

@@ -22,13 +22,33 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        self.port = free_port()
+    """`tieredkv serve ARGS --port P`; or, given `command`, that command (it must serve on
+    `port`, e.g. the container's entrypoint) with `env` added to the environment."""
+
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+    ) -> None:
+        self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        command = [sys.executable, "-c", "from tieredkv.cli import main; raise SystemExit(main())"]
-        command += ["serve", "--port", str(self.port), *args]
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+        if command is None:
+            command = [
+                sys.executable,
+                "-c",
+                "from tieredkv.cli import main; raise SystemExit(main())",
+            ]
+            command += ["serve", "--port", str(self.port)]
+        command = [*command, *args]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
+            **(env or {}),
+        }
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             command, stdout=self._log, stderr=subprocess.STDOUT, env=env

@@ -14,7 +14,9 @@ from tieredkv.kernels import reference
 Q_LENS = [1, 5, 9, 1, 20]
 KV_LENS = [32, 16, 9, 1, 37]
 DECODE_KV_LENS = [1, 4, 17, 45, 64]
-HEADS = [(2, 2), (6, 2)]  # MHA, and GQA with a group of 3 (like the default model's 9/3)
+# (num_heads, num_kv_heads, head_dim): MHA, GQA with a group of 3, and the default model's
+# shapes (9 query heads over 3 kv heads of 64)
+HEADS = [(2, 2, 16), (6, 2, 16), (9, 3, 64)]
 
 
 def tolerance(dtype: torch.dtype) -> dict:
@@ -22,13 +24,14 @@ def tolerance(dtype: torch.dtype) -> dict:
 
 
 @pytest.mark.parametrize("page_size", [4, 8, 16])
-@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), HEADS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_matches_reference(
-    triton_kernels, device, page_size, num_heads, num_kv_heads, dtype
+    triton_kernels, device, page_size, num_heads, num_kv_heads, head_dim, dtype
 ):
     case = make_case(Q_LENS, KV_LENS, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                     head_dim=16, page_size=page_size, dtype=dtype, device=device)  # fmt: skip
+                     head_dim=head_dim, page_size=page_size, dtype=dtype,
+                     device=device)  # fmt: skip
     out = triton_kernels.paged_prefill_attention(*case.prefill_args(), block_m=16, block_n=16)
     expected = reference.paged_prefill_attention(*case.prefill_args())
     assert out.dtype == dtype and not out.isnan().any()
@@ -57,14 +60,15 @@ def test_prefill_reads_strided_q(triton_kernels, device):
 
 
 @pytest.mark.parametrize("page_size", [4, 8, 16])
-@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), HEADS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_matches_reference(
-    triton_kernels, device, page_size, num_heads, num_kv_heads, dtype
+    triton_kernels, device, page_size, num_heads, num_kv_heads, head_dim, dtype
 ):
     q_lens = [1] * len(DECODE_KV_LENS)
     case = make_case(q_lens, DECODE_KV_LENS, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                     head_dim=16, page_size=page_size, dtype=dtype, device=device)  # fmt: skip
+                     head_dim=head_dim, page_size=page_size, dtype=dtype,
+                     device=device)  # fmt: skip
     expected = reference.paged_decode_attention(*case.decode_args())
     # 3 splits: the short sequences leave splits empty (lse = -inf) that the merge must ignore.
     for num_splits in (1, 3):

@@ -17,7 +17,7 @@ def batches(draw):
     kv_lens = [q_len + prefix for q_len, prefix in sizes]
     num_kv_heads = draw(st.integers(1, 2))
     group = draw(st.sampled_from([1, 3, 4]))
-    head_dim = draw(st.sampled_from([8, 16, 32]))
+    head_dim = draw(st.sampled_from([8, 16, 32, 64]))
     page_size = draw(st.sampled_from([4, 8, 16]))
     dtype = draw(st.sampled_from([torch.float32, torch.bfloat16]))
     return q_lens, kv_lens, num_kv_heads * group, num_kv_heads, head_dim, page_size, dtype

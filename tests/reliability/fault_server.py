@@ -14,11 +14,14 @@ The faults come from the environment variable TKV_FAULTS, a JSON object (every k
                                         "<start|done> <offset> <num_bytes> <zero|data>"
     audit_log: path                     one line per object unpickled in this process
     umask: int                          the process umask (e.g. 0, to check exact file modes)
+    hang_payload: n                     the n-th payload write blocks for ever (stuck I/O)
+    kill_engine_after_steps: n          engine steps after the n-th raise, and so does failing
+                                        their requests: the engine thread dies
 
 Runtime faults are armed once the engine has started (warm-up done, disk index rebuilt), so
 their counts are relative to serving. A "crash" is a real SIGKILL of this process, sent from
 inside the write that tears: nothing after it runs, exactly as with kill -9. Production code
-is untouched: AsyncEngine.start takes `disk_io` through its documented **cache_options.
+is untouched: the engine's TieredCache is given the backend through its `disk_io` argument.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from typing import Any
 from tieredkv.cache.disk.direct_io import Buffer, DiskIOBackend, FaultInjectingIO, as_bytes
 from tieredkv.cache.disk.directory import STORE_FILE
 from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, decode_superblock
+from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.engine import async_engine
 from tieredkv.engine.async_engine import AsyncEngine
 
 # Unpickling any object resolves a global through find_class (marshal is left out: the import
@@ -75,6 +80,8 @@ class KillingIO(FaultInjectingIO):
             with self._count_lock:
                 self.counts[kind] += 1
                 count = self.counts[kind]
+            if kind == "payload" and self.spec.get("hang_payload") == count:
+                threading.Event().wait()  # stuck I/O: this write never returns
             target = self.spec.get(f"tear_{kind}")
             if target is not None and target[0] == count:
                 # the torn write itself, then the kill: nothing else of this write lands
@@ -106,6 +113,37 @@ def _audit_unpickling(path: str) -> None:
     sys.addaudithook(hook)
 
 
+def _kill_engine_after(num_steps: int) -> None:
+    """Steps after the first `num_steps` (counted once serving) raise, and so does failing
+    their requests: the engine thread dies."""
+    from tieredkv.engine.engine import Engine
+
+    step = Engine.step
+    steps = [0]
+    serving = threading.Event()
+
+    def failing_step(self: Engine) -> bool:
+        if serving.is_set():
+            steps[0] += 1
+            if steps[0] > num_steps:
+                raise RuntimeError("injected: secret-detail-of-a-step")
+        return step(self)
+
+    def failing_fail_all(self: Engine, message: str) -> None:
+        raise RuntimeError("injected: secret-detail-of-fail-all")
+
+    Engine.step = failing_step  # type: ignore[method-assign]
+    Engine.fail_all = failing_fail_all  # type: ignore[method-assign]
+    start = AsyncEngine.start.__func__  # type: ignore[attr-defined]
+
+    def start_then_count(cls: type[AsyncEngine], *args: Any, **kwargs: Any) -> AsyncEngine:
+        engine = start(cls, *args, **kwargs)
+        serving.set()
+        return engine
+
+    AsyncEngine.start = classmethod(start_then_count)  # type: ignore[method-assign]
+
+
 def _disk_dir(argv: list[str]) -> Path | None:
     return Path(argv[argv.index("--disk-cache-dir") + 1]) if "--disk-cache-dir" in argv else None
 
@@ -116,14 +154,20 @@ def main(argv: list[str]) -> int:
         os.umask(spec["umask"])
     if "audit_log" in spec:
         _audit_unpickling(spec["audit_log"])
+    if "kill_engine_after_steps" in spec:
+        _kill_engine_after(spec["kill_engine_after_steps"])
     io = KillingIO(spec)
     start = AsyncEngine.start.__func__  # type: ignore[attr-defined]
 
+    def cache_with_faults(*args: Any, **kwargs: Any) -> TieredCache:
+        return TieredCache(*args, disk_io=io, **kwargs)
+
     def start_with_faults(cls: type[AsyncEngine], *args: Any, **kwargs: Any) -> AsyncEngine:
-        engine = start(cls, *args, disk_io=io, **kwargs)
+        engine = start(cls, *args, **kwargs)
         io.arm(_disk_dir(argv))
         return engine
 
+    async_engine.TieredCache = cache_with_faults  # type: ignore[misc, assignment]
     AsyncEngine.start = classmethod(start_with_faults)  # type: ignore[method-assign]
     from tieredkv.cli import main as cli_main
 

@@ -118,3 +118,26 @@ def test_sigterm_mid_stream_drains_and_leaves_a_clean_store(
         assert answer(restarted.chat(opening(0))) == baseline.answer(opening(0))
     finally:
         restarted.stop()
+
+
+def test_sigterm_with_stuck_disk_io_still_exits_within_the_bound(tmp_path: Path) -> None:
+    """One writer: the engine thread closes the cache itself; a write that never returns blocks
+    only that thread, and the process still exits within the contract's 10 s (non-zero: its
+    cache could not be closed), leaving a store that reopens."""
+    disk = tmp_path / "kv"
+    args = [*COMMON, *TINY_TIERS, *disk_args(disk), "--write-policy", "write_through"]
+    server = FaultServer(args, tmp_path / "stuck.log", {"hang_payload": 1})
+    server.chat(opening(0))  # write-through starts a disk write: the first one hangs
+    start = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    code = server.wait_dead(30)
+    seconds = time.monotonic() - start
+    assert code == 1, server.full_log()
+    assert seconds < 10.0
+    assert "exiting without waiting for the engine's stuck threads" in server.full_log()
+    restarted = FaultServer(args, tmp_path / "restart.log")
+    try:
+        assert restarted.health()[0] == 200
+        restarted.chat(opening(0))
+    finally:
+        restarted.stop()

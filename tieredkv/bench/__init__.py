@@ -2,7 +2,7 @@
 
 import importlib
 
-BENCHMARKS = ("multiturn", "tiers", "radix")
+BENCHMARKS = ("multiturn", "tiers")
 
 
 def run(name: str, argv: list[str]) -> int:

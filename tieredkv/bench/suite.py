@@ -1,6 +1,5 @@
 """The managed benchmark: tieredkv started by the benchmark itself, at one or more (device, host)
-cache sizes (the capacity sweep), beside the recompute baseline (`--no-cache`, same binary),
-optionally a write-policy x page-size grid, a peer server, and transformers' prefill speed.
+cache sizes (the capacity sweep), beside the recompute baseline (`--no-cache`, same binary).
 Every tieredkv run gets a fresh disk store in a temp dir, dropped from the page cache before
 each timed round; the disk's read bandwidth is measured in the same run, on the same
 filesystem."""

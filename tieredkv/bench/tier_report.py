@@ -37,13 +37,3 @@ def print_report(report: dict) -> None:
             f"{row['gbps']:>8.2f}  {row['limit']:<15}{row['limit_gbps']:>7.2f}"
             f"{row['share']:>7.0%}{row['target']:>7.0%}{share_2t:>7}{mark}"
         )
-
-
-def print_breakdown(report: dict) -> None:
-    split = report.get("breakdown")
-    if not split:
-        return
-    memcpy = report["limits"]["memcpy_gbps"]
-    print(f"breakdown of the mover's jobs, {split['batch_pages']} pages (GB/s, % of memcpy):")
-    for name, gbps in split["gbps"].items():
-        print(f"  {name:<46}{gbps:>8.2f}{gbps / memcpy:>7.0%}")

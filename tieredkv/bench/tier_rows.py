@@ -9,6 +9,7 @@ import numpy as np
 
 from tieredkv.bench.tier_copies import memory_gbps
 from tieredkv.cache.transfer.page_copier import PageCopier
+from tieredkv.cache.transfer.page_rows import SPLIT_MIN_PAGES
 
 DISK_TARGET = 0.80  # of the raw O_DIRECT bandwidth in the same direction
 MEMORY_TARGET = 0.70  # of numpy memcpy on one thread (the issue's limit)
@@ -44,20 +45,22 @@ class BandwidthRow:
         }
 
 
+def copy_threads(batch_pages: int) -> int:
+    """Threads a CPU host<->device job of `batch_pages` pages copies on: from SPLIT_MIN_PAGES
+    pages on, `copy_pages` shares it with one helper thread."""
+    return 2 if batch_pages >= SPLIT_MIN_PAGES else 1
+
+
 def memory_rows(
     copier: PageCopier, batches: list[int], reps: int, seed: int, memcpy: tuple[float, float]
 ) -> list[BandwidthRow]:
-    """host<->device through the mover's jobs as the server runs them (shared with a helper
-    thread from SPLIT_MIN_PAGES pages on: `threads` says so), and the same jobs on one thread,
-    judged against `memcpy` = (one-thread, two-thread) GB/s."""
+    """host<->device through the mover's jobs as the server runs them (`threads` says how many
+    copied), judged against `memcpy` = (one-thread, two-thread) GB/s."""
     rng = np.random.default_rng(seed + 1)
-    one_thread = PageCopier(copier.device_pool, copier.host_pool, None, split_copies=False)
     rows = []
     for batch in batches:
-        for jobs, via in ((copier, MOVER), (one_thread, f"{MOVER}, 1 thread only")):
-            threads = jobs.copy_threads(batch)
-            to_device, to_host, ok = memory_gbps(jobs, batch, reps, rng)
-            for path, gbps in (("host->device", to_device), ("device->host", to_host)):
-                row = BandwidthRow(path, via, batch, gbps, "memcpy", memcpy[0], MEMORY_TARGET, ok)
-                rows.append(replace(row, threads=threads, limit_2t_gbps=memcpy[1]))
+        to_device, to_host, ok = memory_gbps(copier, batch, reps, rng)
+        for path, gbps in (("host->device", to_device), ("device->host", to_host)):
+            row = BandwidthRow(path, MOVER, batch, gbps, "memcpy", memcpy[0], MEMORY_TARGET, ok)
+            rows.append(replace(row, threads=copy_threads(batch), limit_2t_gbps=memcpy[1]))
     return rows

@@ -1,16 +1,17 @@
 """`tieredkv bench tiers`: tier transfer bandwidth beside this machine's limits, in one run.
 
     tieredkv bench tiers [--dir DIR] [--batches 64,256,1024] [--reps 5] [--json PATH]
-                         [--memory-only] [--breakdown]
+                         [--memory-only]
 
 Limits (tier_limits): numpy memcpy on one thread and on two, xxh3 on one core, raw O_DIRECT
 write and read of a file of --raw-bytes (>= 1 GiB by default) under --dir. Tiers, for realistic
 pages (the default model in bf16, 368,640 B) in batches: host<->device and host<->disk through
 the mover's PageCopier jobs (tier_copies), and the DiskStore on its own from aligned memory
-(tier_store). host<->device rows come twice: as the server runs them (a job of 16+ pages shares
-its copy with a helper thread; `threads` says how many copied) and held to one thread. Targets:
-disk paths >= 80% of raw disk, memory paths >= 70% of one-thread memcpy (the share of two-thread
-memcpy is reported beside it). --memory-only skips every disk figure. Seeded, one warm-up, medians.
+(tier_store). host<->device rows are the jobs as the server runs them (a job of 16+ pages shares
+its copy with a helper thread; `threads` says how many copied). Targets: disk paths >= 80% of
+raw disk, memory paths >= 70% of one-thread memcpy (the share of two-thread memcpy is reported
+beside it). --memory-only skips every disk figure. Seeded, one warm-up, medians.
+(benchmarks/tier_breakdown.py times each stage of the jobs.)
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tieredkv.bench.tier_breakdown import breakdown
 from tieredkv.bench.tier_copies import make_copier, mover_disk_gbps
 from tieredkv.bench.tier_limits import RAW_PATTERNS, memcpy_gbps, raw_disk_gbps, xxh3_gbps
-from tieredkv.bench.tier_report import print_breakdown, print_report
+from tieredkv.bench.tier_report import print_report
 from tieredkv.bench.tier_rows import DISK_TARGET, MOVER, BandwidthRow, memory_rows
 from tieredkv.bench.tier_store import LAYOUT, random_pages, store_gbps
-from tieredkv.cache.disk.store import DiskStore
+from tieredkv.cache.disk.store import CHUNK_BYTES, IO_DEPTH, IO_THREADS, DiskStore
 
 
 def _counts(text: str) -> list[int]:
@@ -43,14 +43,6 @@ def _counts(text: str) -> list[int]:
     if not counts or min(counts) <= 0:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return counts
-
-
-def _store_config(text: str) -> tuple[int, int, int]:
-    """io_threads:io_depth:chunk_MiB (argparse type)."""
-    parts = _counts(text.replace(":", ","))
-    if len(parts) != 3:
-        raise argparse.ArgumentTypeError(f"expected io_threads:io_depth:chunk_MiB, got {text!r}")
-    return parts[0], parts[1], parts[2]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,13 +67,6 @@ def _parser() -> argparse.ArgumentParser:
         default=[1, 2],
         help="DiskStore rows: callers splitting each batch",
     )
-    add(
-        "--store-config",
-        type=_store_config,
-        default=(4, 2, 32),
-        help="DiskStore io_threads:io_depth:chunk_MiB",
-    )
-    add("--breakdown", action="store_true", help="also time each stage of the mover's jobs")
     add("--memory-only", action="store_true", help="only memcpy and host<->device (no disk)")
     add("--quick", action="store_true", help="tiny sizes, for tests (figures meaningless)")
     return parser
@@ -108,25 +93,26 @@ def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
     limits: dict[str, object] = {"memcpy_gbps": memcpy, "memcpy_2t_gbps": memcpy_2t}
     if args.memory_only:
         copier = make_copier(2 * max(batches), None, args.seed)
-        rows = memory_rows(copier, args.batches, args.reps, args.seed, (memcpy, memcpy_2t))
-        stages = breakdown(copier, None, max(batches), args.reps, rng) if args.breakdown else {}
+        try:
+            rows = memory_rows(copier, args.batches, args.reps, args.seed, (memcpy, memcpy_2t))
+        finally:
+            copier.close()
         direct_io = None
     else:
-        rows, stages, direct_io = _all_rows(args, directory, rng, limits)
+        rows, direct_io = _all_rows(args, directory, rng, limits)
     return {
         "machine": {"cpus": len(os.sched_getaffinity(0)), "dir": str(directory)},
         "settings": {
             "seed": args.seed,
             "reps": args.reps,
             "page_bytes": LAYOUT.page_bytes,
-            "store_config": ":".join(map(str, args.store_config)),
+            "store_config": f"{IO_THREADS}:{IO_DEPTH}:{CHUNK_BYTES >> 20}",
             "quick": args.quick,
             "memory_only": args.memory_only,
         },
         "limits": limits,
         "store_direct_io": direct_io,
         "rows": [row.to_json() for row in rows],
-        "breakdown": {"batch_pages": max(batches), "gbps": stages} if stages else None,
     }
 
 
@@ -135,7 +121,7 @@ def _all_rows(
     directory: Path,
     rng: np.random.Generator,
     limits: dict[str, object],
-) -> tuple[list[BandwidthRow], dict[str, float], bool]:
+) -> tuple[list[BandwidthRow], bool]:
     """The disk limits (added to `limits`), then the memory, mover disk and DiskStore rows."""
     batches = args.batches
     patterns = RAW_PATTERNS[:1] if args.quick else RAW_PATTERNS
@@ -151,18 +137,9 @@ def _all_rows(
         "raw_read_gbps": raw_read,
         "raw_patterns": [asdict(r) for r in raw],
     }
-    io_threads, io_depth, chunk_mib = args.store_config
     # the store spans as much disk as the raw file (and at least two largest batches)
     capacity = max(args.raw_bytes, 2 * max(batches) * LAYOUT.page_bytes) + (16 << 20)
-    store = DiskStore(
-        directory / "store",
-        b"bench",
-        LAYOUT,
-        capacity,
-        io_threads=io_threads,
-        io_depth=io_depth,
-        chunk_bytes=chunk_mib << 20,
-    )
+    store = DiskStore(directory / "store", b"bench", LAYOUT, capacity)
     disk_limit = {
         "host->disk": ("raw disk write", raw_write, DISK_TARGET),
         "disk->host": ("raw disk read", raw_read, DISK_TARGET),
@@ -173,14 +150,16 @@ def _all_rows(
 
     try:
         copier = make_copier(2 * max(batches), store, args.seed)
-        memcpy, memcpy_2t = limits["memcpy_gbps"], limits["memcpy_2t_gbps"]
-        assert isinstance(memcpy, float) and isinstance(memcpy_2t, float)
-        rows = memory_rows(copier, args.batches, args.reps, args.seed, (memcpy, memcpy_2t))
-        for batch in batches:
-            write, read, ok = mover_disk_gbps(copier, store, batch, args.reps, rng)
-            rows.append(disk_row("host->disk", MOVER, batch, write, ok))
-            rows.append(disk_row("disk->host", MOVER, batch, read, ok))
-        stages = breakdown(copier, store, max(batches), args.reps, rng) if args.breakdown else {}
+        try:
+            memcpy, memcpy_2t = limits["memcpy_gbps"], limits["memcpy_2t_gbps"]
+            assert isinstance(memcpy, float) and isinstance(memcpy_2t, float)
+            rows = memory_rows(copier, args.batches, args.reps, args.seed, (memcpy, memcpy_2t))
+            for batch in batches:
+                write, read, ok = mover_disk_gbps(copier, store, batch, args.reps, rng)
+                rows.append(disk_row("host->disk", MOVER, batch, write, ok))
+                rows.append(disk_row("disk->host", MOVER, batch, read, ok))
+        finally:
+            copier.close()
         del copier  # its pools: the aligned store data below needs the memory
         data = random_pages(store.num_slots, rng)  # (num_slots, *page_shape) bf16, aligned
         for threads in args.threads:
@@ -189,7 +168,7 @@ def _all_rows(
                 write, read, ok = store_gbps(store, data, batch, threads, args.reps)
                 rows.append(disk_row("host->disk", via, batch, write, ok))
                 rows.append(disk_row("disk->host", via, batch, read, ok))
-        return rows, stages, store.direct_io
+        return rows, store.direct_io
     finally:
         store.close()
 
@@ -206,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tieredkv bench tiers: error: {error} (under {root})", file=sys.stderr)
         return 1
     print_report(report)
-    print_breakdown(report)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -3,7 +3,8 @@
 Threads: every method runs on the engine thread, the only writer of the tree, pools, locks and
 heaps. Mover threads copy bytes and report; `poll()` applies what they reported.
 
-A request's life against the cache:
+The engine holds one `CacheHandle` per request (`new_handle`; its life in `cache_handle.py`) and
+never sees a node. The handle is built on these node-level calls, which the cache's tests drive:
   match = cache.match(prompt, namespace)          # device, host, disk segments + the miss
   cache.lock(match.last_node)                     # keep the path while queued
   cache.prefetch(match)                           # disk -> host in the background (bounded)
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.store import DiskStore
@@ -104,8 +106,10 @@ class TieredCache:
             disk_executor or ThreadTransferExecutor(num_workers=4, name="tkv-disk"),
             clock,
         )
-        copier = PageCopier(self.pools.device, self.pools.host, disk)
-        self.residency = Residency(self.tree, self.pools, copier, self.mover, self.counters, clock)
+        self.copier = PageCopier(self.pools.device, self.pools.host, disk)
+        self.residency = Residency(
+            self.tree, self.pools, self.copier, self.mover, self.counters, clock
+        )
         self.index = RadixIndex(self.tree, fingerprint, config.enable_prefix_reuse, self.residency)
         self.demoter = Demoter(self.pools, self.residency)
         self.promoter = Promoter(
@@ -113,6 +117,10 @@ class TieredCache:
         )
         if disk is not None:
             rebuild_from_disk(self.tree, disk, self.residency)
+
+    def new_handle(self, namespace: str = DEFAULT_NAMESPACE) -> CacheHandle:
+        """A request's hold on the cache in `namespace`, holding nothing yet."""
+        return CacheHandle(self, namespace)
 
     # --- matching and inserting ------------------------------------------------------------
 
@@ -206,23 +214,34 @@ class TieredCache:
                     self.demoter.write_through(node, tier)
         return finished
 
-    apply_completions = poll
-
     def wait(self, timeout: float | None = None) -> list[PromotionTicket]:
         """Block until a transfer finishes (or `timeout`), then `poll()`."""
         if self.mover.in_flight:
             self.mover.wait(timeout)
         return self.poll()
 
+    def transfers_in_flight(self) -> int:
+        """Transfers started and not yet applied (demotions among them free pages soon)."""
+        return len(self.mover.in_flight)
+
+    def add_transfer_listener(self, notify: Callable[[], None]) -> None:
+        """Call `notify()` (from a mover thread) whenever a transfer finishes: the engine
+        thread sleeps on one event for both new requests and finished transfers."""
+        self.mover.add_listener(notify)
+
     def evict(self, tier: Tier, num_pages: int) -> bool:
         """Make `num_pages` free in `tier` (demoting, or dropping at the last tier); True if
         they are free now. Locked paths and copies in flight are never touched."""
         return self.demoter.make_room(tier, num_pages)
 
-    def flush(self) -> int:
+    def flush(self, within: Callable[[str], bool] | None = None) -> int:
         """Drop every cached page that is not locked or in flight, in every tier (the disk
-        records too). Returns the number of pages dropped."""
-        return self.demoter.flush()
+        records too); with `within`, only in the namespaces it accepts (those named by a
+        match or insert since the start). Returns the number of pages dropped."""
+        if within is None:
+            return self.demoter.flush()
+        names = self.tree.names
+        return self.demoter.flush([self.tree.roots[key] for key in names if within(names[key])])
 
     def _write_through_path(self, node: RadixNode) -> None:
         for path_node in node.path():
@@ -255,6 +274,14 @@ class TieredCache:
         base = {"checksum": 0, "fingerprint": 0, "io": 0}
         return base if disk is None else {**base, **disk.error_counts}
 
+    def disk_direct_io(self) -> bool | None:
+        """Whether the disk tier uses O_DIRECT; None without a disk tier."""
+        return None if self.pools.disk is None else self.pools.disk.direct_io
+
+    def num_locks(self) -> int:
+        """Locks held on paths, by requests and by promotions in progress."""
+        return sum(self.index.lock_holders.values())
+
     @property
     def device_pool(self) -> DevicePool:
         return self.pools.device
@@ -264,11 +291,12 @@ class TieredCache:
         return self.pools.host
 
     def close(self) -> None:
-        """Let transfers in flight finish and apply them, then close the disk store (its
-        records stay for the next start)."""
+        """Let transfers in flight finish and apply them, stop the copy threads, then close the
+        disk store (its records stay for the next start)."""
         self.mover.close()
         # no new copies once the mover is closed: what write-through would start now has no
         # executor to run on (the disk stays closed under "parent of": nothing more is written)
         self._apply_finished(start_write_through=False)
+        self.copier.close()
         if self.pools.disk is not None:
             self.pools.disk.close()

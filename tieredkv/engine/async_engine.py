@@ -2,7 +2,12 @@
 
 The step thread owns the engine. Requests, aborts, flushes and integrity checks go in through
 `Engine.call_soon`; each request's outputs come back through an asyncio queue fed with
-`call_soon_threadsafe`.
+`call_soon_threadsafe`. The step thread is the only one that touches the tree: it also closes
+the cache when it ends, after a shutdown or when it dies.
+
+If the step thread dies (an exception outside a step's own recovery), every waiting stream
+fails at once with a generic error, `/health` turns 503 (`"engine": "dead"`), and the server
+exits non-zero once drained (see `server.runner`).
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ class AsyncEngine(EngineClient):
         self._streams_lock = threading.Lock()
         self._stopping = False
         self._ready = False
+        self._dead = False
+        self._closed = threading.Event()  # the step thread closed the cache and the runner
         self._thread = threading.Thread(target=self._run, name="tkv-engine", daemon=True)
 
     @classmethod
@@ -67,15 +74,14 @@ class AsyncEngine(EngineClient):
         *,
         device: torch.device | str = "cpu",
         clock: Callable[[], float] = time.monotonic,
-        **cache_options: Any,
     ) -> AsyncEngine:
         """Build the cache (rebuilding the disk index), the runner and the engine, warm the
-        model up and start the step thread. `cache_options` go to TieredCache (tests)."""
+        model up and start the step thread."""
         dtype = loaded.weights["model.embed_tokens.weight"].dtype
         layout = PageLayout.for_model(loaded.config, cache_config.page_size, dtype)
         check_device_capacity(cache_config, layout, engine_config.max_model_len)
         fingerprint = model_fingerprint(loaded, layout)
-        cache = TieredCache(cache_config, layout, fingerprint, device, clock=clock, **cache_options)
+        cache = TieredCache(cache_config, layout, fingerprint, device, clock=clock)
         runner = ModelRunner(
             loaded.config,
             loaded.weights,
@@ -103,16 +109,43 @@ class AsyncEngine(EngineClient):
     # --- the step thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._step_until_stopped()
+        except BaseException:
+            logger.critical("the engine thread died; failing every request", exc_info=True)
+            self._dead = True
+            self._fail_streams(EngineUnavailableError("the engine stopped"))
+        finally:
+            self._close_on_this_thread()
+
+    def _step_until_stopped(self) -> None:
         engine = self.engine
         while not (self._stopping and not engine.has_work):
             try:
                 progressed = engine.step()
-            except Exception as error:  # a bug: fail the requests, keep serving
+            except Exception:  # a bug: fail the step's requests (never with its text), go on
                 logger.exception("engine step failed")
-                engine.fail_all(f"internal error: {error}")
+                engine.fail_all("internal error")
                 continue
             if not progressed:
                 engine.wait_for_work(_STALLED_RECHECK_SECONDS if engine.has_work else None)
+
+    def _fail_streams(self, error: Exception) -> None:
+        with self._streams_lock:
+            request_ids = list(self._streams)
+        for request_id in request_ids:
+            self._deliver_to(request_id, error)
+
+    def _close_on_this_thread(self) -> None:
+        """Let transfers in flight finish, close the disk store (it reopens cleanly) and the
+        runner. Stuck I/O blocks only this thread: `shutdown` does not wait past its bound."""
+        try:
+            self.engine.cache.close()
+            self.engine.runner.close()
+        except BaseException:
+            logger.exception("closing the cache failed")
+        finally:
+            self._closed.set()
 
     def _deliver(self, output: RequestOutput) -> None:
         self._deliver_to(output.request_id, output)
@@ -127,9 +160,9 @@ class AsyncEngine(EngineClient):
     # --- EngineClient ----------------------------------------------------------------------
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
-        if not self._ready or self._stopping:
+        if not self._ready or self._stopping or self._dead:
             raise EngineUnavailableError("the engine is not accepting requests")
-        if len(self.engine.waiting) >= self.engine.config.max_queue:
+        if len(self.engine.scheduler.waiting) >= self.engine.config.max_queue:
             raise QueueFullError(f"the queue is full ({self.engine.config.max_queue} requests)")
         if not request.arrival_time:
             request = dataclasses.replace(request, arrival_time=self.clock())
@@ -137,6 +170,8 @@ class AsyncEngine(EngineClient):
         with self._streams_lock:
             self._streams[request.request_id] = (asyncio.get_running_loop(), stream)
         self.engine.call_soon(lambda: self._add(request))
+        if self._dead:  # died between the check and the registration: nobody would answer
+            stream.put_nowait(EngineUnavailableError("the engine stopped"))
         finished = False
         try:
             while not finished:
@@ -173,21 +208,22 @@ class AsyncEngine(EngineClient):
         self.engine.call_soon(run)
         return await asyncio.wrap_future(future)
 
-    async def flush_cache(self) -> int:
-        return await self._on_engine_thread(self.engine.cache.flush)
+    async def flush_cache(self, within: Callable[[str], bool] | None = None) -> int:
+        return await self._on_engine_thread(lambda: self.engine.cache.flush(within))
 
     async def debug_cache(self) -> dict:
         def inspect() -> dict:
             result = self.engine.cache.check_integrity()
+            scheduler = self.engine.scheduler
             return {
                 "ok": result.ok,
                 "problems": list(result.problems),
                 "pages": result.page_counts,
-                "locked_nodes": sum(self.engine.cache.index.lock_holders.values()),
+                "locked_nodes": self.engine.cache.num_locks(),
                 "requests": {
-                    "waiting": len(self.engine.waiting),
-                    "promoting": len(self.engine.promoting),
-                    "running": len(self.engine.running),
+                    "waiting": len(scheduler.waiting),
+                    "promoting": len(scheduler.promoting),
+                    "running": len(scheduler.running),
                 },
             }
 
@@ -203,14 +239,14 @@ class AsyncEngine(EngineClient):
                 tiers[tier.label] = "healthy" if cache.tier_healthy(tier) else "degraded"
         # the capacity in effect: a disk store that could not be preallocated starts smaller
         capacity = {tier.label: cache.tier_capacity_bytes(tier) for tier in Tier}
-        ready = self._ready and not self._stopping
-        disk = cache.pools.disk
-        direct_io = None if disk is None else disk.direct_io  # None: no disk tier
+        ready = self._ready and not self._stopping and not self._dead
+        state = "dead" if self._dead else "stopping" if self._stopping else "running"
         return {
             "ready": ready,
+            "engine": state,
             "tiers": tiers,
             "tier_capacity_bytes": capacity,
-            "direct_io": direct_io,
+            "direct_io": cache.disk_direct_io(),  # None: no disk tier
         }
 
     def render_metrics(self) -> str:
@@ -218,12 +254,14 @@ class AsyncEngine(EngineClient):
 
     async def shutdown(self, timeout: float = 8.0) -> None:
         """Stop accepting; give running requests part of `timeout` to finish, then abort the
-        rest; let transfers in flight complete and close the disk store cleanly."""
+        rest; the step thread then lets transfers in flight complete and closes the disk store
+        cleanly. Returns within `timeout` even if I/O is stuck (`closed` says whether the
+        cache was closed)."""
         self._stopping = True
         engine = self.engine
 
         def abort_waiting() -> None:
-            for request in list(engine.waiting):
+            for request in list(engine.scheduler.waiting):
                 engine.abort(request.request_id)
 
         def abort_all() -> None:
@@ -231,10 +269,18 @@ class AsyncEngine(EngineClient):
                 engine.abort(request_id)
 
         loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout
         engine.call_soon(abort_waiting)
-        # the step thread exits once the running requests are done
-        await loop.run_in_executor(None, self._thread.join, timeout / 2)
-        if self._thread.is_alive():
+        # the step thread exits once the running requests are done, and closes the cache
+        await loop.run_in_executor(None, self._closed.wait, timeout / 2)
+        if not self._closed.is_set():
             engine.call_soon(abort_all)
-            await loop.run_in_executor(None, self._thread.join, timeout / 2)
-        engine.cache.close()
+            remaining = max(deadline - time.monotonic(), 0.0)
+            await loop.run_in_executor(None, self._closed.wait, remaining)
+        if not self._closed.is_set():
+            logger.error("the engine did not close the cache within %.0f s", timeout)
+
+    @property
+    def closed(self) -> bool:
+        """The step thread has ended and closed the cache and the runner."""
+        return self._closed.is_set()

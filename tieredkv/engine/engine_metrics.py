@@ -2,20 +2,32 @@
 
 `cache_hit_tokens_total` counts what requests report in `cached_tokens_by_tier` (first
 admission only, as usage does), not the cache's raw hit counter, which a preempted request's
-re-admission would count twice.
+re-admission would count twice. Once a step the engine hands the recorder `StepFigures`, the
+figures the gauges and the mirrored cache counters need, never the engine itself.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass
 
+from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.tier import Tier
 from tieredkv.engine.metrics import EngineMetrics
 from tieredkv.engine.protocol import FinishReason
 from tieredkv.engine.request import Request
 
-if TYPE_CHECKING:
-    from tieredkv.engine.engine import Engine
+
+@dataclass(frozen=True)
+class StepFigures:
+    """The queue sizes and the cache's counters and sizes at the end of a step."""
+
+    num_running: int
+    num_waiting: int  # queued or promoting
+    cache_counters: CacheCounters
+    tier_used_bytes: Mapping[Tier, int]
+    tier_capacity_bytes: Mapping[Tier, int]
+    disk_page_errors: Mapping[str, int]
 
 
 class EngineRecorder:
@@ -54,17 +66,14 @@ class EngineRecorder:
         ttft = None if request.first_token_at is None else request.first_token_at - arrival
         self.metrics.on_request_finished(reason, now - arrival, len(request.output_ids), ttft)
 
-    def step_done(self, engine: Engine) -> None:
+    def step_done(self, figures: StepFigures) -> None:
         """Queue sizes and the cache's counters and sizes, once per step."""
-        cache = engine.cache
-        self.metrics.set_queue_sizes(
-            len(engine.running), len(engine.waiting) + len(engine.promoting)
-        )
+        self.metrics.set_queue_sizes(figures.num_running, figures.num_waiting)
         self.metrics.sync_cache(
-            cache.counters,
-            {tier: cache.tier_used_bytes(tier) for tier in Tier},
-            {tier: cache.tier_capacity_bytes(tier) for tier in Tier},
-            cache.disk_page_errors(),
+            figures.cache_counters,
+            figures.tier_used_bytes,
+            figures.tier_capacity_bytes,
+            figures.disk_page_errors,
         )
         for tier, tokens in self.hit_tokens.items():
             self.metrics.cache_hit_tokens.set_total(tokens, tier=tier.label)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from tieredkv.errors import TieredKVError
@@ -80,8 +80,9 @@ class EngineClient(ABC):
         """Abort a request if it is still queued or running."""
 
     @abstractmethod
-    async def flush_cache(self) -> int:
-        """Drop every cached page in every tier; returns the number of pages dropped."""
+    async def flush_cache(self, within: Callable[[str], bool] | None = None) -> int:
+        """Drop every cached page in every tier (with `within`: in the namespaces it accepts);
+        returns the number of pages dropped."""
 
     @abstractmethod
     async def debug_cache(self) -> dict:

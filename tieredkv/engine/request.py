@@ -5,9 +5,9 @@ and disk prefix pages are on their way to the device) → RUNNING (prefill in ch
 decode) → FINISHED. Preemption sends a RUNNING request back to WAITING after its computed pages
 went into the tree, so its next admission finds them there (or demoted, not lost).
 
-Page table: `page_table[i]` is the device page of the sequence's i-th page. The first
-`tree_pages` entries belong to the tree (cached or inserted, locked through `locked_node`); the
-rest are the request's private pages.
+Cache: `kv` is the request's handle on the tiered cache (its queued match, promotion, lock and
+page table, where `page_table[i]` is the device page of the sequence's i-th page); the request
+never sees the tree's nodes.
 
 Tokens: `tokens` is the sequence as ids; `packed_tokens` the same sequence packed (what the
 tree compares), kept incrementally: the prompt is packed once at arrival, generated tokens are
@@ -21,10 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tieredkv.cache.index.match_results import MatchResult
-from tieredkv.cache.index.radix_tree import RadixNode
+from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.index.token_run import PackedTokens, TokenPacker
-from tieredkv.cache.residency.promotion import PromotionTicket
 from tieredkv.cache.tier import Tier
 from tieredkv.engine.output import OutputProcessor
 from tieredkv.engine.protocol import FinishReason, GenerationRequest, Usage
@@ -43,16 +41,10 @@ class Request:
     seq_id: int
     output: OutputProcessor
     generator: torch.Generator | None
+    kv: CacheHandle
     status: RequestStatus = RequestStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
-    # cache state
-    page_table: list[int] = field(default_factory=list)
-    tree_pages: int = 0  # leading entries of page_table that the tree owns
-    locked_node: RadixNode | None = None
     kv_len: int = 0  # tokens whose K/V are in page_table's pages
-    waiting_match: MatchResult | None = None  # matched at arrival: the queue's priority
-    prefetched: bool = False  # its disk pages were sent towards host while it waited
-    promotion: PromotionTicket | None = None
     # accounting (engine clock)
     cached_tokens: int = 0
     cached_by_tier: dict[Tier, int] = field(default_factory=lambda: dict.fromkeys(Tier, 0))
@@ -99,8 +91,8 @@ class Request:
         return len(self.spec.prompt_ids) + len(self.output_ids)
 
     @property
-    def private_pages(self) -> list[int]:
-        return self.page_table[self.tree_pages :]
+    def page_table(self) -> list[int]:
+        return self.kv.page_table
 
     @property
     def num_pending(self) -> int:

@@ -1,27 +1,42 @@
-"""Who runs next: queue order (FCFS or cache-aware with aging) and each step's token budget.
+"""Who runs next, with which pages: the queues, admission, promotion waits, each step's device
+pages and preemption (engine thread only).
 
-Cache-aware order (`lpm`): a waiting request's priority is the tokens its prompt matched at
-arrival, each weighted by the tier that holds it (a device page is worth more than a disk page,
-which must still be read), plus `aging_tokens_per_second` × its wait. A request that matched
-nothing therefore overtakes any request arriving after it once it has waited
-`max_model_len / aging_tokens_per_second` seconds (no match is worth more than a whole context):
-under a steady stream of hot requests, a cold request's extra wait is bounded by that time
-(2 s with the defaults: 8192 tokens / 4096 tokens/s) plus the service of the requests already
-ahead of it. FCFS is arrival order.
+Queues: `waiting` (arrived, or preempted), `promoting` (admitted; host and disk pages on their
+way to the device), `running` (in admission order, the oldest first).
 
-The step budget: running decodes first (one token each, oldest first), then prefill chunks of
-running requests, then newly admitted requests, until `max_batch_tokens` tokens or
-`max_num_seqs` sequences.
+Each step: running decodes first (one token each, oldest first), then prefill chunks of running
+requests, then newly admitted requests, until `max_batch_tokens` tokens or `max_num_seqs`
+sequences (a request still promoting holds a sequence). A request is planned only once its
+device pages for the step are reserved; when none are free, the youngest running request not
+already in the plan (whose pages are about to be written) is preempted: its computed pages go
+into the tree, where they are demoted, not lost, and it waits again. Nothing is preempted while
+transfers are in flight: the demotions among them free pages soon.
+
+Admission order. FCFS is arrival order. Cache-aware (`lpm`): a waiting request's priority is
+the tokens its prompt matched at arrival, each weighted by the tier that holds it (a device page
+is worth more than a disk page, which must still be read), plus `aging_tokens_per_second` × its
+wait. A request that matched nothing therefore overtakes any request arriving after it once it
+has waited `max_model_len / aging_tokens_per_second` seconds (no match is worth more than a
+whole context): under a steady stream of hot requests, a cold request's extra wait is bounded by
+that time (2 s with the defaults: 8192 tokens / 4096 tokens/s) plus the service of the requests
+already ahead of it. Admission stops at the first request the device has no room for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from tieredkv.cache.tier import Tier
-from tieredkv.config import SchedulePolicy
-from tieredkv.engine.request import Request
+from tieredkv.config import EngineConfig, SchedulePolicy
+from tieredkv.engine.engine_metrics import EngineRecorder
+from tieredkv.engine.protocol import FinishReason, QueueFullError
+from tieredkv.engine.request import Request, RequestStatus
+from tieredkv.engine.request_pages import RequestPages
+from tieredkv.model.forward_batch import SequenceChunk
+
+logger = logging.getLogger(__name__)
 
 TIER_WEIGHT = {Tier.DEVICE: 1.0, Tier.HOST: 0.75, Tier.DISK: 0.5}
 DEFAULT_AGING_TOKENS_PER_SECOND = 4096.0
@@ -46,12 +61,8 @@ class QueueOrder:
 
 
 def weighted_match_tokens(request: Request) -> float:
-    match = request.waiting_match
-    if match is None:
-        return 0.0
-    return sum(
-        TIER_WEIGHT[tier] * tokens for tier, tokens in match.tokens_by_tier().items() if tokens
-    )
+    matched = request.kv.matched_tokens_by_tier
+    return sum(TIER_WEIGHT[tier] * tokens for tier, tokens in matched.items() if tokens)
 
 
 @dataclass
@@ -69,3 +80,147 @@ class StepBudget:
         self.tokens -= count
         self.seqs -= 1
         return count
+
+
+@dataclass
+class StepPlan:
+    """The chunks one step forwards, and the request behind each."""
+
+    chunks: list[SequenceChunk] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
+
+    def add(self, request: Request, count: int) -> None:
+        start = request.kv_len
+        tokens = request.token_slice(start, start + count)
+        self.chunks.append(SequenceChunk(request.seq_id, tokens, start, request.page_table))
+        self.requests.append(request)
+
+
+class Scheduler:
+    """The queues and each step's plan. `release_sequence(seq_id)` frees a preempted
+    sequence's state outside the cache (the model runner's workspace)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        pages: RequestPages,
+        recorder: EngineRecorder,
+        release_sequence: Callable[[int], None],
+        clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self.pages = pages
+        self.recorder = recorder
+        self.release_sequence = release_sequence
+        self.clock = clock
+        self.order = QueueOrder(config.schedule_policy)
+        self.waiting: list[Request] = []
+        self.promoting: list[Request] = []
+        self.running: list[Request] = []  # admission order: the oldest first
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.promoting or self.running)
+
+    def add(self, request: Request) -> None:
+        """Queue a new request. QueueFullError past --max-queue."""
+        if len(self.waiting) >= self.config.max_queue:
+            raise QueueFullError(f"the queue holds {len(self.waiting)} requests (--max-queue)")
+        self.pages.on_arrival(request)
+        self.waiting.append(request)
+
+    def remove(self, request: Request, keep_computed: bool) -> None:
+        """Take an ending request out of its queue and free its pages (its computed pages go
+        into the tree first when `keep_computed`). Not while its promotion is in flight."""
+        for queue in (self.waiting, self.running):
+            if request in queue:
+                queue.remove(request)
+        self.pages.release(request, keep_computed)
+
+    def apply_transfers(self) -> list[Request]:
+        """Apply finished transfers: requests whose promotion is done start running. Returns
+        those aborted while promoting, out of every queue, for the engine to end."""
+        aborted = []
+        for request in self.pages.apply_transfers(self.promoting):
+            self.promoting.remove(request)
+            if request.finish_reason is FinishReason.ABORT:
+                aborted.append(request)
+            else:
+                self._start_running(request)
+        return aborted
+
+    def schedule(self) -> StepPlan:
+        """This step's chunks: running requests first, then admitted ones; queued requests
+        start prefetching their disk pages."""
+        plan = StepPlan()
+        budget = StepBudget(self.config.max_batch_tokens, self.config.max_num_seqs)
+        decodes = [r for r in self.running if r.num_pending == 1]
+        prefills = [r for r in self.running if r.num_pending > 1]
+        for request in decodes + prefills:
+            self._plan_request(plan, budget, request)
+        budget.seqs -= len(self.promoting)
+        for request in self._admit(budget):
+            self._plan_request(plan, budget, request)
+        for request in self.waiting:
+            self.pages.prefetch_while_waiting(request)
+        stale = [r.request_id for r in plan.requests if r.status is not RequestStatus.RUNNING]
+        assert not stale, f"planned requests lost their pages before the forward: {stale}"
+        return plan
+
+    def _plan_request(self, plan: StepPlan, budget: StepBudget, request: Request) -> None:
+        if request.status is not RequestStatus.RUNNING:
+            return  # preempted earlier in this step
+        count = budget.take(request)
+        if count and self._reserve_pages(request, request.kv_len + count, plan):
+            plan.add(request, count)
+
+    def _reserve_pages(self, request: Request, end: int, plan: StepPlan) -> bool:
+        """Device pages for tokens up to `end`, preempting the youngest running request that
+        is not already in this step's plan if must be."""
+        while not self.pages.grow(request, end):
+            victim = next(
+                (r for r in reversed(self.running) if r is not request and r not in plan.requests),
+                None,
+            )
+            if victim is None or self.pages.transfers_in_flight():
+                return False  # demotions in flight free pages soon, or nothing left to take
+            self._preempt(victim)
+        return True
+
+    def _admit(self, budget: StepBudget) -> list[Request]:
+        """Admit waiting requests in queue order while the step and the device have room;
+        return those whose pages are ready (the others wait in `promoting`)."""
+        started = []
+        for request in self.order.ordered(self.waiting, self.clock()):
+            if budget.seqs <= 0 or budget.tokens <= 0:
+                break
+            if not self.pages.admit(request):
+                break  # no device room now; demotions started
+            self.waiting.remove(request)
+            request.admitted_at = request.admitted_at or self.clock()
+            if request.kv.promotion_pending:
+                request.status = RequestStatus.PROMOTING
+                self.promoting.append(request)
+                budget.seqs -= 1
+            else:
+                self.pages.take_promotion(request)
+                self._start_running(request)
+                started.append(request)
+        return started
+
+    def _start_running(self, request: Request) -> None:
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        self.recorder.promotion_done(request)
+
+    def _preempt(self, request: Request) -> None:
+        """Back to the queue; its computed pages go to the tree (demotable, not lost)."""
+        logger.info("preempting %s at %d tokens", request.request_id, request.kv_len)
+        self.running.remove(request)
+        self.pages.release(request, keep_computed=True)
+        self.release_sequence(request.seq_id)
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self.pages.on_arrival(request)
+        self.waiting.append(request)
+        self.recorder.preempted()

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.model.forward_batch import ForwardBatch
-from tieredkv.model.workspace import SpareWorkspaces, Workspace, WorkspaceArena
+from tieredkv.model.workspace import SpareWorkspaces, Workspace, WorkspaceArena, fill_helper
 
 
 class AttentionBackend(ABC):
@@ -51,6 +51,9 @@ class AttentionBackend(ABC):
 
     def release(self, seq_id: int) -> None:  # noqa: B027 - optional hook
         """Forget per-sequence state (finished, aborted or preempted sequence)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Stop any thread the backend started (the runner is done with it)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class WorkspaceAttention(AttentionBackend):
         self._workspaces: dict[int, Workspace] = {}
         self._arena = WorkspaceArena(pool, max_seqs, max_len) if max_seqs and max_len else None
         self._spares = SpareWorkspaces(pool)
+        self._fill_helper = fill_helper()
         self._step_views: list[_ChunkViews] = []
         self._decodes: _DecodeGroup | None = None
 
@@ -107,7 +111,7 @@ class WorkspaceAttention(AttentionBackend):
             if workspace.length > chunk.start:  # the caller rolled the sequence back
                 workspace.length = chunk.start
             if workspace.length < chunk.start:  # a cached prefix: copy it in once
-                workspace.fill_from_pool(self.pool, chunk.page_ids, chunk.start)
+                workspace.fill_from_pool(self.pool, chunk.page_ids, chunk.start, self._fill_helper)
             if chunk.end > workspace.capacity:
                 workspace.grow(chunk.end)
             workspace.length = chunk.end  # the layers fill start..end during this step
@@ -216,6 +220,9 @@ class WorkspaceAttention(AttentionBackend):
             self._arena.give(workspace)
         else:
             self._spares.give(workspace)
+
+    def close(self) -> None:
+        self._fill_helper.shutdown(wait=True)
 
     @property
     def num_workspaces(self) -> int:

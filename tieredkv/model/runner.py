@@ -38,7 +38,8 @@ def make_attention(
 
 
 class ModelRunner:
-    """Runs forward steps; owns nothing but the model, the pool and the attention state."""
+    """Runs forward steps; owns nothing but the model, the pool and the attention state (whose
+    helper thread `close()` stops)."""
 
     def __init__(
         self,
@@ -79,6 +80,10 @@ class ModelRunner:
 
     def release(self, seq_id: int) -> None:
         self.attention.release(seq_id)
+
+    def close(self) -> None:
+        """Stop the attention backend's threads; the runner runs no step after this."""
+        self.attention.close()
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """A running sequence's contiguous KV on CPU, and its one-time fill from the paged pool.
 
-The workspace keeps the pool's token-major order, (layers, 2, capacity, kv_heads, head_dim):
-attention reads a layer's keys as a (kv_heads, tokens, head_dim) strided view at the speed of a
-head-major copy, and a run of pages that are consecutive in the pool moves in with one block
-copy per layer and K/V (numpy releases the GIL; the layers are split over two threads).
+The workspace keeps the pool's token-major order, (layers, 2, capacity, kv_heads, head_dim), so
+a run of pages that are consecutive in the pool moves in with one block copy per layer and K/V
+(numpy releases the GIL: a long fill splits the layers with one helper thread), and attention
+reads a layer's keys as a (kv_heads, tokens, head_dim) strided view.
 
 Running sequences take their workspaces from one `WorkspaceArena`: slots of a single tensor,
 (slots, layers, 2, max_model_len, kv_heads, head_dim), reserved up front and touched only as
@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import math
 import mmap
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -29,7 +29,13 @@ from tieredkv.cache.transfer.page_rows import paired_runs
 ROUNDING = 256  # tokens; workspaces grow in these steps at least, doubling beyond
 _PARALLEL_MIN_TOKENS = 512  # below this one thread copies faster than two coordinate
 SPARES = 2  # released workspaces kept for reuse (bounded memory: at most this many)
-_fill_helper = ThreadPoolExecutor(1, thread_name_prefix="tkv-fill")
+FILL_THREAD_PREFIX = "tkv-fill"
+
+
+def fill_helper() -> ThreadPoolExecutor:
+    """The one helper thread a fill splits its layers with (started on first use); its owner
+    shuts it down."""
+    return ThreadPoolExecutor(1, thread_name_prefix=FILL_THREAD_PREFIX)
 
 
 def _numpy_view(tensor: torch.Tensor) -> np.ndarray:
@@ -76,8 +82,11 @@ class Workspace:
         bigger[:, :, : self.length] = self.kv[:, :, : self.length]
         self.kv = bigger
 
-    def fill_from_pool(self, pool: DevicePool, page_ids: list[int], length: int) -> None:
-        """Copy the first `length` tokens' KV from the pool pages `page_ids` (in order)."""
+    def fill_from_pool(
+        self, pool: DevicePool, page_ids: list[int], length: int, helper: Executor | None = None
+    ) -> None:
+        """Copy the first `length` tokens' KV from the pool pages `page_ids` (in order); a long
+        fill copies half the layers on `helper` (see `fill_helper`), if given."""
         if length > self.capacity:
             self.grow(length)
         page_size = pool.layout.page_size
@@ -95,11 +104,11 @@ class Workspace:
                 )  # (layers, 2, tokens, kv_heads, head_dim), a view: the pages are consecutive
                 np.copyto(dst[layers, :, start:end], block[:, :, : end - start])
 
-        if length < _PARALLEL_MIN_TOKENS:
+        if helper is None or length < _PARALLEL_MIN_TOKENS:
             copy(slice(None))
         else:
             half = src.shape[0] // 2
-            pending = _fill_helper.submit(copy, slice(half, None))
+            pending = helper.submit(copy, slice(half, None))
             try:
                 copy(slice(0, half))
             finally:

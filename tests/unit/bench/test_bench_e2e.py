@@ -18,7 +18,7 @@ TINY = ["--users", "2", "--rounds", "2", "--system-words", "40", "--document-wor
 
 def test_managed_run_with_baseline_and_check_equal(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    argv = [*TINY, "--check-equal", "--no-hf-prefill", "--out", str(out)]
+    argv = [*TINY, "--check-equal", "--out", str(out)]
     assert cli_main(["bench", "multiturn", *argv, "--work-dir", str(tmp_path / "work")]) == 0
     report = json.loads((out / "report.json").read_text())
     cached, baseline = report["runs"]

@@ -39,7 +39,7 @@ def test_report_json_tables_and_pngs(tmp_path: Path) -> None:
     text = reports.finish(report, tmp_path)
     assert "tieredkv: 2.0x" in text
     loaded = json.loads((tmp_path / "report.json").read_text())
-    assert loaded["version"] == 1
+    assert loaded["version"] == 2
     assert loaded["workload"]["num_users"] == 2
     assert loaded["arrival"]["mode"] == "round_robin"
     assert [r["label"] for r in loaded["runs"]] == ["tieredkv", "recompute"]

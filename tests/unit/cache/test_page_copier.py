@@ -16,7 +16,6 @@ from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.transfer.page_copier import PageCopier
-from tieredkv.cache.transfer.page_rows import SPLIT_MIN_PAGES
 
 NUM_PAGES = 20
 LAYOUTS = {
@@ -65,14 +64,13 @@ def layout(request: pytest.FixtureRequest) -> PageLayout:
 
 @pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize("stage_pages", [1, 3, 64])
-@pytest.mark.parametrize("count", [7, NUM_PAGES])  # 20 pages: shared with a helper thread
+@pytest.mark.parametrize("count", [7, NUM_PAGES])  # 20 >= SPLIT_MIN_PAGES: a helper shares it
 def test_memory_jobs_move_every_byte_of_shuffled_pages(
     layout: PageLayout, staged: bool, stage_pages: int, count: int
 ) -> None:
     copier = _copier(layout, staged)
     copier.stage_pages = stage_pages  # chunked staging (the staged path) still moves all
     host_pages, device_pages = _shuffled(count, seed=stage_pages)
-    assert copier.copy_threads(count) == (2 if count >= SPLIT_MIN_PAGES and not staged else 1)
     before = {page: _host_page(copier, page).clone() for page in range(NUM_PAGES)}
 
     assert copier.job(Tier.HOST, Tier.DEVICE, host_pages, device_pages, [])() == [True] * count

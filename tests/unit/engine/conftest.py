@@ -1,5 +1,6 @@
 """A tiny engine on a tiny random model (fp32), a manual transfer executor and a fake clock:
-every test decides when transfers finish and what time it is."""
+every test decides when transfers finish and what time it is. Every engine test runs under
+both cache write policies (write-through is the default, write-back demotes on eviction)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.testing import make_cache
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.cache.transfer.executor import ManualTransferExecutor
-from tieredkv.config import EngineConfig, SchedulePolicy
+from tieredkv.config import EngineConfig, SchedulePolicy, WritePolicy
 from tieredkv.engine.engine import Engine
 from tieredkv.engine.engine_metrics import EngineRecorder
 from tieredkv.engine.metrics import EngineMetrics
@@ -71,11 +72,11 @@ class Harness:
             if not self.engine.has_work and not self.executor.pending():
                 self.engine.step()  # apply the last transfers
                 return
-        engine = self.engine
+        scheduler = self.engine.scheduler
         state = {
-            "waiting": [(r.request_id, r.num_tokens) for r in engine.waiting],
-            "promoting": [r.request_id for r in engine.promoting],
-            "running": [(r.request_id, r.kv_len, len(r.page_table)) for r in engine.running],
+            "waiting": [(r.request_id, r.num_tokens) for r in scheduler.waiting],
+            "promoting": [r.request_id for r in scheduler.promoting],
+            "running": [(r.request_id, r.kv_len, len(r.page_table)) for r in scheduler.running],
             "device_free": self.cache.device_pool.num_free,
             "host_free": self.cache.host_pool.num_free if self.cache.host_pool else None,
             "in_flight": len(self.cache.mover.in_flight),
@@ -99,8 +100,13 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
     return load_model(model_dir, dtype=torch.float32)
 
 
+@pytest.fixture(params=list(WritePolicy), ids=lambda policy: policy.value)
+def write_policy(request: pytest.FixtureRequest) -> WritePolicy:
+    return request.param
+
+
 @pytest.fixture
-def make_harness(tiny_model: LoadedModel, tmp_path: Path):
+def make_harness(tiny_model: LoadedModel, tmp_path: Path, write_policy: WritePolicy):
     def build(
         device_pages: int = 256,
         host_pages: int = 0,
@@ -112,7 +118,12 @@ def make_harness(tiny_model: LoadedModel, tmp_path: Path):
     ) -> Harness:
         layout = PageLayout.for_model(tiny_model.config, PAGE_SIZE, torch.float32)
         cache, executor = make_cache(
-            layout, device_pages, host_pages, disk_pages, disk_dir=tmp_path / "disk"
+            layout,
+            device_pages,
+            host_pages,
+            disk_pages,
+            disk_dir=tmp_path / "disk",
+            write_policy=write_policy,
         )
         runner = ModelRunner(
             tiny_model.config, tiny_model.weights, cache.device_pool, MAX_MODEL_LEN

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.unit.engine.conftest import PAGE_SIZE, prompt
 from tieredkv.cache.tier import Tier
-from tieredkv.config import SchedulePolicy
+from tieredkv.config import SchedulePolicy, WritePolicy
 from tieredkv.engine.protocol import FinishReason
 
 
@@ -130,7 +130,7 @@ def test_aging_bounds_a_cold_requests_wait(make_harness) -> None:
     harness.submit("warm", hot_base, max_tokens=1)
     harness.run()
     harness.submit("cold", prompt(40, seed=15), max_tokens=1)
-    bound = 256 / engine.order.aging_tokens_per_second  # max_model_len / rate
+    bound = 256 / engine.scheduler.order.aging_tokens_per_second  # max_model_len / rate
     step_seconds = 0.01
     waited = 0.0
     for i in range(1000):
@@ -271,8 +271,22 @@ def test_a_queued_request_prefetches_its_disk_pages_once(make_harness, monkeypat
     harness.step()  # "again" waits: its disk pages start towards host
     harness.step()  # the copy, completed, is applied
     assert len(prefetched) == 1  # once, not every step it waits
-    assert harness.engine.requests["again"] in harness.engine.waiting
+    assert harness.engine.requests["again"] in harness.engine.scheduler.waiting
     disk_to_host = harness.cache.counters.transfer_bytes[(Tier.DISK, Tier.HOST)]
     assert disk_to_host > 0
     harness.run()
     assert harness.usage("again").cached_tokens > 0
+
+
+def test_write_policy_decides_when_computed_pages_reach_host(make_harness, write_policy) -> None:
+    """Without device pressure, write-back copies nothing down; write-through copies every full
+    page the request put in the tree (prompt + output[:-1]) to host in the background."""
+    harness = make_harness(host_pages=64)
+    ids = prompt(40, seed=90)
+    harness.submit("r", ids, max_tokens=3)
+    harness.run()
+    num_pages = (40 + 3 - 1) // PAGE_SIZE
+    copied = harness.cache.counters.transfer_bytes[Tier.DEVICE, Tier.HOST]
+    written = num_pages if write_policy is WritePolicy.WRITE_THROUGH else 0
+    assert copied == written * harness.cache.layout.page_bytes
+    assert harness.cache.match([*ids, 1], "").device.num_pages == 10  # the device copy stays

@@ -1,5 +1,6 @@
 """`Request.packed_tokens`: the prompt packed once, generated tokens appended as they come."""
 
+from tieredkv.cache.testing import make_cache, tiny_layout
 from tieredkv.engine.protocol import GenerationRequest
 from tieredkv.engine.request import Request
 from tieredkv.model.sampler import SamplingParams
@@ -7,7 +8,8 @@ from tieredkv.model.sampler import SamplingParams
 
 def _request(prompt: tuple[int, ...]) -> Request:
     spec = GenerationRequest("r", prompt, SamplingParams(max_tokens=4))
-    return Request(spec, seq_id=0, output=None, generator=None)  # type: ignore[arg-type]
+    kv = make_cache(tiny_layout(), device_pages=4)[0].new_handle()
+    return Request(spec, seq_id=0, output=None, generator=None, kv=kv)  # type: ignore[arg-type]
 
 
 def test_packed_tokens_follow_the_outputs() -> None:

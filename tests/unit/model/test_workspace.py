@@ -7,7 +7,7 @@ import torch
 
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.device_pool import DevicePool
-from tieredkv.model.workspace import SpareWorkspaces, Workspace, WorkspaceArena
+from tieredkv.model.workspace import SpareWorkspaces, Workspace, WorkspaceArena, fill_helper
 
 
 def gathered(pool: DevicePool, pages: list[int], length: int) -> torch.Tensor:
@@ -37,7 +37,8 @@ def test_fill_equals_gather(dtype: torch.dtype, length: int, order: str) -> None
         pages = [s + i for s in starts for i in range(3)][:num_pages]
     workspace = Workspace.for_tokens(pool, 64)  # smaller: the fill grows it
     workspace.kv.fill_(7)
-    workspace.fill_from_pool(pool, [*pages, 0, 1], length)  # extra page ids are ignored
+    with fill_helper() as helper:
+        workspace.fill_from_pool(pool, [*pages, 0, 1], length, helper)  # extra ids are ignored
     assert workspace.length == length and workspace.capacity >= length
     assert torch.equal(workspace.kv[:, :, :length], gathered(pool, pages, length))
 

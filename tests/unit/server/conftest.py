@@ -16,6 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from tieredkv.server.app import create_app
+from tieredkv.server.runner import uvicorn_config
 
 from tests.model_factory import CHATML_TEMPLATE, build_tiny_tokenizer
 from tests.unit.server.fake_engine import FakeEngine
@@ -28,7 +29,11 @@ MAX_MODEL_LEN = 256
 
 @pytest.fixture(scope="session")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> ChatTokenizer:
-    model_dir = tmp_path_factory.mktemp("tokenizer")
+    return tiny_chat_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+def tiny_chat_tokenizer(model_dir: Path) -> ChatTokenizer:
+    """The tiny tokenizer with a ChatML template, saved under `model_dir`."""
     build_tiny_tokenizer().save(str(model_dir / "tokenizer.json"))
     config = {
         "bos_token": "<|im_start|>",
@@ -64,13 +69,13 @@ def client(app: FastAPI) -> Iterator[TestClient]:
 
 
 @contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    """The app under uvicorn (uvloop, h11) on 127.0.0.1 with an ephemeral port; its base URL."""
+def serve(app: FastAPI, config: ServerConfig | None = None) -> Iterator[str]:
+    """The app under uvicorn as `tieredkv serve` runs it (uvloop, h11, the connection limits of
+    `config`) on 127.0.0.1 with an ephemeral port; its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, loop="uvloop", http="h11", lifespan="off", log_level="warning")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, config or ServerConfig(), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from tieredkv.engine.protocol import (
@@ -42,6 +42,8 @@ class FakeEngine(EngineClient):
     closed_early: list[str] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     flushes: int = 0
+    closed: bool = True  # nothing to close: a runner's shutdown never waits for it
+    flush_scopes: list[Callable[[str], bool] | None] = field(default_factory=list)
     closed_event: threading.Event = field(default_factory=threading.Event)
 
     def reply_ids(self) -> list[int]:
@@ -96,8 +98,9 @@ class FakeEngine(EngineClient):
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
-    async def flush_cache(self) -> int:
+    async def flush_cache(self, within: Callable[[str], bool] | None = None) -> int:
         self.flushes += 1
+        self.flush_scopes.append(within)
         return 42
 
     async def debug_cache(self) -> dict:

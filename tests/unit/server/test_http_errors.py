@@ -271,6 +271,15 @@ def test_the_catch_all_is_a_500_in_openai_shape(engine):
 def test_a_namespace_header_that_is_not_utf8_is_400():
     # Starlette hands header bytes over as latin-1 text; \xff\xfe is not UTF-8.
     with pytest.raises(APIError) as caught:
-        resolve_namespace(None, b"\xff\xfe".decode("latin-1"))
+        resolve_namespace(None, b"\xff\xfe".decode("latin-1"), None)
     assert caught.value.status == 400 and caught.value.param == "X-Cache-Namespace"
-    assert resolve_namespace(None, "ü".encode().decode("latin-1")) == "ü"
+    assert resolve_namespace(None, "ü".encode().decode("latin-1"), None) == "ü"
+
+
+def test_a_namespace_with_nul_is_400_and_tenants_get_their_own():
+    with pytest.raises(APIError) as caught:
+        resolve_namespace("a\0b", None, None)
+    assert caught.value.status == 400 and "NUL" in caught.value.message
+    assert resolve_namespace(None, None, "acme") == "\0tenant\0acme"
+    assert resolve_namespace("x", None, "acme") == "\0tenant\0acme\0x"
+    assert resolve_namespace("x", None, None) == "x"

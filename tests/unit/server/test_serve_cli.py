@@ -40,10 +40,12 @@ def test_every_flag_reaches_its_config(tmp_path):
         "--write-policy", "write_back", "--schedule-policy", "fcfs",
         "--max-batch-tokens", "1024", "--max-num-seqs", "8", "--max-queue", "5",
         "--max-request-bytes", "64KiB", "--api-key", "k", "--no-cache", "--debug-endpoints",
+        "--max-connections", "40",
     )  # fmt: skip
     assert (s.model, s.served_model_name, s.max_model_len) == ("/m", "chat", 4096)
     assert (s.server.host, s.server.port, s.server.api_key) == ("0.0.0.0", 9000, "k")
     assert s.server.max_request_bytes == 64 << 10 and s.server.debug_endpoints
+    assert s.server.max_connections == 40
     assert s.cache.page_size == 32 and s.cache.device_cache_bytes == 512 << 20
     assert not s.cache.host_enabled and s.cache.disk_enabled
     assert s.cache.disk_cache_dir == tmp_path and s.cache.disk_cache_bytes == 3 * GiB
@@ -64,6 +66,7 @@ def test_every_flag_reaches_its_config(tmp_path):
         (["--page-size", "24"], "power of two"),
         (["--device-cache-size", "0"], "device_cache_bytes"),
         (["--max-request-bytes", "0"], "max_request_bytes"),
+        (["--max-connections", "0"], "must be > 0"),
         (["--bogus"], "unrecognized arguments"),
     ],
 )

@@ -58,10 +58,11 @@ class DiskIOBackend:
         self._next_handle = 1
 
     def open(self, path: Path, size_bytes: int, create: bool) -> int:
-        """Open `path` read-write. `create`: make a new file (mode 0o600, must not exist) and
-        preallocate `size_bytes`; on failure nothing is left behind and OSError (ENOSPC...)
-        propagates. Otherwise open the existing file and extend it to `size_bytes` if shorter."""
-        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
+        """Open `path` read-write, never through a symlink (ELOOP). `create`: make a new file
+        (mode 0o600, must not exist) and preallocate `size_bytes`; on failure nothing is left
+        behind and OSError (ENOSPC...) propagates. Otherwise open the existing file and extend
+        it to `size_bytes` if shorter."""
+        flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(path, flags, 0o600)
         try:
             if create:
@@ -86,7 +87,7 @@ class DiskIOBackend:
             return None
 
     def _os_open_direct(self, path: Path) -> int:
-        return os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_DIRECT)
+        return os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_DIRECT)
 
     def _register(self, file: _OpenFile) -> int:
         with self._lock:
@@ -96,9 +97,10 @@ class DiskIOBackend:
         return handle
 
     def lock(self, path: Path) -> int:
-        """Create/open the lock file `path` (0o600) and take an exclusive, non-blocking flock.
+        """Create/open the lock file `path` (0o600, never through a symlink) and take an
+        exclusive, non-blocking flock.
         Raises BlockingIOError when another open file description holds it."""
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BaseException:

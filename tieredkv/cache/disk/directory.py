@@ -15,6 +15,7 @@ import dataclasses
 import errno
 import logging
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,14 +71,27 @@ def superblock_for(layout: PageLayout, fingerprint: bytes, capacity_bytes: int) 
 
 
 def prepare_directory(directory: Path) -> None:
-    """Create the directory (mode 0o700) if needed; log files that are not ours."""
+    """Create the directory (mode 0o700) if needed, refuse one that another user could write
+    into (owned by someone else, or group- or world-writable: whoever can write there can plant
+    records), and log files that are not ours."""
     try:
         if not directory.exists():
             directory.mkdir(mode=0o700, parents=True)
             os.chmod(directory, 0o700)  # exact mode whatever the umask
+        status = directory.stat()
         entries = sorted(path.name for path in directory.iterdir())
     except OSError as error:
         raise DiskStoreError(f"disk cache directory {directory}: {error}") from error
+    if status.st_uid != os.geteuid():
+        raise DiskStoreError(
+            f"disk cache directory {directory} is owned by uid {status.st_uid}, not by this "
+            f"process's user (uid {os.geteuid()}); use a directory of your own"
+        )
+    if status.st_mode & 0o022:
+        raise DiskStoreError(
+            f"disk cache directory {directory} is group- or world-writable "
+            f"(mode {stat.S_IMODE(status.st_mode):o}); run `chmod go-w {directory}`"
+        )
     for name in entries:
         if name not in (LOCK_FILE, STORE_FILE) and not name.startswith(
             STORE_FILE + SET_ASIDE_INFIX
@@ -115,13 +129,17 @@ def open_store_file(
     """Reopen a compatible store file or set it aside, else create a fresh one.
 
     A compatible file with fewer pages than configured (e.g. shrunk earlier for lack of space)
-    is kept as it is. A fresh file that cannot be preallocated halves until it fits."""
+    is kept as it is. A fresh file that cannot be preallocated halves until it fits. Any
+    OSError becomes a DiskStoreError (a symlink in place of the file: ELOOP)."""
     path = directory / STORE_FILE
-    if path.exists():
-        opened = _reopen(io, path, wanted, count_error)
-        if opened is not None:
-            return opened
-    return _create(io, path, wanted)
+    try:
+        if path.exists() or path.is_symlink():
+            opened = _reopen(io, path, wanted, count_error)
+            if opened is not None:
+                return opened
+        return _create(io, path, wanted)
+    except OSError as error:
+        raise DiskStoreError(f"disk store {path}: {error}") from error
 
 
 def _reopen(

@@ -48,6 +48,7 @@ ERROR_REASONS = ("checksum", "fingerprint", "io")
 # calling worker checksums the next (see disk_pipeline).
 CHUNK_BYTES = 32 << 20
 IO_DEPTH = 2
+IO_THREADS = 4  # the store's own I/O threads, shared by every transfer
 MIN_CHUNKS = 4
 MIN_CHUNK_BYTES = 1 << 20
 
@@ -70,9 +71,7 @@ class DiskStore:
         capacity_bytes: int,
         io: DiskIOBackend | None = None,
         codec: str = "raw",
-        io_threads: int = 4,
         chunk_bytes: int = CHUNK_BYTES,
-        io_depth: int = IO_DEPTH,
     ) -> None:
         if codec not in CODECS:
             raise DiskStoreError(f"disk store codec must be one of {sorted(CODECS)}, got {codec!r}")
@@ -99,7 +98,7 @@ class DiskStore:
         self.direct_io = self._file.direct_io
         self._chunk_pages = max(chunk_bytes // opened.superblock.record_bytes, 1)
         self._min_chunk_pages = max(MIN_CHUNK_BYTES // opened.superblock.record_bytes, 1)
-        self._pipeline = ChunkPipeline(io_threads, io_depth)
+        self._pipeline = ChunkPipeline(IO_THREADS, IO_DEPTH)
         self._free = list(range(self.num_slots - 1, -1, -1))  # pop() hands out low ids first
         self._is_free = [True] * self.num_slots
         logger.info(

@@ -59,7 +59,7 @@ class RadixIndex:
         num_tokens = len(query) // TOKEN_BYTES
         key = namespace_root_key(self.fingerprint, namespace)
         max_pages = max(num_tokens - 1, 0) // self.page_size
-        root = self.tree.root(key, create=False)
+        root = self.tree.root(key, create=False, name=namespace)
         if not (self.prefix_reuse and root is not None and max_pages > 0):
             return MatchResult(key, num_tokens, self.page_size, *_NO_SEGMENT.values(), None)
         # group the path by serving tier (its fastest copy): device nodes, then host, then disk
@@ -98,7 +98,8 @@ class RadixIndex:
         num_pages = min(len(query) // page_bytes, len(device_pages))
         if not self.prefix_reuse or num_pages == 0:
             return InsertResult(0, 0, None, (), ())
-        root = self.tree.root(namespace_root_key(self.fingerprint, namespace), create=True)
+        root_key = namespace_root_key(self.fingerprint, namespace)
+        root = self.tree.root(root_key, create=True, name=namespace)
         assert root is not None
         existing = _start_path(root, start_node, start_pages, num_pages)
         existing += self._walk_exact(start_node or root, query, num_pages, start_pages)

@@ -28,13 +28,19 @@ class RadixTree:
         self.page_size = page_size
         self.page_bytes = page_size * TOKEN_BYTES  # a page's packed tokens
         self.roots: dict[bytes, RadixNode] = {}
+        self.names: dict[bytes, str] = {}  # namespace names of roots, as matched or inserted
         self.num_nodes = 0  # excluding namespace roots
 
-    def root(self, root_key: bytes, create: bool) -> RadixNode | None:
+    def root(self, root_key: bytes, create: bool, name: str | None = None) -> RadixNode | None:
+        """The namespace root with `root_key` (made if `create`); `name` records its namespace
+        (a root rebuilt from disk has none until a request names it). A root left without
+        children is dropped (`remove`), so namespaces that hold nothing cost nothing."""
         node = self.roots.get(root_key)
         if node is None and create:
             node = RadixNode(None, b"", 0, [], root_key)
             self.roots[root_key] = node
+        if node is not None and name is not None:
+            self.names[root_key] = name
         return node
 
     def walk(
@@ -169,13 +175,18 @@ class RadixTree:
         return child
 
     def remove(self, node: RadixNode) -> None:
-        """Detach a childless node (its copies must already be freed)."""
+        """Detach a childless node (its copies must already be freed); a namespace root left
+        with no children goes too."""
         assert not node.children and node.parent is not None, "remove a leaf only"
         assert not node.copies and not node.inflight, f"remove {node} with copies"
-        del node.parent.children[node.packed[: self.page_bytes]]
-        node.parent.child_ranks[NO_COPY] -= 1
+        parent = node.parent
+        del parent.children[node.packed[: self.page_bytes]]
+        parent.child_ranks[NO_COPY] -= 1
         node.attached = False
         self.num_nodes -= 1
+        if parent.parent is None and not parent.children:
+            del self.roots[parent.root_key]
+            self.names.pop(parent.root_key, None)
 
     def lock_path(self, node: RadixNode, delta: int) -> list[RadixNode]:
         """Add `delta` (+1/-1) to the lock count of `node` and its ancestors.

@@ -12,8 +12,7 @@ Evicting a copy from tier T, cheapest first:
      leaves the tree                                            (dropped)
      ... except while transfers are in flight and the drop would lose pages (the copy is the
      last one, or children would lose theirs) in a tier that has an enabled tier below: then
-     wait, as those transfers complete, room opens below (a tiny host tier full of copies in
-     flight dropped whole conversations that the disk had room for).
+     wait, as those transfers complete, room opens below.
 Write-through copies new device pages down in the background, so that eviction is case 1.
 """
 
@@ -120,10 +119,11 @@ class Demoter:
             return
         self.copy_down(node, lower, frees_source=False)
 
-    def flush(self) -> int:
-        """Drop every copy that may leave its tier now (locked and in-flight ones stay).
-
-        Returns the number of pages dropped."""
+    def flush(self, roots: list[RadixNode] | None = None) -> int:
+        """Drop every copy that may leave its tier now (locked and in-flight ones stay), in
+        the whole tree or under `roots` only. Returns the number of pages dropped."""
+        if roots is not None:
+            return self._flush_under(roots)
         dropped = 0
         progress = True
         while progress:
@@ -134,11 +134,27 @@ class Demoter:
                     if not copy_may_leave(node, tier):
                         later.append(node)
                         continue
-                    dropped += node.num_pages
-                    demoted = any(t > tier for t in node.copies)
-                    self.residency.free_copy(node, tier, count_as=demoted)
-                    self._after_free(node)
+                    dropped += self._drop(node, tier)
                     progress = True
                 for node in later:
                     self.residency.refresh(node)
         return dropped
+
+    def _flush_under(self, roots: list[RadixNode]) -> int:
+        nodes = [child for root in roots for child in root.children.values()]
+        for node in nodes:  # parents before children
+            nodes.extend(node.children.values())
+        dropped = 0
+        for node in reversed(nodes):  # children first: their parents' copies may then leave
+            for tier in list(node.copies):
+                if not node.attached:
+                    break
+                if self.residency.evictable(node, tier) and copy_may_leave(node, tier):
+                    dropped += self._drop(node, tier)
+        return dropped
+
+    def _drop(self, node: RadixNode, tier: Tier) -> int:
+        demoted = any(t > tier for t in node.copies)
+        self.residency.free_copy(node, tier, count_as=demoted)
+        self._after_free(node)
+        return node.num_pages

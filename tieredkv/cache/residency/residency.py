@@ -105,6 +105,10 @@ class Residency:
 
     # --- heaps -----------------------------------------------------------------------------
 
+    def evictable(self, node: RadixNode, tier: Tier) -> bool:
+        """May `node`'s copy in `tier` leave it now, by demotion at least (see `eviction`)?"""
+        return self._policy.evictable(node, tier)
+
     def pop_evictable(self, tier: Tier) -> RadixNode | None:
         """The cheapest copy to evict from `tier` now (see `eviction`), or None."""
         return self._heaps[tier].pop(self._policy.evictable)

@@ -9,10 +9,8 @@ whether it arrived intact (a disk record that fails verification is False, never
   *       disk    host run in place, else staging    (device: gather -> pinned staging)
   disk    *       host run in place, else staging    (device: staging -> device, scatter)
 
-(*) A job of `SPLIT_MIN_PAGES` pages or more shares its pages with one helper thread. On these
-strided copies one thread reaches ~75% of one-thread memcpy into the device pool and ~55% out
-of it; two reach ~95% and ~85% when the other core is free (page_rows has the measurements).
-`copy_threads(n)` says how many threads a job of n pages uses.
+(*) A job of `SPLIT_MIN_PAGES` pages or more shares its pages with one helper thread: one
+thread alone cannot reach memcpy speed on these strided copies (see page_rows).
 
 Staging is reused (per worker thread, see page_staging) and bounded: a staged transfer moves
 at most STAGE_BYTES at a time, double-buffered. A disk transfer overlaps its staging copies with
@@ -32,7 +30,7 @@ from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.transfer.executor import CopyJob
-from tieredkv.cache.transfer.page_rows import PageRows, copy_pages, copy_threads, paired_runs
+from tieredkv.cache.transfer.page_rows import PageRows, copy_pages, paired_runs
 from tieredkv.cache.transfer.page_staging import StagingBuffers
 from tieredkv.kernels.backend import select_backend
 
@@ -41,10 +39,10 @@ if TYPE_CHECKING:
 
 STAGE_BYTES = 32 << 20  # per staging buffer, two per worker thread: the store's own chunk size
 # Threads that run the store calls of disk jobs and the helper half of host<->device copies,
-# shared by every copier in the process (neither a store call nor a copy part ever waits on
-# this pool, so sharing cannot deadlock; a copier owns no threads).
-DISK_HELPERS = 8
-_helpers = ThreadPoolExecutor(DISK_HELPERS, thread_name_prefix="tkv-stage")  # threads on demand
+# shared by the copier's jobs (neither a store call nor a copy part ever waits on this pool, so
+# sharing cannot deadlock).
+HELPER_THREADS = 8
+HELPER_THREAD_PREFIX = "tkv-stage"
 
 
 def _index(pages: list[int], device: torch.device) -> torch.Tensor:
@@ -65,8 +63,10 @@ class PageCopier:
     a job reads and writes only its own pages. Jobs may run on any number of threads at once.
 
     `staged=True` forces the CUDA data path (staging buffers, gather/scatter kernels) on a CPU
-    device pool too, so tests cover it on a machine without a GPU. `split_copies=False` keeps
-    every host<->device job on its own thread (the bench measures both)."""
+    device pool too, so tests cover it on a machine without a GPU.
+
+    The copier owns its helper threads (started on demand): `close()` them once no job runs
+    any more, after the mover that runs the jobs has closed."""
 
     def __init__(
         self,
@@ -74,7 +74,6 @@ class PageCopier:
         host_pool: HostPool,
         disk: DiskStore | None,
         staged: bool | None = None,
-        split_copies: bool = True,
     ) -> None:
         self.device_pool = device_pool
         self.host_pool = host_pool
@@ -87,12 +86,12 @@ class PageCopier:
         self._host_rows = PageRows.page_major(host_pool.kv)
         # the device pool seen page by page: only where it lives in CPU memory
         self._device_rows = None if self.staged else PageRows.layer_major(device_pool.kv)
-        self._helpers = _helpers
-        self._copy_helper = _helpers if split_copies and not self.staged else None
+        self._helpers = ThreadPoolExecutor(HELPER_THREADS, thread_name_prefix=HELPER_THREAD_PREFIX)
+        self._copy_helper = None if self.staged else self._helpers
 
-    def copy_threads(self, num_pages: int) -> int:
-        """Threads a host<->device job of `num_pages` pages copies on (1 or 2)."""
-        return copy_threads(num_pages, self._copy_helper)
+    def close(self) -> None:
+        """Stop the helper threads (idle once every job has returned)."""
+        self._helpers.shutdown(wait=True)
 
     def job(
         self,

@@ -10,33 +10,21 @@ so any page moves between any two layouts with one strided `np.copyto`, and a ru
 is consecutive on both sides moves with one call. numpy releases the GIL for these copies, so
 threads copy in parallel; the Python loop costs about a microsecond per run.
 
-One thread cannot reach memcpy speed on these copies: every page is `layers * 2` separate runs
-of a few KiB (6 KiB for the default model), each in another 4 KiB page of a layer-major pool
-hundreds of MiB wide, and the layer-major reads are the slowest. Measured on the 2-core dev box
-(numpy memcpy 18-21 GB/s), 256-page batches of shuffled pages, one thread: ~16 GB/s into the
-device pool, ~12 GB/s out of it, and no visit order does better out of it (per layer row with
-fancy indexing: 8-9; blocks of 8 pages x 10 rows: 10; staged page by page through a cache-sized
-buffer: 10; 60 rows read interleaved in 256 B - 2 KiB pieces: 10-11, not counting the copy back
-out; torch copies: 9-11; 4- or 8-byte elements: no change, numpy ends in memmove). Huge pages
-under both pools would add ~8% (the pools are not allocated here). Two threads overlap their
-misses and reach ~20 GB/s in and ~18 GB/s out when the other core is free (`bench tiers`,
-64-1024 pages; one-thread memcpy ~21 GB/s in the same runs), so a batch of at
-least `SPLIT_MIN_PAGES` pages is shared with one helper thread (`copy_pages(..., helper=...)`).
-When the other core is busy the split gains nothing, and a helper descheduled in the middle of
-a part delays the job by up to a time slice: the price of the gain on a quiet machine.
+One thread cannot reach memcpy speed on the layer-major side's scattered runs, and two threads
+overlap their cache misses, so a batch of at least `SPLIT_MIN_PAGES` pages is shared with one
+helper thread (`copy_pages(..., helper=...)`; the README's Performance section has the figures).
 """
 
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 
 import numpy as np
 import torch
 
-# A batch this large is shared with a helper thread. Measured on the dev box, shuffled pages,
-# cold: a shared job of 1-4 pages is 15-40% slower than one thread (waking the helper costs
-# more than it copies), 8 pages break even, 16 pages gain 25-40%, 64 pages 35-85%.
+# A batch this large is shared with a helper thread; below it, waking the helper costs more
+# than it copies.
 SPLIT_MIN_PAGES = 16
 PART_PAGES = 4  # pages per claimed part: small enough that a late helper still balances
 
@@ -110,8 +98,8 @@ def copy_pages(
 ) -> None:
     """dst page dst_pages[i] <- src page src_pages[i] for every i (dst pages distinct).
 
-    Runs go in address order of the layer-major side, whose strided runs are the slow ones
-    (measured: about 15% faster than the given order for shuffled pages). With a `helper`
+    Runs go in address order of the layer-major side, whose strided runs are the slow ones.
+    With a `helper`
     executor and `copy_threads(...) == 2`, the caller and one helper task claim parts of
     `PART_PAGES` pages in turn; returns once every part is copied. A helper task that has not
     started when the caller runs out of parts is cancelled, so a busy pool never delays the copy.
@@ -128,14 +116,11 @@ def copy_pages(
         while (part := parts.take()) is not None:
             _copy_runs(dst, src, part)
 
-    try:
-        helping: Future | None = helper.submit(drain)
-    except RuntimeError:  # the pool refuses new tasks (interpreter exit): copy alone
-        helping = None
+    helping = helper.submit(drain)
     try:
         drain()
     finally:
-        if helping is not None and not helping.cancel():
+        if not helping.cancel():
             helping.result()  # SYNC: the helper's last part is in place (or its error raised)
 
 

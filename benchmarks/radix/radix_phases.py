@@ -14,13 +14,14 @@ import time
 
 import torch
 
-from tieredkv.bench.radix_driver import ChatDriver, fresh_tokens, pack_prompt, timed
-from tieredkv.bench.radix_workload import ChatShape, ChatWorkload
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import CacheConfig
+
+from .radix_driver import ChatDriver, fresh_tokens, pack_prompt, timed
+from .radix_workload import ChatShape, ChatWorkload
 
 PAGE_SIZE = 16
 TINY_LAYOUT = PageLayout(1, 1, 4, PAGE_SIZE, torch.bfloat16)

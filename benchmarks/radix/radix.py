@@ -1,6 +1,6 @@
-"""`tieredkv bench radix`: the radix tree's own cost on a multi-turn chat workload.
+"""The radix tree's own cost on a multi-turn chat workload (run by benchmarks/radix_ops.py).
 
-    tieredkv bench radix [--users 400] [--nodes 1000,10000,100000] [--json PATH]
+    .venv/bin/python benchmarks/radix_ops.py [--users 400] [--nodes 1000,10000,100000] [--json PATH]
 
 A real TieredCache on tiny pages (radix_phases), driven the way the engine drives it
 (radix_driver) by many users' multi-turn chats (radix_workload: 2.5k-3.5k-token prompts, page
@@ -20,9 +20,9 @@ import json
 import os
 from pathlib import Path
 
-from tieredkv.bench.radix_limits import compare_floor_us, cpu_share, packed_floor_us
-from tieredkv.bench.radix_phases import chat_calls, eviction_cost, match_scaling
-from tieredkv.bench.radix_profile import profile_calls
+from .radix_limits import compare_floor_us, cpu_share, packed_floor_us
+from .radix_phases import chat_calls, eviction_cost, match_scaling
+from .radix_profile import profile_calls
 
 # SGLang's RadixCache (pure Python), this workload, this machine: the issue's figures (µs)
 SGLANG_MATCH_US = 26.0
@@ -30,7 +30,7 @@ SGLANG_INSERT_US = 39.0
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tieredkv bench radix", description=__doc__)
+    parser = argparse.ArgumentParser(prog="benchmarks/radix_ops.py", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add = parser.add_argument
     add("--users", type=int, default=400, help="conversations in the timed workload")

@@ -1,14 +1,18 @@
-"""`tieredkv bench radix` on tiny sizes: the report's shape and sane values (never timings)."""
+"""benchmarks/radix_ops.py on tiny sizes: the report's shape and sane values (never timings)."""
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
-from tieredkv.bench.radix_driver import ChatDriver
-from tieredkv.bench.radix_phases import chat_calls, eviction_cost, tiny_cache
-from tieredkv.bench.radix_workload import ChatShape, ChatWorkload
+from benchmarks.radix.radix import main
+from benchmarks.radix.radix_driver import ChatDriver
+from benchmarks.radix.radix_phases import chat_calls, eviction_cost, tiny_cache
+from benchmarks.radix.radix_workload import ChatShape, ChatWorkload
 from tieredkv.cache.index.token_run import PackedTokens
-from tieredkv.cli import main as cli_main
+
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "radix_ops.py"
 
 
 def check_summary(summary: dict) -> None:
@@ -18,9 +22,17 @@ def check_summary(summary: dict) -> None:
     assert summary["p50_us"] <= summary["p99_us"]
 
 
-def test_cli_writes_the_report(tmp_path: Path) -> None:
+def test_the_script_runs_from_any_directory(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "radix_ops.py" in done.stdout
+
+
+def test_main_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "radix.json"
-    assert cli_main(["bench", "radix", "--quick", "--profile", "--json", str(out)]) == 0
+    assert main(["--quick", "--profile", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     machine = report["machine"]
     for when in ("before", "after"):

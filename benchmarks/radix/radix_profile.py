@@ -1,4 +1,4 @@
-"""`tieredkv bench radix --profile`: where match and insert spend their time (cProfile).
+"""`benchmarks/radix_ops.py --profile`: where match and insert spend their time (cProfile).
 
 A separate pass over the same workload (profiling slows every call, so the timed figures come
 from the unprofiled run); only the cache's match and insert calls are profiled.
@@ -11,9 +11,9 @@ import io
 import pstats
 from collections.abc import Callable
 
-from tieredkv.bench.radix_driver import ChatDriver
-from tieredkv.bench.radix_phases import pages_per_user, tiny_cache
-from tieredkv.bench.radix_workload import ChatWorkload
+from .radix_driver import ChatDriver
+from .radix_phases import pages_per_user, tiny_cache
+from .radix_workload import ChatWorkload
 
 PROFILED = ("match", "insert")
 

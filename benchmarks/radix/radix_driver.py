@@ -22,10 +22,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tieredkv.bench.radix_workload import ChatTurn
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.token_run import PackedTokens, TokenPacker
 from tieredkv.cache.tiered_cache import TieredCache
+
+from .radix_workload import ChatTurn
 
 T = TypeVar("T")
 Timer = Callable[..., Any]  # (samples, call, *args) -> call(*args)

@@ -1,7 +1,10 @@
-"""`tieredkv bench tiers --breakdown`: where a PageCopier job's time goes, stage by stage, beside
-cheaper ways to move the same pages (measured in the same run, same pages, same pools).
+"""Where a PageCopier job's time goes, stage by stage, beside cheaper ways to move the same pages
+(measured in the same run, same pages, same pools), as GB/s and as a share of memcpy.
 
-Stages of today's jobs (page_copier.py):
+    .venv/bin/python benchmarks/tier_breakdown.py [--dir DIR] [--batch 1024] [--reps 5]
+                                                  [--memory-only] [--json PATH]
+
+Stages of today's jobs (tieredkv/cache/transfer/page_copier.py):
   staging     torch.empty + index_select of the host pages (a fresh allocation per job: page
               faults) vs the same index_select into a reused, already-faulted buffer
   scatter     kernels.scatter_pages (index_copy_ of the permuted staging into the device pool)
@@ -9,20 +12,31 @@ Stages of today's jobs (page_copier.py):
   host write  host.index_copy_ of a staging tensor into the host pages
   disk        write_pages / read_pages from an aligned reused buffer (no bounce copy) vs a
               fresh torch.empty (unaligned: the store's bounce copy, plus page faults)
-Alternatives: one numpy copy per page between the two pools (no staging at all).
+Alternatives: one numpy copy per page between the two pools (no staging at all), and the job's
+own page-by-page copy held to one thread (a job of SPLIT_MIN_PAGES pages or more shares it with
+a helper thread).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import torch
 
-from tieredkv.bench.tier_limits import drop_cache, median_seconds
+from tieredkv.bench.tier_copies import make_copier
+from tieredkv.bench.tier_limits import drop_cache, median_seconds, memcpy_gbps
 from tieredkv.bench.tier_store import LAYOUT, aligned_pages, make_records
+from tieredkv.bench.tiers import default_dir
 from tieredkv.cache.disk.directory import STORE_FILE
 from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.transfer.page_copier import PageCopier
+from tieredkv.cache.transfer.page_rows import PageRows, copy_pages
 
 
 def _pool_views(copier: PageCopier) -> tuple[np.ndarray, np.ndarray]:
@@ -48,6 +62,7 @@ def breakdown(
     reused = torch.empty(shape, dtype=LAYOUT.dtype)
     reused.fill_(0)
     device_np, host_np = _pool_views(copier)
+    device_rows, host_rows = PageRows.layer_major(device_kv), PageRows.page_major(host_kv)
 
     def per_page(to_device: bool) -> None:
         for host_page, device_page in zip(host_pages, device_pages, strict=True):
@@ -78,6 +93,12 @@ def breakdown(
         "host index_copy_ of staging": lambda: host_kv.index_copy_(0, host_index, reused),
         "alt: numpy copy per page host->device": lambda: per_page(True),
         "alt: numpy copy per page device->host": lambda: per_page(False),
+        "alt: the job's copy on 1 thread host->device": lambda: copy_pages(
+            device_rows, device_pages, host_rows, host_pages
+        ),
+        "alt: the job's copy on 1 thread device->host": lambda: copy_pages(
+            host_rows, host_pages, device_rows, device_pages
+        ),
     }
     result = {name: median_seconds(run, reps) for name, run in stages.items()}
     if store is not None:
@@ -117,3 +138,60 @@ def _disk_stages(
     result |= {name: median_seconds(run, reps, forget) for name, run in reads.items()}
     store.free(slots)
     return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="benchmarks/tier_breakdown.py", description=__doc__)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    add = parser.add_argument
+    add("--dir", type=Path, default=None, help="where temp files go (default: ~/.cache/tieredkv)")
+    add("--batch", type=int, default=1024, help="pages per job")
+    add("--reps", type=int, default=5, help="timed repetitions (medians), after one warm-up")
+    add("--seed", type=int, default=0)
+    add("--memcpy-bytes", type=int, default=512 << 20)
+    add("--memory-only", action="store_true", help="no disk stages")
+    add("--json", type=Path, default=None, metavar="PATH", help="also write the figures here")
+    add("--quick", action="store_true", help="tiny sizes, for tests (figures meaningless)")
+    return parser
+
+
+def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
+    """memcpy on one thread, then every stage (the disk ones in a store under `directory`)."""
+    rng = np.random.default_rng(args.seed)
+    memcpy = memcpy_gbps(args.memcpy_bytes, args.reps, rng)
+    store = None
+    if not args.memory_only:
+        capacity = 2 * args.batch * LAYOUT.page_bytes + (16 << 20)
+        store = DiskStore(directory / "store", b"bench", LAYOUT, capacity)
+    copier = make_copier(2 * args.batch, store, args.seed)
+    try:
+        stages = breakdown(copier, store, args.batch, args.reps, rng)
+    finally:
+        copier.close()
+        if store is not None:
+            store.close()
+    return {"batch_pages": args.batch, "memcpy_gbps": memcpy, "gbps": stages}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.quick:
+        args.batch, args.reps, args.memcpy_bytes = 16, 1, 16 << 20
+    root = args.dir if args.dir is not None else default_dir()
+    try:
+        with tempfile.TemporaryDirectory(dir=root, prefix="tieredkv-bench-") as tmp:
+            report = measure(args, Path(tmp))
+    except OSError as error:
+        print(f"tier_breakdown: error: {error} (under {root})", file=sys.stderr)
+        return 1
+    memcpy = report["memcpy_gbps"]
+    print(f"memcpy {memcpy:.2f} GB/s on 1 thread; {args.batch} pages of {LAYOUT.page_bytes:,} B")
+    for name, gbps in report["gbps"].items():
+        print(f"  {name:<46}{gbps:>8.2f} GB/s{gbps / memcpy:>7.0%}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

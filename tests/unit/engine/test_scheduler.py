@@ -1,0 +1,213 @@
+"""The scheduler on its own: admission, promotion waits, page reservation and preemption over a
+real tiered cache (manual transfers, page size 4), with no model: a test "forwards" a plan by
+doing what the engine does around the forward. check_integrity() runs after every forward."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from tests.unit.engine.conftest import FakeClock
+from tieredkv.cache.testing import make_cache, tiny_layout
+from tieredkv.cache.tier import Tier
+from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.cache.transfer.executor import ManualTransferExecutor
+from tieredkv.config import EngineConfig, SchedulePolicy, WritePolicy
+from tieredkv.engine.engine_metrics import EngineRecorder
+from tieredkv.engine.metrics import EngineMetrics
+from tieredkv.engine.protocol import FinishReason, GenerationRequest
+from tieredkv.engine.request import Request, RequestStatus
+from tieredkv.engine.request_pages import RequestPages
+from tieredkv.engine.scheduler import Scheduler, StepPlan
+from tieredkv.model.sampler import SamplingParams
+
+PAGE_SIZE = 4
+SAMPLED = 7  # the token every sampling "produces"
+
+
+@dataclass
+class Rig:
+    scheduler: Scheduler
+    pages: RequestPages
+    cache: TieredCache
+    executor: ManualTransferExecutor
+    metrics: EngineMetrics
+    clock: FakeClock
+    released: list[int]  # seq ids of preempted requests, given back to the "runner"
+    seq_ids: Iterator[int] = field(default_factory=itertools.count)
+
+    def request(self, request_id: str, prompt: list[int]) -> Request:
+        self.clock.advance(0.001)  # arrivals in call order
+        sampling = SamplingParams(max_tokens=64)
+        spec = GenerationRequest(request_id, tuple(prompt), sampling, arrival_time=self.clock())
+        kv = self.cache.new_handle("")
+        request = Request(spec, next(self.seq_ids), None, None, kv)  # type: ignore[arg-type]
+        self.scheduler.add(request)
+        return request
+
+    def step(self) -> StepPlan:
+        """Apply transfers, schedule, and 'forward' the plan as the engine would."""
+        assert self.scheduler.apply_transfers() == []
+        plan = self.scheduler.schedule()
+        for request, chunk in zip(plan.requests, plan.chunks, strict=True):
+            assert len(request.page_table) * PAGE_SIZE >= chunk.end  # its pages are reserved
+            request.kv_len = chunk.end
+            if request.num_pending == 0:
+                request.output_ids.append(SAMPLED)
+            self.pages.insert_computed(request)
+        result = self.cache.check_integrity()
+        assert result.ok, result.problems
+        return plan
+
+    def finish(self, request: Request) -> None:
+        self.scheduler.remove(request, keep_computed=True)
+        request.status = RequestStatus.FINISHED
+
+
+def make_rig(
+    device_pages: int = 32,
+    host_pages: int = 0,
+    max_num_seqs: int = 4,
+    max_batch_tokens: int = 64,
+    policy: SchedulePolicy = SchedulePolicy.LPM,
+    write_policy: WritePolicy = WritePolicy.WRITE_BACK,
+) -> Rig:
+    cache, executor = make_cache(
+        tiny_layout(PAGE_SIZE), device_pages, host_pages, write_policy=write_policy
+    )
+    config = EngineConfig(
+        max_model_len=64,
+        max_batch_tokens=max_batch_tokens,
+        max_num_seqs=max_num_seqs,
+        schedule_policy=policy,
+    )
+    metrics, clock, released = EngineMetrics(), FakeClock(), []
+    pages = RequestPages(cache, PAGE_SIZE, reuse_prefixes=True)
+    recorder = EngineRecorder(metrics)
+    scheduler = Scheduler(config, pages, recorder, released.append, clock)
+    return Rig(scheduler, pages, cache, executor, metrics, clock, released)
+
+
+def prompt(length: int, first: int) -> list[int]:
+    return list(range(first, first + length))
+
+
+def planned(plan: StepPlan) -> list[tuple[str, int, int]]:
+    """(request, first token, tokens) of each chunk, in plan order."""
+    return [
+        (r.request_id, c.start, c.num_new) for r, c in zip(plan.requests, plan.chunks, strict=True)
+    ]
+
+
+def test_decodes_go_first_then_prefill_chunks_within_the_token_budget() -> None:
+    rig = make_rig(max_batch_tokens=16)
+    rig.request("a", prompt(10, 100))
+    rig.request("b", prompt(30, 200))
+    assert planned(rig.step()) == [("a", 0, 10), ("b", 0, 6)]
+    assert [len(r.page_table) for r in rig.scheduler.running] == [3, 2]  # pages for the step
+    assert planned(rig.step()) == [("a", 10, 1), ("b", 6, 15)]
+    assert planned(rig.step()) == [("a", 11, 1), ("b", 21, 9)]
+
+
+def test_admission_waits_while_running_requests_take_every_sequence() -> None:
+    rig = make_rig(max_num_seqs=1)
+    first = rig.request("first", prompt(6, 100))
+    assert planned(rig.step()) == [("first", 0, 6)]
+    second = rig.request("second", prompt(6, 200))
+    assert planned(rig.step()) == [("first", 6, 1)]  # the decode takes the only sequence
+    assert rig.scheduler.waiting == [second] and second.page_table == []
+    rig.finish(first)
+    assert planned(rig.step()) == [("second", 0, 6)]
+    assert not rig.scheduler.waiting
+
+
+def test_the_longest_cached_prefix_is_admitted_first_unless_fcfs() -> None:
+    for policy, expected in ((SchedulePolicy.LPM, "warm"), (SchedulePolicy.FCFS, "cold")):
+        rig = make_rig(max_num_seqs=1, policy=policy)
+        history = prompt(20, 100)
+        rig.finish(_run_prefill(rig, "history", history))
+        rig.request("cold", prompt(20, 500))
+        rig.request("warm", [*history, 1, 2])
+        assert [r.request_id for r in rig.step().requests] == [expected], policy
+
+
+def _run_prefill(rig: Rig, request_id: str, ids: list[int]) -> Request:
+    request = rig.request(request_id, ids)
+    rig.step()
+    assert request.kv_len == len(ids)
+    return request
+
+
+def test_a_request_waits_in_promoting_until_its_host_pages_are_on_the_device() -> None:
+    rig = make_rig(device_pages=8, host_pages=8, max_num_seqs=1)
+    history = prompt(16, 100)
+    rig.finish(_run_prefill(rig, "history", history))
+    assert rig.cache.evict(Tier.DEVICE, 8) is False  # its pages start towards host
+    rig.executor.complete_all()
+    rig.step()
+    again = rig.request("again", [*history, 1, 2])
+    other = rig.request("other", prompt(4, 300))
+    assert rig.step().requests == []  # admitted, promoting: it holds the only sequence slot
+    assert again.status is RequestStatus.PROMOTING and other in rig.scheduler.waiting
+    assert rig.step().requests == []  # the copy is not done yet
+    rig.executor.complete_all()
+    plan = rig.step()
+    assert planned(plan) == [("again", 16, 2)]  # the promoted 16 tokens are not forwarded
+    assert again.cached_by_tier[Tier.HOST] == 16
+    assert rig.metrics.promotion_seconds.count(from_tier=Tier.HOST.label) == 1
+
+
+def test_an_abort_during_a_promotion_ends_the_request_when_the_promotion_is_done() -> None:
+    rig = make_rig(device_pages=8, host_pages=8)
+    history = prompt(16, 100)
+    rig.finish(_run_prefill(rig, "history", history))
+    rig.cache.evict(Tier.DEVICE, 8)
+    rig.executor.complete_all()
+    rig.step()
+    again = rig.request("again", [*history, 1, 2])
+    rig.step()
+    assert again.status is RequestStatus.PROMOTING
+    again.finish_reason = FinishReason.ABORT  # what Engine.abort does to a promoting request
+    rig.executor.complete_all()
+    assert rig.scheduler.apply_transfers() == [again]
+    assert not rig.scheduler.has_work
+    rig.scheduler.remove(again, keep_computed=True)
+    assert rig.cache.num_locks() == 0 and again.page_table == []
+    assert rig.cache.check_integrity().ok
+
+
+def test_a_full_device_preempts_the_youngest_running_request() -> None:
+    rig = make_rig(device_pages=8)  # two sequences of 16 tokens fill it
+    a = rig.request("a", prompt(14, 100))
+    b = rig.request("b", prompt(14, 200))
+    assert planned(rig.step()) == [("a", 0, 14), ("b", 0, 14)]
+    for _ in range(2):  # 15 and 16 tokens still fit in 4 pages each
+        assert [r.request_id for r in rig.step().requests] == ["a", "b"]
+    assert rig.cache.device_pool.num_free == 0
+    plan = rig.step()  # a's 17th token needs a fifth page: b goes back to the queue
+    assert plan.requests == [a] and len(a.page_table) == 5
+    assert rig.metrics.preemptions.value() == 1
+    assert rig.released == [b.seq_id] and b.num_preemptions == 1
+    # b's computed pages went into the tree: it came back at once with 3 of its 4 full pages
+    # (the fourth was dropped to make a's room: no lower tier), and waits for pages to grow
+    assert b.status is RequestStatus.RUNNING and b.kv_len == 12
+    assert len(b.page_table) == 3 and b.cached_tokens == 0  # usage: its first admission's
+    rig.finish(a)
+    assert planned(rig.step()) == [("b", 12, 5)]
+
+
+def test_no_preemption_while_transfers_are_in_flight() -> None:
+    # write-through copies every inserted page to host: the test holds them in flight
+    rig = make_rig(device_pages=8, host_pages=16, write_policy=WritePolicy.WRITE_THROUGH)
+    a = rig.request("a", prompt(14, 100))
+    b = rig.request("b", prompt(14, 200))
+    for _ in range(3):
+        rig.step()
+    assert rig.cache.transfers_in_flight() and rig.cache.device_pool.num_free == 0
+    for _ in range(2):  # neither can grow; nobody is preempted while the copies run
+        assert rig.step().requests == []
+    assert rig.metrics.preemptions.value() == 0
+    rig.executor.complete_all()
+    assert rig.step().requests == [a]  # the copies applied: b makes room
+    assert rig.metrics.preemptions.value() == 1 and b.status is RequestStatus.WAITING
