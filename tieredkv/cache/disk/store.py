@@ -27,6 +27,7 @@ from tieredkv.cache.disk.directory import (
     prepare_directory,
     superblock_for,
 )
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.format import (
     CODECS,
     DiskRecord,
@@ -43,7 +44,6 @@ from tieredkv.errors import DiskStoreError, OutOfPagesError
 
 logger = logging.getLogger(__name__)
 
-ERROR_REASONS = ("checksum", "fingerprint", "io")
 # A run of slots moves as chunks of about CHUNK_BYTES, IO_DEPTH of them in flight while the
 # calling worker checksums the next (see disk_pipeline).
 CHUNK_BYTES = 32 << 20
@@ -81,7 +81,7 @@ class DiskStore:
         self.layout = layout
         self.codec = CODECS[codec]
         self.io = io if io is not None else DiskIOBackend()
-        self.error_counts = dict.fromkeys(ERROR_REASONS, 0)
+        self.error_counts = dict.fromkeys(DiskErrorReason, 0)
         self.degraded = False
         self._counts_lock = threading.Lock()
         wanted = superblock_for(layout, fingerprint, capacity_bytes)
@@ -109,7 +109,7 @@ class DiskStore:
             "on" if self.direct_io else "off",
         )
 
-    def _count_error(self, reason: str, count: int = 1) -> None:
+    def _count_error(self, reason: DiskErrorReason, count: int = 1) -> None:
         with self._counts_lock:
             self.error_counts[reason] += count
 
@@ -133,14 +133,14 @@ class DiskStore:
 
     def free(self, slots: list[int]) -> None:
         """Return slots and zero their headers so a restart does not bring them back. A failed
-        invalidation is counted ("io") and logged: the slot's next write still cannot verify
+        invalidation is counted (IO) and logged: the slot's next write still cannot verify
         against the old header, because the record checksum covers the payload."""
         for slot in slots:
             assert not self._is_free[slot], f"disk slot {slot} freed twice"
         try:
             self.invalidate(slots)
         except OSError as error:
-            self._count_error("io")
+            self._count_error(DiskErrorReason.IO)
             self.degraded = True
             logger.warning(
                 "disk store: invalidating %d freed records failed: %s", len(slots), error
@@ -161,7 +161,7 @@ class DiskStore:
     ) -> None:
         """Write `payload` (n, num_layers, 2, page_size, kv_heads, head_dim), the layout's dtype,
         page-major, CPU, one page per slot. Returns once every byte is written. Raises OSError
-        (counted "io", store degraded); the slots' records are then misses, all others intact."""
+        (counted IO, store degraded); the slots' records are then misses, all others intact."""
         assert len(slots) == len(records) == payload.shape[0], "one record and page per slot"
         rows = _page_rows(payload, self.layout)  # (n, page_bytes) uint8
         header_bytes = self._file.block.header_bytes
@@ -184,7 +184,7 @@ class DiskStore:
                 )
                 self._file.write_headers(slots[start], b"".join(headers))  # after the payloads
         except OSError:
-            self._count_error("io")
+            self._count_error(DiskErrorReason.IO)
             self.degraded = True
             raise
 
@@ -201,8 +201,8 @@ class DiskStore:
     ) -> list[bool]:
         """Fill out[i] (same shape rules as write_pages) from slots[i]; True when the record
         verifies: header and payload checksum, key == page_key(parent_key, tokens), and key ==
-        the expected record's key. False (counted "checksum") is a miss; out[i] is zeroed.
-        I/O errors raise OSError (counted "io")."""
+        the expected record's key. False (counted CHECKSUM) is a miss; out[i] is zeroed.
+        I/O errors raise OSError (counted IO)."""
         rows = _page_rows(out, self.layout)  # (n, page_bytes) uint8
         headers: list[RecordHeader | None] = []
 
@@ -226,7 +226,7 @@ class DiskStore:
                 for ok in chunk
             ]
         except OSError:
-            self._count_error("io")
+            self._count_error(DiskErrorReason.IO)
             raise
         for index, (header, want) in enumerate(zip(headers, expected, strict=True)):
             want_key = want.key if isinstance(want, DiskRecord) else want
@@ -235,7 +235,7 @@ class DiskStore:
         for index in misses:
             rows[index] = 0
         if misses:
-            self._count_error("checksum", len(misses))
+            self._count_error(DiskErrorReason.CHECKSUM, len(misses))
             logger.warning("disk store: %d of %d records failed to verify", len(misses), len(slots))
         return verified
 
@@ -256,13 +256,13 @@ class DiskStore:
     def scan(self) -> list[tuple[int, DiskRecord]]:
         """Warm restart: one sequential read of the header region. Returns every slot whose
         header verifies and whose key chains, and marks those slots used. Corrupt, torn or
-        truncated-away records are counted ("checksum") and invalidated. Call once, right
+        truncated-away records are counted (CHECKSUM) and invalidated. Call once, right
         after opening, before any alloc."""
         if len(self._free) != self.num_slots:
             raise DiskStoreError("DiskStore.scan() must run before any slot is allocated")
         found, bad = scan_headers(self._file, self.layout.page_size, self._opened.intact_bytes)
         if bad:
-            self._count_error("checksum", len(bad))
+            self._count_error(DiskErrorReason.CHECKSUM, len(bad))
             logger.warning("disk store scan: %d corrupt or torn records invalidated", len(bad))
             self.invalidate(bad)
         used = {slot for slot, _ in found}
