@@ -140,7 +140,7 @@ def test_failed_invalidation_on_free_is_counted_not_raised(tmp_path: Path) -> No
     io.fail_write(errno.EROFS)
     store.free(slots[:1])
     assert store.error_counts[DiskErrorReason.IO] == 1 and store.degraded
-    assert store.num_free == store.num_slots - 1
+    assert store.num_free == store.num_pages - 1
     store.close()
 
 

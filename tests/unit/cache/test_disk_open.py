@@ -64,7 +64,7 @@ def test_foreign_store_is_set_aside(tmp_path: Path, change: dict) -> None:
 def test_larger_capacity_keeps_the_existing_store(tmp_path: Path) -> None:
     _write_three(tmp_path)
     store = open_store(tmp_path, capacity=CAPACITY * 4)
-    assert store.num_slots == 14  # kept as it was; nothing set aside
+    assert store.num_pages == 14  # kept as it was; nothing set aside
     assert [slot for slot, _ in store.scan()] == [0, 1, 2]
     assert store.error_counts[DiskErrorReason.FINGERPRINT] == 0
     store.close()
@@ -123,7 +123,7 @@ def test_no_space_at_start_shrinks_the_store(tmp_path: Path, caplog) -> None:
     io = FaultInjectingIO(max_file_bytes=20 << 10)
     with caplog.at_level(logging.WARNING):
         store = open_store(tmp_path, io=io)
-    assert 0 < store.num_slots < 14 and store.capacity_bytes <= 20 << 10
+    assert 0 < store.num_pages < 14 and store.file_bytes <= 20 << 10
     assert "no space" in caplog.text
     store.write_pages(store.alloc(1), chain(1), random_pages(1))
     store.close()

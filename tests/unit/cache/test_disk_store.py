@@ -153,7 +153,7 @@ def test_reopen_scan_finds_every_record(tmp_path: Path) -> None:
     found = reopened.scan()
     kept = [0, 1, 3, 4]
     assert found == [(slots[i], records[i]) for i in kept]
-    assert reopened.num_free == reopened.num_slots - 4
+    assert reopened.num_free == reopened.num_pages - 4
     assert slots[2] in reopened.alloc(1)  # lowest free slot again: the freed one
     out = torch.empty((4, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
     assert (
@@ -167,11 +167,22 @@ def test_reopen_scan_finds_every_record(tmp_path: Path) -> None:
 
 def test_alloc_is_all_or_nothing(tmp_path: Path) -> None:
     store = open_store(tmp_path)
-    assert store.num_slots == 14 and store.capacity_bytes <= CAPACITY
+    assert store.num_pages == 14 and store.file_bytes <= CAPACITY
     store.alloc(10)
     with pytest.raises(OutOfPagesError):
         store.alloc(5)
     assert store.num_free == 4
+    store.close()
+
+
+def test_alloc_is_ascending_and_freed_slots_come_back_lowest_first(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    assert store.alloc(4) == [0, 1, 2, 3]
+    store.free([3, 1, 2])
+    assert store.free_list.used_pages() == [0]
+    assert store.alloc(2) == [1, 2]
+    with pytest.raises(AssertionError, match="freed twice"):
+        store.free([3])
     store.close()
 
 

@@ -40,7 +40,8 @@ from tieredkv.cache.disk.page_file import PageFile, lz4_block, slot_runs
 from tieredkv.cache.disk.pipeline import ChunkPipeline
 from tieredkv.cache.disk.scan import scan_headers
 from tieredkv.cache.page_layout import PageLayout
-from tieredkv.errors import DiskStoreError, OutOfPagesError
+from tieredkv.cache.pools.free_list import PageFreeList, PagePool
+from tieredkv.errors import DiskStoreError
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +61,11 @@ def _page_rows(pages: torch.Tensor, layout: PageLayout) -> np.ndarray:
     return pages.view(torch.uint8).numpy().reshape(pages.shape[0], layout.page_bytes)
 
 
-class DiskStore:
-    """Fixed-size page records under `directory`, owned by one process (exclusive flock)."""
+class DiskStore(PagePool):
+    """Fixed-size page records under `directory`, owned by one process (exclusive flock).
+
+    A pool like the others: page ids are record slots, handed out by a `PageFreeList`.
+    """
 
     def __init__(
         self,
@@ -94,17 +98,17 @@ class DiskStore:
             raise
         self._opened: OpenedFile = opened
         self._file = PageFile(self.io, opened.handle, opened.superblock, layout.page_bytes)
-        self.num_slots = opened.superblock.num_slots
+        self.num_pages = opened.superblock.num_slots
+        self.page_bytes = layout.page_bytes
+        self.free_list = PageFreeList(self.num_pages, "disk")
         self.direct_io = self._file.direct_io
         self._chunk_pages = max(chunk_bytes // opened.superblock.record_bytes, 1)
         self._min_chunk_pages = max(MIN_CHUNK_BYTES // opened.superblock.record_bytes, 1)
         self._pipeline = ChunkPipeline(IO_THREADS, IO_DEPTH)
-        self._free = list(range(self.num_slots - 1, -1, -1))  # pop() hands out low ids first
-        self._is_free = [True] * self.num_slots
         logger.info(
             "disk store %s: %d pages of %d B, O_DIRECT %s",
             self.directory,
-            self.num_slots,
+            self.num_pages,
             layout.page_bytes,
             "on" if self.direct_io else "off",
         )
@@ -114,29 +118,19 @@ class DiskStore:
             self.error_counts[reason] += count
 
     @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    @property
-    def capacity_bytes(self) -> int:
+    def file_bytes(self) -> int:
+        """The store file's size: superblock, headers and records."""
         return self._opened.superblock.file_bytes
 
     def alloc(self, count: int) -> list[int]:
         """Take `count` record slots, all or nothing (OutOfPagesError), in ascending order: a
         batch written to consecutive slots moves with one request per chunk, not per page."""
-        if count > len(self._free):
-            raise OutOfPagesError(f"disk store: asked for {count} pages, {len(self._free)} free")
-        slots = sorted(self._free.pop() for _ in range(count))
-        for slot in slots:
-            self._is_free[slot] = False
-        return slots
+        return sorted(self.free_list.alloc(count))
 
     def free(self, slots: list[int]) -> None:
         """Return slots and zero their headers so a restart does not bring them back. A failed
         invalidation is counted (IO) and logged: the slot's next write still cannot verify
         against the old header, because the record checksum covers the payload."""
-        for slot in slots:
-            assert not self._is_free[slot], f"disk slot {slot} freed twice"
         try:
             self.invalidate(slots)
         except OSError as error:
@@ -145,9 +139,7 @@ class DiskStore:
             logger.warning(
                 "disk store: invalidating %d freed records failed: %s", len(slots), error
             )
-        for slot in sorted(slots, reverse=True):  # pop() hands the lowest slot out first
-            self._is_free[slot] = True
-            self._free.append(slot)
+        self.free_list.free(sorted(slots, reverse=True))  # the lowest slot is handed out first
 
     def invalidate(self, slots: list[int]) -> None:
         """Zero the headers of `slots` (their records become misses). Raises OSError."""
@@ -258,17 +250,14 @@ class DiskStore:
         header verifies and whose key chains, and marks those slots used. Corrupt, torn or
         truncated-away records are counted (CHECKSUM) and invalidated. Call once, right
         after opening, before any alloc."""
-        if len(self._free) != self.num_slots:
+        if self.num_free != self.num_pages:
             raise DiskStoreError("DiskStore.scan() must run before any slot is allocated")
         found, bad = scan_headers(self._file, self.layout.page_size, self._opened.intact_bytes)
         if bad:
             self._count_error(DiskErrorReason.CHECKSUM, len(bad))
             logger.warning("disk store scan: %d corrupt or torn records invalidated", len(bad))
             self.invalidate(bad)
-        used = {slot for slot, _ in found}
-        self._free = [slot for slot in range(self.num_slots - 1, -1, -1) if slot not in used]
-        for slot in used:
-            self._is_free[slot] = False
+        self.free_list.take(slot for slot, _ in found)
         logger.info("disk store scan: %d records found", len(found))
         return found
 

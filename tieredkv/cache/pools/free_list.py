@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tieredkv.errors import OutOfPagesError
 
 
@@ -41,6 +43,14 @@ class PageFreeList:
             assert not self._is_free[page], f"{self._label} page {page} freed twice"
             self._is_free[page] = True
             self._free.append(page)
+
+    def take(self, pages: Iterable[int]) -> None:
+        """Mark these free pages used (a disk store's live records at a warm restart); the
+        rest stay free, in their order."""
+        for page in pages:
+            assert self._is_free[page], f"{self._label} page {page} taken while in use"
+            self._is_free[page] = False
+        self._free = [page for page in self._free if self._is_free[page]]
 
     def is_free(self, page: int) -> bool:
         return self._is_free[page]

@@ -61,7 +61,7 @@ class TierPools:
             return self.device.num_pages
         if tier is Tier.HOST:
             return self.host.num_pages
-        return self.disk.num_slots if self.disk is not None else 0
+        return self.disk.num_pages if self.disk is not None else 0
 
     def num_free(self, tier: Tier) -> int:
         if tier is Tier.DEVICE:
