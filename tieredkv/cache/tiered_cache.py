@@ -259,15 +259,15 @@ class TieredCache:
         return self.pools.enabled(tier)
 
     def tier_healthy(self, tier: Tier) -> bool:
-        """False for a disabled tier and for a degraded disk tier."""
+        """False for a disabled tier and for a degraded one (its pool takes no new copies)."""
         return self.pools.healthy(tier)
 
     def tier_used_bytes(self, tier: Tier) -> int:
         """Allocated pages (copies, requests' pages, destinations in flight) in bytes."""
-        return self.pools.used_bytes(tier) if self.pools.enabled(tier) else 0
+        return self.pools.used_bytes(tier)
 
     def tier_capacity_bytes(self, tier: Tier) -> int:
-        return self.pools.capacity_bytes(tier) if self.pools.enabled(tier) else 0
+        return self.pools.capacity_bytes(tier)
 
     def disk_page_errors(self) -> dict[DiskErrorReason, int]:
         """Disk records or files refused, by reason; every reason present, 0 without a disk."""

@@ -41,6 +41,7 @@ from tieredkv.cache.disk.pipeline import ChunkPipeline
 from tieredkv.cache.disk.scan import scan_headers
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.free_list import PageFreeList, PagePool
+from tieredkv.cache.tier import Tier
 from tieredkv.errors import DiskStoreError
 
 logger = logging.getLogger(__name__)
@@ -64,8 +65,11 @@ def _page_rows(pages: torch.Tensor, layout: PageLayout) -> np.ndarray:
 class DiskStore(PagePool):
     """Fixed-size page records under `directory`, owned by one process (exclusive flock).
 
-    A pool like the others: page ids are record slots, handed out by a `PageFreeList`.
+    A pool like the others: page ids are record slots, handed out by a `PageFreeList`. A failed
+    write or invalidation degrades it (see `PagePool.degraded`).
     """
+
+    tier = Tier.DISK
 
     def __init__(
         self,
@@ -86,8 +90,7 @@ class DiskStore(PagePool):
         self.codec = CODECS[codec]
         self.io = io if io is not None else DiskIOBackend()
         self.error_counts = dict.fromkeys(DiskErrorReason, 0)
-        self.degraded = False
-        self._counts_lock = threading.Lock()
+        self._lock = threading.Lock()  # error counts and the degraded flag: workers report too
         wanted = superblock_for(layout, fingerprint, capacity_bytes)
         prepare_directory(self.directory)
         self._lock_handle: int | None = lock_directory(self.io, self.directory)
@@ -100,7 +103,7 @@ class DiskStore(PagePool):
         self._file = PageFile(self.io, opened.handle, opened.superblock, layout.page_bytes)
         self.num_pages = opened.superblock.num_slots
         self.page_bytes = layout.page_bytes
-        self.free_list = PageFreeList(self.num_pages, "disk")
+        self.free_list = PageFreeList(self.num_pages, self.tier.label)
         self.direct_io = self._file.direct_io
         self._chunk_pages = max(chunk_bytes // opened.superblock.record_bytes, 1)
         self._min_chunk_pages = max(MIN_CHUNK_BYTES // opened.superblock.record_bytes, 1)
@@ -114,8 +117,12 @@ class DiskStore(PagePool):
         )
 
     def _count_error(self, reason: DiskErrorReason, count: int = 1) -> None:
-        with self._counts_lock:
+        with self._lock:
             self.error_counts[reason] += count
+
+    def mark_degraded(self, reason: str) -> None:
+        with self._lock:
+            super().mark_degraded(reason)
 
     @property
     def file_bytes(self) -> int:
@@ -135,10 +142,10 @@ class DiskStore(PagePool):
             self.invalidate(slots)
         except OSError as error:
             self._count_error(DiskErrorReason.IO)
-            self.degraded = True
             logger.warning(
                 "disk store: invalidating %d freed records failed: %s", len(slots), error
             )
+            self.mark_degraded("a freed record could not be invalidated")
         self.free_list.free(sorted(slots, reverse=True))  # the lowest slot is handed out first
 
     def invalidate(self, slots: list[int]) -> None:
@@ -175,9 +182,9 @@ class DiskStore(PagePool):
                     self._chunks(start, length), encode, write, lambda s, e, enc, _: enc[1]
                 )
                 self._file.write_headers(slots[start], b"".join(headers))  # after the payloads
-        except OSError:
+        except OSError as error:
             self._count_error(DiskErrorReason.IO)
-            self.degraded = True
+            self.mark_degraded(f"write failed: {error}")
             raise
 
     def _chunks(self, start: int, length: int) -> list[tuple[int, int]]:
