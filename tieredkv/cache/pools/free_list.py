@@ -1,8 +1,15 @@
-"""A pool's free list of page ids (engine thread only)."""
+"""A pool's free list of page ids, and `PagePool`: what every tier's pool offers (engine thread
+only)."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
+
+from tieredkv.cache.tier import Tier
 from tieredkv.errors import OutOfPagesError
+
+logger = logging.getLogger(__name__)
 
 
 class PageFreeList:
@@ -42,6 +49,14 @@ class PageFreeList:
             self._is_free[page] = True
             self._free.append(page)
 
+    def take(self, pages: Iterable[int]) -> None:
+        """Mark these free pages used (a disk store's live records at a warm restart); the
+        rest stay free, in their order."""
+        for page in pages:
+            assert self._is_free[page], f"{self._label} page {page} taken while in use"
+            self._is_free[page] = False
+        self._free = [page for page in self._free if self._is_free[page]]
+
     def is_free(self, page: int) -> bool:
         return self._is_free[page]
 
@@ -50,12 +65,19 @@ class PageFreeList:
 
 
 class PagePool:
-    """What every in-memory tier's pool offers: `num_pages` pages of `page_bytes` behind a
-    `PageFreeList`. Subclasses own the tensor and set `num_pages`, `page_bytes`, `free_list`."""
+    """What every tier's pool offers: `num_pages` pages of `page_bytes` behind a `PageFreeList`,
+    and the tier's health. Subclasses own the memory (a tensor, a file) and set `tier`,
+    `num_pages`, `page_bytes` and `free_list`; a pool without pages is a disabled tier.
 
+    `degraded` is the tier's one health flag: once set (`mark_degraded`), the tier takes no new
+    copies and demotions to it become drops; what it holds is still served.
+    """
+
+    tier: Tier
     num_pages: int
     page_bytes: int
     free_list: PageFreeList
+    degraded: bool = False
 
     @property
     def num_free(self) -> int:
@@ -81,3 +103,12 @@ class PagePool:
 
     def used_pages(self) -> list[int]:
         return self.free_list.used_pages()
+
+    def mark_degraded(self, reason: str) -> None:
+        """Take no new copies from now on (logged once, with the first reason)."""
+        if not self.degraded:
+            label = self.tier.label
+            logger.warning(
+                "%s tier degraded (%s): demotions to %s become drops", label, reason, label
+            )
+        self.degraded = True
