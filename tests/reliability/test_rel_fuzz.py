@@ -42,7 +42,7 @@ def fuzz(server: FaultServer, max_examples: int) -> dict[str, int]:
 
     (schemathesis.pytest.from_fixture fails under pytest 9 (`Function._nodeid`), so the
     strategies are driven by hypothesis directly, as the schema is only known at run time.)"""
-    schema = schemathesis.openapi.from_url(server.base_url + "/openapi.json")
+    schema = schemathesis.openapi.from_url(server.base_url + "/openapi.json", headers=AUTH)
     runs: dict[str, int] = {}
     for result in schema.get_all_operations():
         operation = result.ok()

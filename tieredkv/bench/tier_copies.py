@@ -96,7 +96,7 @@ def mover_disk_gbps(
     host_kv = copier.host_pool.kv
     host_pages = rng.permutation(copier.host_pool.num_pages)[:batch].tolist()
     expected = host_kv[host_pages].clone()  # (batch, *page_shape)
-    num_groups = store.num_slots // batch
+    num_groups = store.num_pages // batch
     slots = store.alloc(num_groups * batch)
     records = make_records(batch)
     verified: list[bool] = []

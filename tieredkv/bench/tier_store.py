@@ -87,8 +87,8 @@ def store_gbps(
 ) -> tuple[float, float, bool]:
     """(write, read) GB/s of batches of `batch` pages, each split evenly over `threads` disk
     workers (one write_pages / read_pages call each, as the mover's disk pool issues them),
-    and whether every page read back verified and equal. `data` (num_slots, *page_shape)."""
-    num_groups = store.num_slots // batch
+    and whether every page read back verified and equal. `data` (num_pages, *page_shape)."""
+    num_groups = store.num_pages // batch
     records = make_records(batch)
     slots = store.alloc(num_groups * batch)  # a fresh store: slots 0, 1, 2, ... in order
     out = aligned_pages(num_groups * batch)

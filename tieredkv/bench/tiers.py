@@ -161,7 +161,7 @@ def _all_rows(
         finally:
             copier.close()
         del copier  # its pools: the aligned store data below needs the memory
-        data = random_pages(store.num_slots, rng)  # (num_slots, *page_shape) bf16, aligned
+        data = random_pages(store.num_pages, rng)  # (num_pages, *page_shape) bf16, aligned
         for threads in args.threads:
             via = f"DiskStore, aligned, {threads} caller(s)"
             for batch in batches:

@@ -156,9 +156,8 @@ def check_integrity(
         num_used = pools.num_pages(tier) - pools.num_free(tier)
         if len(owned) != num_used:
             problems.append(f"{tier.label}: {num_used} pages used, {len(owned)} owned")
-        if tier is not Tier.DISK:
-            pool = pools.device if tier is Tier.DEVICE else pools.host
-            freed = [page for page in owned if pool.is_free(page)]
+        if tier in pools:
+            freed = [page for page in owned if pools[tier].is_free(page)]
             problems.extend(f"{tier.label} page {page} owned but free" for page in freed)
         counts = dict.fromkeys(OWNERS, 0)
         for owner in owned.values():

@@ -26,6 +26,7 @@ import torch
 from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.disk.direct_io import DiskIOBackend
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.index.match_results import InsertResult, MatchResult
 from tieredkv.cache.index.radix_index import RadixIndex
@@ -258,21 +259,20 @@ class TieredCache:
         return self.pools.enabled(tier)
 
     def tier_healthy(self, tier: Tier) -> bool:
-        """False for a disabled tier and for a degraded disk tier."""
+        """False for a disabled tier and for a degraded one (its pool takes no new copies)."""
         return self.pools.healthy(tier)
 
     def tier_used_bytes(self, tier: Tier) -> int:
         """Allocated pages (copies, requests' pages, destinations in flight) in bytes."""
-        return self.pools.used_bytes(tier) if self.pools.enabled(tier) else 0
+        return self.pools.used_bytes(tier)
 
     def tier_capacity_bytes(self, tier: Tier) -> int:
-        return self.pools.capacity_bytes(tier) if self.pools.enabled(tier) else 0
+        return self.pools.capacity_bytes(tier)
 
-    def disk_page_errors(self) -> dict[str, int]:
-        """Disk records or files refused, by reason (checksum, fingerprint, io)."""
+    def disk_page_errors(self) -> dict[DiskErrorReason, int]:
+        """Disk records or files refused, by reason; every reason present, 0 without a disk."""
         disk = self.pools.disk
-        base = {"checksum": 0, "fingerprint": 0, "io": 0}
-        return base if disk is None else {**base, **disk.error_counts}
+        return dict(disk.error_counts) if disk else dict.fromkeys(DiskErrorReason, 0)
 
     def disk_direct_io(self) -> bool | None:
         """Whether the disk tier uses O_DIRECT; None without a disk tier."""

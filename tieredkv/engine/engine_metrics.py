@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tieredkv.cache.cache_metrics import CacheCounters
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.tier import Tier
 from tieredkv.engine.metrics import EngineMetrics
 from tieredkv.engine.protocol import FinishReason
@@ -27,7 +28,7 @@ class StepFigures:
     cache_counters: CacheCounters
     tier_used_bytes: Mapping[Tier, int]
     tier_capacity_bytes: Mapping[Tier, int]
-    disk_page_errors: Mapping[str, int]
+    disk_page_errors: Mapping[DiskErrorReason, int]
 
 
 class EngineRecorder:

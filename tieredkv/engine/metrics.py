@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from tieredkv.cache.cache_metrics import EVICTION_ACTIONS, CacheCounters
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.tier import Tier
 from tieredkv.engine.prometheus import Counter, Gauge, Histogram, Registry
 from tieredkv.engine.protocol import FinishReason
@@ -17,7 +18,6 @@ from tieredkv.engine.protocol import FinishReason
 PREFIX = "tieredkv_"
 TIER_LABELS = tuple(tier.label for tier in Tier)  # ("device", "host", "disk")
 PROMOTION_SOURCES = ("host", "disk")
-DISK_ERROR_REASONS = ("checksum", "fingerprint", "io")
 SUCCESS_REASONS = ("stop", "length", "abort")
 
 # 1 ms × 2^k up to 16 s (the last bound is 2^14 ms = 16.384 s)
@@ -72,7 +72,7 @@ class EngineMetrics:
             "disk_page_errors_total",
             "Disk records or files refused, by reason.",
             ("reason",),
-            [(r,) for r in DISK_ERROR_REASONS],
+            [(r.label,) for r in DiskErrorReason],
         )
         self.time_to_first_token = self._histogram(
             "time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS
@@ -144,7 +144,7 @@ class EngineMetrics:
         counters: CacheCounters,
         used_bytes: Mapping[Tier, int],
         capacity_bytes: Mapping[Tier, int],
-        disk_page_errors: Mapping[str, int],
+        disk_page_errors: Mapping[DiskErrorReason, int],
     ) -> None:
         """Mirror the cache's own monotonic counters and its tier sizes (call once per step, on
         the engine thread: `cache.counters`, `cache.tier_used_bytes(t)`,
@@ -156,7 +156,7 @@ class EngineMetrics:
         for (tier, action), pages in counters.evicted_pages.items():
             self.evicted_pages.set_total(pages, tier=tier.label, action=action)
         for reason, count in disk_page_errors.items():
-            self.disk_page_errors.set_total(count, reason=reason)
+            self.disk_page_errors.set_total(count, reason=reason.label)
         for tier in Tier:
             self.tier_used_bytes.set(used_bytes.get(tier, 0), tier=tier.label)
             self.tier_capacity_bytes.set(capacity_bytes.get(tier, 0), tier=tier.label)

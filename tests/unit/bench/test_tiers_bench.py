@@ -100,7 +100,7 @@ def test_disk_jobs_read_back_what_they_wrote(tmp_path: Path) -> None:
         before = copier.host_pool.kv.clone()
         write, read, ok = mover_disk_gbps(copier, store, 4, 1, np.random.default_rng(0))
         assert ok and positive(write) and positive(read)
-        assert store.num_free == store.num_slots  # the benchmark gave its slots back
+        assert store.num_free == store.num_pages  # the benchmark gave its slots back
         assert torch.equal(copier.host_pool.kv.view(torch.int16), before.view(torch.int16))
     finally:
         store.close()

@@ -10,6 +10,7 @@ import torch
 from disk_cases import CAPACITY, FINGERPRINT, LAYOUT, chain, open_store, random_pages, same_bytes
 
 from tieredkv.cache.disk.direct_io import FaultInjectingIO, SimulatedCrash
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.store import DiskStore
 
 
@@ -71,7 +72,7 @@ def test_torn_payload_write_never_verifies(tmp_path: Path, keep_bytes: int) -> N
         tmp_path, dict(zip(slots, pages, strict=True))
     )
     assert found == [(slots[0], records[0])] and verified == [True] and equal == [True]
-    assert counts["checksum"] == 0
+    assert counts[DiskErrorReason.CHECKSUM] == 0
 
 
 @pytest.mark.parametrize("keep_bytes", [1, 60, 79, 80, 127, 128 + 79])
@@ -90,7 +91,7 @@ def test_torn_header_write_never_verifies(tmp_path: Path, keep_bytes: int) -> No
     expected = [(slots[0], records[0])] if keep_bytes >= 80 else []
     assert found == expected and all(verified) and all(equal)
     torn = int(0 < keep_bytes < 80) + int(128 < keep_bytes < 128 + 80)
-    assert counts["checksum"] == torn  # a torn header is seen, counted and invalidated
+    assert counts[DiskErrorReason.CHECKSUM] == torn  # a torn header: counted, invalidated
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EIO])
@@ -107,7 +108,7 @@ def test_failing_write_raises_and_keeps_earlier_records(
     with pytest.raises(OSError) as caught:
         store.write_pages(slots[2:], records[2:], pages[2:])
     assert caught.value.errno == code
-    assert store.degraded and store.error_counts["io"] == 1
+    assert store.degraded and store.error_counts[DiskErrorReason.IO] == 1
     out = torch.empty_like(pages)
     assert store.read_pages(slots, records, out) == [True, True, False, False]
     assert same_bytes(out[:2], pages[:2])
@@ -125,7 +126,7 @@ def test_failing_read_raises_and_is_counted(tmp_path: Path) -> None:
     io.fail_read(errno.EIO, after=1)  # the payload read, after the header read
     with pytest.raises(OSError):
         store.read_pages(slots, chain(2), torch.empty_like(random_pages(2)))
-    assert store.error_counts["io"] == 1
+    assert store.error_counts[DiskErrorReason.IO] == 1
     out = torch.empty_like(random_pages(2))
     assert store.read_pages(slots, chain(2), out) == [True, True]  # the fault was one-off
     store.close()
@@ -138,8 +139,8 @@ def test_failed_invalidation_on_free_is_counted_not_raised(tmp_path: Path) -> No
     store.write_pages(slots, chain(2), random_pages(2))
     io.fail_write(errno.EROFS)
     store.free(slots[:1])
-    assert store.error_counts["io"] == 1 and store.degraded
-    assert store.num_free == store.num_slots - 1
+    assert store.error_counts[DiskErrorReason.IO] == 1 and store.degraded
+    assert store.num_free == store.num_pages - 1
     store.close()
 
 

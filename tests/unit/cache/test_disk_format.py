@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.format import (
     FORMAT_VERSION,
     SUPERBLOCK_BYTES,
@@ -49,20 +50,22 @@ def test_any_flipped_superblock_byte_is_refused_as_corrupt(offset: int) -> None:
     with pytest.raises(SuperblockError) as caught:
         decode_superblock(bytes(data))
     # byte 8..11 is the format version: a different version is a foreign format, not corruption
-    assert caught.value.reason == ("fingerprint" if 8 <= offset < 12 else "checksum")
+    assert caught.value.reason is (
+        DiskErrorReason.FINGERPRINT if 8 <= offset < 12 else DiskErrorReason.CHECKSUM
+    )
 
 
 def test_other_format_version_is_a_fingerprint_mismatch() -> None:
     other = dataclasses.replace(BLOCK, version=FORMAT_VERSION + 1)
     with pytest.raises(SuperblockError) as caught:
         decode_superblock(other.encode())
-    assert caught.value.reason == "fingerprint"
+    assert caught.value.reason is DiskErrorReason.FINGERPRINT
 
 
 def test_short_superblock_is_refused() -> None:
     with pytest.raises(SuperblockError) as caught:
         decode_superblock(BLOCK.encode()[:100])
-    assert caught.value.reason == "checksum"
+    assert caught.value.reason is DiskErrorReason.CHECKSUM
 
 
 def _header(payload: bytes, tokens: tuple[int, ...] = (1, 2, 3, 4)) -> tuple[bytes, bytes]:

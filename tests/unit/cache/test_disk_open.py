@@ -26,6 +26,7 @@ from disk_cases import (
 
 from tieredkv.cache.disk.direct_io import DiskIOBackend, FaultInjectingIO
 from tieredkv.cache.disk.directory import SET_ASIDE_INFIX, STORE_FILE
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.errors import DiskStoreError
 
@@ -52,7 +53,8 @@ def test_foreign_store_is_set_aside(tmp_path: Path, change: dict) -> None:
     _write_three(tmp_path)
     original = (tmp_path / STORE_FILE).read_bytes()
     store = open_store(tmp_path, **change)
-    assert store.error_counts == {"checksum": 0, "fingerprint": 1, "io": 0}
+    counted = {**dict.fromkeys(DiskErrorReason, 0), DiskErrorReason.FINGERPRINT: 1}
+    assert store.error_counts == counted
     assert store.scan() == []
     aside = tmp_path / (STORE_FILE + SET_ASIDE_INFIX + "fingerprint")
     assert aside.read_bytes() == original  # renamed, not deleted, not modified
@@ -62,9 +64,9 @@ def test_foreign_store_is_set_aside(tmp_path: Path, change: dict) -> None:
 def test_larger_capacity_keeps_the_existing_store(tmp_path: Path) -> None:
     _write_three(tmp_path)
     store = open_store(tmp_path, capacity=CAPACITY * 4)
-    assert store.num_slots == 14  # kept as it was; nothing set aside
+    assert store.num_pages == 14  # kept as it was; nothing set aside
     assert [slot for slot, _ in store.scan()] == [0, 1, 2]
-    assert store.error_counts["fingerprint"] == 0
+    assert store.error_counts[DiskErrorReason.FINGERPRINT] == 0
     store.close()
 
 
@@ -73,7 +75,8 @@ def test_corrupt_superblock_is_set_aside_as_checksum(tmp_path: Path, caplog) -> 
     flip_byte(tmp_path / STORE_FILE, 30)
     with caplog.at_level(logging.WARNING):
         store = open_store(tmp_path)
-    assert store.error_counts["checksum"] == 1 and store.error_counts["fingerprint"] == 0
+    assert store.error_counts[DiskErrorReason.CHECKSUM] == 1
+    assert store.error_counts[DiskErrorReason.FINGERPRINT] == 0
     assert (tmp_path / (STORE_FILE + SET_ASIDE_INFIX + "checksum")).exists()
     assert "set aside" in caplog.text
     assert store.scan() == []
@@ -92,7 +95,7 @@ def test_truncated_store_loses_only_the_cut_records(tmp_path: Path) -> None:
     reopened = open_store(tmp_path)
     found = reopened.scan()
     assert found == [(slots[0], records[0]), (slots[1], records[1])]
-    assert reopened.error_counts["checksum"] == 3
+    assert reopened.error_counts[DiskErrorReason.CHECKSUM] == 3
     out = torch.empty_like(pages[:2])
     assert reopened.read_pages(slots[:2], records[:2], out) == [True, True]
     assert same_bytes(out, pages[:2])
@@ -103,7 +106,7 @@ def test_store_truncated_inside_the_superblock_is_set_aside(tmp_path: Path) -> N
     _write_three(tmp_path)
     os.truncate(tmp_path / STORE_FILE, 100)
     store = open_store(tmp_path)
-    assert store.error_counts["checksum"] == 1
+    assert store.error_counts[DiskErrorReason.CHECKSUM] == 1
     assert store.scan() == []
     store.close()
 
@@ -120,7 +123,7 @@ def test_no_space_at_start_shrinks_the_store(tmp_path: Path, caplog) -> None:
     io = FaultInjectingIO(max_file_bytes=20 << 10)
     with caplog.at_level(logging.WARNING):
         store = open_store(tmp_path, io=io)
-    assert 0 < store.num_slots < 14 and store.capacity_bytes <= 20 << 10
+    assert 0 < store.num_pages < 14 and store.file_bytes <= 20 << 10
     assert "no space" in caplog.text
     store.write_pages(store.alloc(1), chain(1), random_pages(1))
     store.close()

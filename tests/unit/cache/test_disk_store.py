@@ -23,6 +23,7 @@ from disk_cases import (
 
 from tieredkv.cache.disk.direct_io import FaultInjectingIO
 from tieredkv.cache.disk.directory import LOCK_FILE, STORE_FILE
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.format import CODECS, SUPERBLOCK_BYTES, decode_header
 from tieredkv.cache.disk.page_file import PageFile
 from tieredkv.cache.disk.store import DiskRecord
@@ -51,7 +52,7 @@ def test_round_trip_bytes_equal(tmp_path: Path, codec: str) -> None:
     out = torch.full_like(pages, 7.0)
     assert store.read_pages(slots, records, out) == [True] * 5
     assert same_bytes(out, pages)
-    assert store.error_counts == {"checksum": 0, "fingerprint": 0, "io": 0}
+    assert store.error_counts == dict.fromkeys(DiskErrorReason, 0)
     assert _stored_codec(tmp_path, slots[1]) == CODECS[codec]
     assert _stored_codec(tmp_path, slots[0]) == CODECS["raw"]  # random bf16 does not shrink
     store.close()
@@ -115,7 +116,7 @@ def test_flipped_byte_is_a_counted_miss(tmp_path: Path, region: str, codec: str)
     flip_byte(tmp_path / STORE_FILE, offset)
     out = torch.empty_like(pages)
     assert store.read_pages(slots, records, out) == [True, False, True]
-    assert store.error_counts["checksum"] == 1
+    assert store.error_counts[DiskErrorReason.CHECKSUM] == 1
     assert same_bytes(out[0], pages[0]) and same_bytes(out[2], pages[2])
     assert not out[1].view(torch.int16).any()  # the unverified bytes are not left behind
     store.close()
@@ -128,11 +129,11 @@ def test_key_that_does_not_chain_is_a_miss(tmp_path: Path) -> None:
     slot = store.alloc(1)
     store.write_pages(slot, [liar], random_pages(1))
     assert store.read_pages(slot, [liar], torch.empty_like(random_pages(1))) == [False]
-    assert store.error_counts["checksum"] == 1
+    assert store.error_counts[DiskErrorReason.CHECKSUM] == 1
     store.close()
     reopened = open_store(tmp_path)
     assert reopened.scan() == []
-    assert reopened.error_counts["checksum"] == 1
+    assert reopened.error_counts[DiskErrorReason.CHECKSUM] == 1
     reopened.close()
 
 
@@ -140,7 +141,7 @@ def test_other_expected_key_is_a_miss(tmp_path: Path) -> None:
     store, slots, records, pages = _written(tmp_path)
     out = torch.empty_like(pages)
     assert store.read_pages(slots, [records[1], records[1], records[2]], out) == [False, True, True]
-    assert store.error_counts["checksum"] == 1
+    assert store.error_counts[DiskErrorReason.CHECKSUM] == 1
     store.close()
 
 
@@ -152,7 +153,7 @@ def test_reopen_scan_finds_every_record(tmp_path: Path) -> None:
     found = reopened.scan()
     kept = [0, 1, 3, 4]
     assert found == [(slots[i], records[i]) for i in kept]
-    assert reopened.num_free == reopened.num_slots - 4
+    assert reopened.num_free == reopened.num_pages - 4
     assert slots[2] in reopened.alloc(1)  # lowest free slot again: the freed one
     out = torch.empty((4, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
     assert (
@@ -166,11 +167,22 @@ def test_reopen_scan_finds_every_record(tmp_path: Path) -> None:
 
 def test_alloc_is_all_or_nothing(tmp_path: Path) -> None:
     store = open_store(tmp_path)
-    assert store.num_slots == 14 and store.capacity_bytes <= CAPACITY
+    assert store.num_pages == 14 and store.file_bytes <= CAPACITY
     store.alloc(10)
     with pytest.raises(OutOfPagesError):
         store.alloc(5)
     assert store.num_free == 4
+    store.close()
+
+
+def test_alloc_is_ascending_and_freed_slots_come_back_lowest_first(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    assert store.alloc(4) == [0, 1, 2, 3]
+    store.free([3, 1, 2])
+    assert store.free_list.used_pages() == [0]
+    assert store.alloc(2) == [1, 2]
+    with pytest.raises(AssertionError, match="freed twice"):
+        store.free([3])
     store.close()
 
 

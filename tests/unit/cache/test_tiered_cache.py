@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.store import DiskRecord
 from tieredkv.cache.index.page_key import page_key
 from tieredkv.cache.residency.residency import Presence
@@ -209,7 +210,7 @@ def test_failed_disk_read_shortens_the_match(tmp_path: Path) -> None:
     assert ticket is not None
     settle(cache, executor)
     assert ticket.done and ticket.num_ready_pages == 2  # the pages before the bad one
-    assert cache.disk_page_errors()["checksum"] == 1
+    assert cache.disk_page_errors()[DiskErrorReason.CHECKSUM] == 1
     assert cache.match(tokens).matched_len == 8  # the bad page and the rest are a miss
     assert cache.tier_used_bytes(Tier.DISK) == 2 * LAYOUT.page_bytes  # never served, freed
     for page, want in zip(
@@ -244,7 +245,7 @@ def test_counters_and_used_bytes(policy: WritePolicy) -> None:
     assert cache.tier_capacity_bytes(Tier.HOST) == 2 * LAYOUT.page_bytes
     assert cache.tier_capacity_bytes(Tier.DISK) == 0
     settle(cache, executor)
-    assert cache.disk_page_errors() == {"checksum": 0, "fingerprint": 0, "io": 0}
+    assert cache.disk_page_errors() == dict.fromkeys(DiskErrorReason, 0)
 
 
 def test_device_only_cache_drops_and_forgets() -> None:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tieredkv.cache.disk.direct_io import FaultInjectingIO
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.testing import (
     FINGERPRINT,
     device_page,
@@ -153,7 +154,7 @@ def test_unwritable_disk_degrades_and_keeps_host_pages(tmp_path: Path, error: in
     assert cache.allocate(4) is None  # host is full: the first one starts moving to disk
     settle(cache, executor)  # ...and the write fails
     assert not cache.tier_healthy(Tier.DISK) and cache.tier_healthy(Tier.HOST)
-    assert cache.disk_page_errors()["io"] >= 1
+    assert cache.disk_page_errors()[DiskErrorReason.IO] >= 1
     assert cache.tier_used_bytes(Tier.DISK) == 0  # the failed destination was freed
     # nothing on device or host was lost
     on_host, on_device = cache.match(first).host, cache.match(second).device

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from tieredkv.cache.cache_metrics import CacheCounters
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.tier import Tier
 from tieredkv.engine.metrics import EngineMetrics
 from tieredkv.engine.prometheus import Counter, Histogram, Registry
@@ -148,7 +149,7 @@ def test_sync_cache_mirrors_the_cache_counters_and_sizes():
     counters.count_eviction(Tier.DEVICE, 3, demoted=True)
     used = {Tier.DEVICE: 1000, Tier.HOST: 10}
     capacity = {Tier.DEVICE: 2000, Tier.HOST: 20, Tier.DISK: 0}
-    errors = {"checksum": 2, "fingerprint": 0, "io": 1}
+    errors = {DiskErrorReason.CHECKSUM: 2, DiskErrorReason.FINGERPRINT: 0, DiskErrorReason.IO: 1}
     metrics.sync_cache(counters, used, capacity, errors)
     metrics.sync_cache(counters, used, capacity, errors)  # a total, not an increment
     _, _, s = parse(metrics.render())
@@ -158,6 +159,7 @@ def test_sync_cache_mirrors_the_cache_counters_and_sizes():
     demoted = frozenset({("tier", "device"), ("action", "demoted")})
     assert s["tieredkv_evicted_pages_total", demoted] == 3
     assert s["tieredkv_disk_page_errors_total", frozenset({("reason", "checksum")})] == 2
+    assert s["tieredkv_disk_page_errors_total", frozenset({("reason", "io")})] == 1
     assert s["tieredkv_tier_used_bytes", frozenset({("tier", "device")})] == 1000
     assert s["tieredkv_tier_used_bytes", frozenset({("tier", "disk")})] == 0
     assert s["tieredkv_tier_capacity_bytes", frozenset({("tier", "host")})] == 20

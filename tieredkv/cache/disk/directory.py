@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tieredkv.cache.disk.direct_io import DiskIOBackend
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.format import (
     SUPERBLOCK_BYTES,
     Superblock,
@@ -124,7 +125,10 @@ def _mismatch(found: Superblock, wanted: Superblock) -> str | None:
 
 
 def open_store_file(
-    io: DiskIOBackend, directory: Path, wanted: Superblock, count_error: Callable[[str], None]
+    io: DiskIOBackend,
+    directory: Path,
+    wanted: Superblock,
+    count_error: Callable[[DiskErrorReason], None],
 ) -> OpenedFile:
     """Reopen a compatible store file or set it aside, else create a fresh one.
 
@@ -143,7 +147,10 @@ def open_store_file(
 
 
 def _reopen(
-    io: DiskIOBackend, path: Path, wanted: Superblock, count_error: Callable[[str], None]
+    io: DiskIOBackend,
+    path: Path,
+    wanted: Superblock,
+    count_error: Callable[[DiskErrorReason], None],
 ) -> OpenedFile | None:
     try:
         handle = io.open(path, 0, create=False)
@@ -154,21 +161,21 @@ def _reopen(
     try:
         io.pread(handle, 0, min(SUPERBLOCK_BYTES, intact_bytes), block)
         found = decode_superblock(block.tobytes()[:intact_bytes])
-        reason, why = ("fingerprint", _mismatch(found, wanted))
+        reason, why = DiskErrorReason.FINGERPRINT, _mismatch(found, wanted)
         if why is None and intact_bytes < found.file_bytes:
             logger.warning("disk store %s is truncated to %d bytes; extending", path, intact_bytes)
             io.preallocate(handle, found.file_bytes)
     except SuperblockError as error:
         reason, why = error.reason, str(error)
     except OSError as error:
-        reason, why = "io", f"unreadable or not extendable: {error}"
+        reason, why = DiskErrorReason.IO, f"unreadable or not extendable: {error}"
     if why is None:
         return OpenedFile(handle, found, intact_bytes)
     io.close(handle)
     count_error(reason)
-    aside = path.with_name(path.name + SET_ASIDE_INFIX + reason)
+    aside = path.with_name(path.name + SET_ASIDE_INFIX + reason.label)
     os.replace(path, aside)
-    logger.warning("disk store %s set aside as %s (%s): %s", path, aside.name, reason, why)
+    logger.warning("disk store %s set aside as %s (%s): %s", path, aside.name, reason.label, why)
     return None
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.index.page_key import page_key
 
 FORMAT_VERSION = 1
@@ -104,9 +105,9 @@ class Superblock:
 
 
 class SuperblockError(Exception):
-    """A superblock that cannot be used; `reason` is "checksum" (corrupt) or "fingerprint"."""
+    """A superblock that cannot be used; `reason` is CHECKSUM (corrupt) or FINGERPRINT."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: DiskErrorReason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -115,12 +116,16 @@ def decode_superblock(data: bytes) -> Superblock:
     """Parse and verify a superblock; raises SuperblockError on anything unusable."""
     size = _SUPERBLOCK.size
     if len(data) < size + 8 or data[:8] != SUPERBLOCK_MAGIC:
-        raise SuperblockError("checksum", "not a tieredkv store (bad magic or short file)")
+        raise SuperblockError(
+            DiskErrorReason.CHECKSUM, "not a tieredkv store (bad magic or short file)"
+        )
     version = struct.unpack_from("<I", data, 8)[0]
     if version != FORMAT_VERSION:
-        raise SuperblockError("fingerprint", f"format version {version}, want {FORMAT_VERSION}")
+        raise SuperblockError(
+            DiskErrorReason.FINGERPRINT, f"format version {version}, want {FORMAT_VERSION}"
+        )
     if xxhash.xxh3_64_digest(data[:size]) != data[size : size + 8]:
-        raise SuperblockError("checksum", "superblock checksum mismatch")
+        raise SuperblockError(DiskErrorReason.CHECKSUM, "superblock checksum mismatch")
     fields = _SUPERBLOCK.unpack_from(data)
     block = Superblock(
         header_bytes=fields[2],
@@ -133,7 +138,9 @@ def decode_superblock(data: bytes) -> Superblock:
         version=version,
     )
     if fields[5] != block.payload_offset:
-        raise SuperblockError("checksum", f"payload offset {fields[5]} is inconsistent")
+        raise SuperblockError(
+            DiskErrorReason.CHECKSUM, f"payload offset {fields[5]} is inconsistent"
+        )
     return block
 
 

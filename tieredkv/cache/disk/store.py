@@ -27,6 +27,7 @@ from tieredkv.cache.disk.directory import (
     prepare_directory,
     superblock_for,
 )
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.format import (
     CODECS,
     DiskRecord,
@@ -39,11 +40,12 @@ from tieredkv.cache.disk.page_file import PageFile, lz4_block, slot_runs
 from tieredkv.cache.disk.pipeline import ChunkPipeline
 from tieredkv.cache.disk.scan import scan_headers
 from tieredkv.cache.page_layout import PageLayout
-from tieredkv.errors import DiskStoreError, OutOfPagesError
+from tieredkv.cache.pools.free_list import PageFreeList, PagePool
+from tieredkv.cache.tier import Tier
+from tieredkv.errors import DiskStoreError
 
 logger = logging.getLogger(__name__)
 
-ERROR_REASONS = ("checksum", "fingerprint", "io")
 # A run of slots moves as chunks of about CHUNK_BYTES, IO_DEPTH of them in flight while the
 # calling worker checksums the next (see disk_pipeline).
 CHUNK_BYTES = 32 << 20
@@ -60,8 +62,14 @@ def _page_rows(pages: torch.Tensor, layout: PageLayout) -> np.ndarray:
     return pages.view(torch.uint8).numpy().reshape(pages.shape[0], layout.page_bytes)
 
 
-class DiskStore:
-    """Fixed-size page records under `directory`, owned by one process (exclusive flock)."""
+class DiskStore(PagePool):
+    """Fixed-size page records under `directory`, owned by one process (exclusive flock).
+
+    A pool like the others: page ids are record slots, handed out by a `PageFreeList`. A failed
+    write or invalidation degrades it (see `PagePool.degraded`).
+    """
+
+    tier = Tier.DISK
 
     def __init__(
         self,
@@ -81,9 +89,8 @@ class DiskStore:
         self.layout = layout
         self.codec = CODECS[codec]
         self.io = io if io is not None else DiskIOBackend()
-        self.error_counts = dict.fromkeys(ERROR_REASONS, 0)
-        self.degraded = False
-        self._counts_lock = threading.Lock()
+        self.error_counts = dict.fromkeys(DiskErrorReason, 0)
+        self._lock = threading.Lock()  # error counts and the degraded flag: workers report too
         wanted = superblock_for(layout, fingerprint, capacity_bytes)
         prepare_directory(self.directory)
         self._lock_handle: int | None = lock_directory(self.io, self.directory)
@@ -94,60 +101,52 @@ class DiskStore:
             raise
         self._opened: OpenedFile = opened
         self._file = PageFile(self.io, opened.handle, opened.superblock, layout.page_bytes)
-        self.num_slots = opened.superblock.num_slots
+        self.num_pages = opened.superblock.num_slots
+        self.page_bytes = layout.page_bytes
+        self.free_list = PageFreeList(self.num_pages, self.tier.label)
         self.direct_io = self._file.direct_io
         self._chunk_pages = max(chunk_bytes // opened.superblock.record_bytes, 1)
         self._min_chunk_pages = max(MIN_CHUNK_BYTES // opened.superblock.record_bytes, 1)
         self._pipeline = ChunkPipeline(IO_THREADS, IO_DEPTH)
-        self._free = list(range(self.num_slots - 1, -1, -1))  # pop() hands out low ids first
-        self._is_free = [True] * self.num_slots
         logger.info(
             "disk store %s: %d pages of %d B, O_DIRECT %s",
             self.directory,
-            self.num_slots,
+            self.num_pages,
             layout.page_bytes,
             "on" if self.direct_io else "off",
         )
 
-    def _count_error(self, reason: str, count: int = 1) -> None:
-        with self._counts_lock:
+    def _count_error(self, reason: DiskErrorReason, count: int = 1) -> None:
+        with self._lock:
             self.error_counts[reason] += count
 
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
+    def mark_degraded(self, reason: str) -> None:
+        with self._lock:
+            super().mark_degraded(reason)
 
     @property
-    def capacity_bytes(self) -> int:
+    def file_bytes(self) -> int:
+        """The store file's size: superblock, headers and records."""
         return self._opened.superblock.file_bytes
 
     def alloc(self, count: int) -> list[int]:
         """Take `count` record slots, all or nothing (OutOfPagesError), in ascending order: a
         batch written to consecutive slots moves with one request per chunk, not per page."""
-        if count > len(self._free):
-            raise OutOfPagesError(f"disk store: asked for {count} pages, {len(self._free)} free")
-        slots = sorted(self._free.pop() for _ in range(count))
-        for slot in slots:
-            self._is_free[slot] = False
-        return slots
+        return sorted(self.free_list.alloc(count))
 
     def free(self, slots: list[int]) -> None:
         """Return slots and zero their headers so a restart does not bring them back. A failed
-        invalidation is counted ("io") and logged: the slot's next write still cannot verify
+        invalidation is counted (IO) and logged: the slot's next write still cannot verify
         against the old header, because the record checksum covers the payload."""
-        for slot in slots:
-            assert not self._is_free[slot], f"disk slot {slot} freed twice"
         try:
             self.invalidate(slots)
         except OSError as error:
-            self._count_error("io")
-            self.degraded = True
+            self._count_error(DiskErrorReason.IO)
             logger.warning(
                 "disk store: invalidating %d freed records failed: %s", len(slots), error
             )
-        for slot in sorted(slots, reverse=True):  # pop() hands the lowest slot out first
-            self._is_free[slot] = True
-            self._free.append(slot)
+            self.mark_degraded("a freed record could not be invalidated")
+        self.free_list.free(sorted(slots, reverse=True))  # the lowest slot is handed out first
 
     def invalidate(self, slots: list[int]) -> None:
         """Zero the headers of `slots` (their records become misses). Raises OSError."""
@@ -161,7 +160,7 @@ class DiskStore:
     ) -> None:
         """Write `payload` (n, num_layers, 2, page_size, kv_heads, head_dim), the layout's dtype,
         page-major, CPU, one page per slot. Returns once every byte is written. Raises OSError
-        (counted "io", store degraded); the slots' records are then misses, all others intact."""
+        (counted IO, store degraded); the slots' records are then misses, all others intact."""
         assert len(slots) == len(records) == payload.shape[0], "one record and page per slot"
         rows = _page_rows(payload, self.layout)  # (n, page_bytes) uint8
         header_bytes = self._file.block.header_bytes
@@ -183,9 +182,9 @@ class DiskStore:
                     self._chunks(start, length), encode, write, lambda s, e, enc, _: enc[1]
                 )
                 self._file.write_headers(slots[start], b"".join(headers))  # after the payloads
-        except OSError:
-            self._count_error("io")
-            self.degraded = True
+        except OSError as error:
+            self._count_error(DiskErrorReason.IO)
+            self.mark_degraded(f"write failed: {error}")
             raise
 
     def _chunks(self, start: int, length: int) -> list[tuple[int, int]]:
@@ -201,8 +200,8 @@ class DiskStore:
     ) -> list[bool]:
         """Fill out[i] (same shape rules as write_pages) from slots[i]; True when the record
         verifies: header and payload checksum, key == page_key(parent_key, tokens), and key ==
-        the expected record's key. False (counted "checksum") is a miss; out[i] is zeroed.
-        I/O errors raise OSError (counted "io")."""
+        the expected record's key. False (counted CHECKSUM) is a miss; out[i] is zeroed.
+        I/O errors raise OSError (counted IO)."""
         rows = _page_rows(out, self.layout)  # (n, page_bytes) uint8
         headers: list[RecordHeader | None] = []
 
@@ -226,7 +225,7 @@ class DiskStore:
                 for ok in chunk
             ]
         except OSError:
-            self._count_error("io")
+            self._count_error(DiskErrorReason.IO)
             raise
         for index, (header, want) in enumerate(zip(headers, expected, strict=True)):
             want_key = want.key if isinstance(want, DiskRecord) else want
@@ -235,7 +234,7 @@ class DiskStore:
         for index in misses:
             rows[index] = 0
         if misses:
-            self._count_error("checksum", len(misses))
+            self._count_error(DiskErrorReason.CHECKSUM, len(misses))
             logger.warning("disk store: %d of %d records failed to verify", len(misses), len(slots))
         return verified
 
@@ -256,19 +255,16 @@ class DiskStore:
     def scan(self) -> list[tuple[int, DiskRecord]]:
         """Warm restart: one sequential read of the header region. Returns every slot whose
         header verifies and whose key chains, and marks those slots used. Corrupt, torn or
-        truncated-away records are counted ("checksum") and invalidated. Call once, right
+        truncated-away records are counted (CHECKSUM) and invalidated. Call once, right
         after opening, before any alloc."""
-        if len(self._free) != self.num_slots:
+        if self.num_free != self.num_pages:
             raise DiskStoreError("DiskStore.scan() must run before any slot is allocated")
         found, bad = scan_headers(self._file, self.layout.page_size, self._opened.intact_bytes)
         if bad:
-            self._count_error("checksum", len(bad))
+            self._count_error(DiskErrorReason.CHECKSUM, len(bad))
             logger.warning("disk store scan: %d corrupt or torn records invalidated", len(bad))
             self.invalidate(bad)
-        used = {slot for slot, _ in found}
-        self._free = [slot for slot in range(self.num_slots - 1, -1, -1) if slot not in used]
-        for slot in used:
-            self._is_free[slot] = False
+        self.free_list.take(slot for slot, _ in found)
         logger.info("disk store scan: %d records found", len(found))
         return found
 

@@ -11,6 +11,7 @@ import torch
 
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.free_list import PageFreeList, PagePool
+from tieredkv.cache.tier import Tier
 from tieredkv.errors import ConfigError
 
 
@@ -19,6 +20,8 @@ class DevicePool(PagePool):
 
     Not thread-safe: only the engine thread allocates and frees.
     """
+
+    tier = Tier.DEVICE
 
     def __init__(self, layout: PageLayout, num_pages: int, device: torch.device | str) -> None:
         if num_pages <= 0:
@@ -40,7 +43,7 @@ class DevicePool(PagePool):
             device=self.device,
         )
         self.page_bytes = layout.page_bytes
-        self.free_list = PageFreeList(num_pages, "device")
+        self.free_list = PageFreeList(num_pages, self.tier.label)
 
     @classmethod
     def from_bytes(

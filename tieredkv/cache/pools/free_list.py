@@ -1,8 +1,15 @@
-"""A pool's free list of page ids (engine thread only)."""
+"""A pool's free list of page ids, and `PagePool`: what every tier's pool offers (engine thread
+only)."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
+
+from tieredkv.cache.tier import Tier
 from tieredkv.errors import OutOfPagesError
+
+logger = logging.getLogger(__name__)
 
 
 class PageFreeList:
@@ -64,6 +71,22 @@ class PageFreeList:
             seen.add(page)
         raise AssertionError(f"{self._label} pages {pages}: a free that did not add up")
 
+    def take(self, pages: Iterable[int]) -> None:
+        """Mark these free pages used (a disk store's live records at a warm restart); the
+        rest stay free, in their order."""
+        pages = list(pages)
+        taken = set(pages)
+        if len(taken) != len(pages) or not taken.isdisjoint(self._used):
+            seen: set[int] = set()
+            for page in pages:
+                if page in self._used or page in seen:
+                    raise AssertionError(f"{self._label} page {page} taken while in use")
+                seen.add(page)
+        if taken and (min(taken) < 0 or max(taken) >= self.num_pages):
+            raise AssertionError(f"{self._label} pages {sorted(taken)}: not all of its own")
+        self._used |= taken
+        self._free = [page for page in self._free if page not in taken]
+
     def is_free(self, page: int) -> bool:
         assert 0 <= page < self.num_pages, f"{self._label} page {page} of {self.num_pages}"
         return page not in self._used
@@ -73,12 +96,19 @@ class PageFreeList:
 
 
 class PagePool:
-    """What every in-memory tier's pool offers: `num_pages` pages of `page_bytes` behind a
-    `PageFreeList`. Subclasses own the tensor and set `num_pages`, `page_bytes`, `free_list`."""
+    """What every tier's pool offers: `num_pages` pages of `page_bytes` behind a `PageFreeList`,
+    and the tier's health. Subclasses own the memory (a tensor, a file) and set `tier`,
+    `num_pages`, `page_bytes` and `free_list`; a pool without pages is a disabled tier.
 
+    `degraded` is the tier's one health flag: once set (`mark_degraded`), the tier takes no new
+    copies and demotions to it become drops; what it holds is still served.
+    """
+
+    tier: Tier
     num_pages: int
     page_bytes: int
     free_list: PageFreeList
+    degraded: bool = False
 
     @property
     def num_free(self) -> int:
@@ -104,3 +134,12 @@ class PagePool:
 
     def used_pages(self) -> list[int]:
         return self.free_list.used_pages()
+
+    def mark_degraded(self, reason: str) -> None:
+        """Take no new copies from now on (logged once, with the first reason)."""
+        if not self.degraded:
+            label = self.tier.label
+            logger.warning(
+                "%s tier degraded (%s): demotions to %s become drops", label, reason, label
+            )
+        self.degraded = True

@@ -13,6 +13,7 @@ import torch
 
 from tieredkv.cache.page_layout import PageLayout, aligned_empty
 from tieredkv.cache.pools.free_list import PageFreeList, PagePool
+from tieredkv.cache.tier import Tier
 from tieredkv.errors import ConfigError
 
 
@@ -22,6 +23,8 @@ class HostPool(PagePool):
     `num_pages == 0` is a disabled tier (`--host-cache-size 0`). Not thread-safe: only the
     engine thread allocates and frees; mover threads only copy bytes of pages they were given.
     """
+
+    tier = Tier.HOST
 
     def __init__(self, layout: PageLayout, num_pages: int, pin_memory: bool | None = None) -> None:
         if num_pages < 0:
@@ -39,7 +42,7 @@ class HostPool(PagePool):
             # (num_pages, layers, 2, page_size, kv_heads, head_dim)
             self.kv = torch.from_numpy(raw).view(layout.dtype).view(shape)
         self.page_bytes = layout.page_bytes
-        self.free_list = PageFreeList(num_pages, "host")
+        self.free_list = PageFreeList(num_pages, self.tier.label)
 
     @classmethod
     def from_bytes(cls, layout: PageLayout, capacity_bytes: int) -> HostPool:

@@ -1,98 +1,84 @@
-"""The three tiers' page allocators behind one interface, plus tier health.
+"""Every tier's pool behind one mapping, `Tier -> PagePool`, fastest first.
 
-A tier is enabled when it has pages; the disk tier is healthy until a write fails or the store
-reports itself degraded. Demotion goes to the next enabled, healthy tier (`lower`), else the
-page is dropped.
+A tier is enabled when its pool has pages (only enabled tiers are in the mapping) and healthy
+while enabled and its pool is not degraded. Demotion goes to the next enabled, healthy tier
+(`lower`), else the page is dropped. A new tier is one more pool in the mapping.
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.device_pool import DevicePool
+from tieredkv.cache.pools.free_list import PagePool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.tier import Tier
 
 if TYPE_CHECKING:
     from tieredkv.cache.disk.store import DiskStore
 
-logger = logging.getLogger(__name__)
 
+class TierPools(Mapping[Tier, PagePool]):
+    """Allocation, freeing, sizes and health per tier (engine thread only).
 
-class TierPools:
-    """Allocation, freeing and free counts per tier (engine thread only)."""
+    `device`, `host` and `disk` stay reachable by type for what needs their memory (the copier,
+    the store's reads); everything else goes through the mapping. A disabled tier has no pool
+    in it: `num_pages`, `num_free` and the byte figures are 0 there.
+    """
 
     def __init__(self, device: DevicePool, host: HostPool, disk: DiskStore | None) -> None:
         self.device = device
         self.host = host
         self.disk = disk
         self.layout: PageLayout = device.layout
-        self._disk_degraded = False
+        pools = (device, host, disk)
+        self._pools: dict[Tier, PagePool] = {
+            pool.tier: pool for pool in pools if pool is not None and pool.num_pages > 0
+        }
+
+    def __getitem__(self, tier: Tier) -> PagePool:
+        return self._pools[tier]
+
+    def __iter__(self) -> Iterator[Tier]:
+        return iter(self._pools)
+
+    def __len__(self) -> int:
+        return len(self._pools)
 
     def enabled(self, tier: Tier) -> bool:
-        if tier is Tier.DEVICE:
-            return True
-        if tier is Tier.HOST:
-            return self.host.num_pages > 0
-        return self.disk is not None
+        return tier in self._pools
 
     def healthy(self, tier: Tier) -> bool:
-        """Enabled and able to take new copies."""
-        if tier is Tier.DISK:
-            return self.disk is not None and not (self._disk_degraded or self.disk.degraded)
-        return self.enabled(tier)
+        """Enabled and taking new copies."""
+        return tier in self._pools and not self._pools[tier].degraded
 
-    def mark_degraded(self, reason: str) -> None:
-        if not self._disk_degraded:
-            logger.warning("disk tier degraded (%s): demotions to disk become drops", reason)
-        self._disk_degraded = True
+    def mark_degraded(self, tier: Tier, reason: str) -> None:
+        """`tier` takes no new copies from now on: demotions to it become drops."""
+        self._pools[tier].mark_degraded(reason)
 
     def lower(self, tier: Tier) -> Tier | None:
         """The next enabled, healthy tier below `tier`, or None (demotion becomes a drop)."""
-        for candidate in Tier:
-            if candidate > tier and self.healthy(candidate):
-                return candidate
-        return None
+        return next((below for below in self._pools if below > tier and self.healthy(below)), None)
 
     def num_pages(self, tier: Tier) -> int:
-        if tier is Tier.DEVICE:
-            return self.device.num_pages
-        if tier is Tier.HOST:
-            return self.host.num_pages
-        return self.disk.num_slots if self.disk is not None else 0
+        return self._pools[tier].num_pages if tier in self._pools else 0
 
     def num_free(self, tier: Tier) -> int:
-        if tier is Tier.DEVICE:
-            return self.device.num_free
-        if tier is Tier.HOST:
-            return self.host.num_free
-        return self.disk.num_free if self.disk is not None else 0
+        return self._pools[tier].num_free if tier in self._pools else 0
 
     def alloc(self, tier: Tier, count: int) -> list[int]:
-        if tier is Tier.DEVICE:
-            return self.device.alloc(count)
-        if tier is Tier.HOST:
-            return self.host.alloc(count)
-        assert self.disk is not None
-        return self.disk.alloc(count)
+        """`count` pages of `tier`, all or nothing (OutOfPagesError)."""
+        return self._pools[tier].alloc(count)
 
     def free(self, tier: Tier, pages: list[int]) -> None:
-        if not pages:
-            return
-        if tier is Tier.DEVICE:
-            self.device.free(pages)
-        elif tier is Tier.HOST:
-            self.host.free(pages)
-        else:
-            assert self.disk is not None
-            self.disk.free(pages)
+        if pages:  # an empty list may name a disabled tier
+            self._pools[tier].free(pages)
 
     def used_bytes(self, tier: Tier) -> int:
         """Allocated pages (copies, requests' pages, and destinations in flight) in bytes."""
-        used = self.num_pages(tier) - self.num_free(tier)
-        return used * self.layout.page_bytes
+        return (self.num_pages(tier) - self.num_free(tier)) * self.layout.page_bytes
 
     def capacity_bytes(self, tier: Tier) -> int:
         return self.num_pages(tier) * self.layout.page_bytes

@@ -193,7 +193,7 @@ class Residency:
         and any an insert let commit since (`device_copy_adopted`)."""
         failed = ticket.error is not None or ticket.page_ok is None
         if failed and ticket.dst_tier is Tier.DISK:
-            self.pools.mark_degraded(f"write failed: {ticket.error}")
+            self.pools.mark_degraded(Tier.DISK, f"write failed: {ticket.error}")
         arrived_pages = 0
         for part in list(ticket.parts):
             if ticket.frees_source:
