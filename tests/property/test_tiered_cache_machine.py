@@ -114,11 +114,12 @@ class TieredCacheMachine(RuleBasedStateMachine):
         prefix = tuple(tokens[: (index + 1) * PAGE_SIZE])
         return self.reference[namespace, prefix]
 
-    def _read(self, tier: Tier, page: int, key: bytes) -> torch.Tensor | None:
+    def _read(self, tier: Tier, page: int, key: bytes | None) -> torch.Tensor | None:
         if tier is Tier.DEVICE:
             return self.cache.device_pool.kv[:, :, page]
         if tier is Tier.HOST:
             return self.cache.host_pool.kv[page]
+        assert key is not None
         out = torch.empty((1, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
         disk = self.cache.pools.disk
         assert disk is not None
@@ -127,13 +128,20 @@ class TieredCacheMachine(RuleBasedStateMachine):
         assert page in self.corrupted, f"disk page {page} fails verification"
         return None  # corrupted on purpose: a promotion must not serve it
 
+    def _keys(self, tier: Tier, node: RadixNode) -> list[bytes | None]:
+        """A disk page is read with its key (a disk copy has them all); others need none."""
+        if tier is Tier.DISK:
+            assert len(node.keys) == node.num_pages, f"{node}: a disk copy without its keys"
+            return list(node.keys)
+        return [None] * node.num_pages
+
     def _check_match(self, match: MatchResult, namespace: str, tokens: list[int]) -> None:
         index = 0
         for segment in match.segments:
             pages = [
-                (n.keys[i], n.copies[segment.tier][i])
+                (key, n.copies[segment.tier][i])
                 for n in segment.nodes
-                for i in range(n.num_pages)
+                for i, key in enumerate(self._keys(segment.tier, n))
             ]
             assert [page for _, page in pages] == list(segment.pages)
             for key, page in pages:

@@ -5,8 +5,9 @@
   - every lock count equals its live holders plus its children's counts;
   - closure: for each tier T, nodes with a copy in T or faster (in flight counted) are closed
     under "parent of"; so are nodes with a disk copy; committed copies likewise;
-  - each node's pages, keys and tokens agree (keys chain from the namespace root, computed
-    from the token ids the packed run decodes to);
+  - each node's pages and tokens agree, and the keys it knows (keys are computed only when a
+    page first needs one) equal the chain from the namespace root, recomputed here from the
+    token ids the packed run decodes to;
   - a transfer's source copy stays committed until its bytes arrive, and an arrived copy is
     committed as soon as its parent's copy allows.
 It walks the whole tree: for tests and the debug endpoint, never the hot path.
@@ -56,7 +57,11 @@ def _live_parts(index: RadixIndex, transfers: Collection[TransferTicket]) -> lis
     return list(parts.values())  # type: ignore[arg-type]
 
 
-def _check_node(index: RadixIndex, node: RadixNode, problems: list[str]) -> None:
+def _check_node(
+    index: RadixIndex, node: RadixNode, chain_ends: dict[RadixNode, bytes], problems: list[str]
+) -> None:
+    """Check one node; `chain_ends` holds the recomputed last key of every node checked so far
+    (parents come first)."""
     ps, parent = index.page_size, node.parent
     assert parent is not None
     if node.num_tokens * TOKEN_BYTES != len(node.packed) or node.num_pages == 0:
@@ -65,10 +70,7 @@ def _check_node(index: RadixIndex, node: RadixNode, problems: list[str]) -> None
         problems.append(f"{node}: {node.num_tokens} tokens for {node.num_pages} pages")
     if parent.children.get(node.page_packed(0, ps)) is not node or not node.attached:
         problems.append(f"{node}: not reachable from its parent")
-    keys = [parent.keys[-1] if parent.keys else parent.root_key, *node.keys]
-    for i in range(node.num_pages):
-        if keys[i + 1] != page_key(keys[i], node.page_ids(i, ps)):
-            problems.append(f"{node}: page {i} key does not chain")
+    _check_keys(node, chain_ends, problems, ps)
     for tier, pages in node.copies.items():
         if len(pages) != node.num_pages:
             problems.append(f"{node}: {tier.label} copy has {len(pages)} pages")
@@ -108,6 +110,25 @@ def _check_node(index: RadixIndex, node: RadixNode, problems: list[str]) -> None
         problems.append(f"{node}: lock count {node.lock_count}, holders say {expected_locks}")
 
 
+def _check_keys(
+    node: RadixNode, chain_ends: dict[RadixNode, bytes], problems: list[str], ps: int
+) -> None:
+    """The keys `node` knows equal the chain recomputed from its tokens."""
+    parent = node.parent
+    assert parent is not None
+    key = chain_ends.get(parent) if parent.parent is not None else parent.root_key
+    if key is None:
+        problems.append(f"{node}: its parent is not in the tree")
+        return
+    if len(node.keys) > node.num_pages:
+        problems.append(f"{node}: {len(node.keys)} keys for {node.num_pages} pages")
+    for i in range(node.num_pages):
+        key = page_key(key, node.page_ids(i, ps))
+        if i < len(node.keys) and node.keys[i] != key:
+            problems.append(f"{node}: page {i} key does not chain")
+    chain_ends[node] = key
+
+
 def check_integrity(
     index: RadixIndex, pools: TierPools, transfers: Collection[TransferTicket]
 ) -> IntegrityResult:
@@ -115,8 +136,9 @@ def check_integrity(
     tickets in flight (submitted, not yet applied)."""
     ledger = _Ledger()
     problems = ledger.problems
+    chain_ends: dict[RadixNode, bytes] = {}
     for node in index.tree.iter_nodes():
-        _check_node(index, node, problems)
+        _check_node(index, node, chain_ends, problems)
         for tier, pages in node.copies.items():
             ledger.claim(tier, pages, "node", node)
     ledger.claim(Tier.DEVICE, sorted(index.private_pages), "request", "private")

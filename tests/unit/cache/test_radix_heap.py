@@ -8,10 +8,10 @@ from tieredkv.cache.tier import Tier
 
 
 def _nodes(count: int) -> list[RadixNode]:
-    root = RadixNode(None, (), [], b"root")
+    root = RadixNode(None, b"", 0, [], b"root")
     nodes = []
     for i in range(count):
-        node = RadixNode(root, (i,), [bytes([i])], b"root")
+        node = RadixNode(root, bytes(4), 1, [bytes([i])], b"root")
         node.set_copy(Tier.DEVICE, [i])
         if i % 3 == 0:
             node.set_copy(Tier.HOST, [i])  # a device copy with a host copy below it

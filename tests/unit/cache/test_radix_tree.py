@@ -28,8 +28,10 @@ def test_walk_reports_a_partial_node_and_split_cuts_every_copy() -> None:
     assert head.parent is root and node.parent is head
     assert head.copies == {Tier.DEVICE: [0, 1], Tier.DISK: [10, 11]}
     assert node.copies == {Tier.DEVICE: [2], Tier.DISK: [12]}
-    assert head.keys + node.keys == chain_keys(key, tokens, PS)
-    assert node.parent_key == head.keys[-1]
+    assert head.keys == node.keys == []  # no page has needed a key yet
+    assert tree.page_keys(node) == chain_keys(key, tokens, PS)[2:]
+    assert head.keys == chain_keys(key, tokens, PS)[:2]  # computed first: node chains from it
+    assert tree.parent_key(node) == head.keys[-1] and tree.parent_key(head) == key
     assert [n for n, _ in tree.walk(root, token_bytes(tokens), 3)] == [head, node]
     assert head.packed + node.packed == token_bytes(tokens)
     assert tree.num_nodes == 2
@@ -57,7 +59,7 @@ def test_merge_only_same_copies_without_locks() -> None:
     merged = tree.merge(head)
     assert merged is tail and not head.attached and tail.parent is root
     assert tail.copies == {Tier.DEVICE: [0, 1, 2], Tier.DISK: [10, 11, 12]}
-    assert tail.keys == chain_keys(key, tokens, PS) and tree.num_nodes == 1
+    assert tree.page_keys(tail) == chain_keys(key, tokens, PS) and tree.num_nodes == 1
     assert tail.packed == token_bytes(tokens)
 
 
@@ -80,7 +82,7 @@ def test_namespaces_never_share_nodes_or_keys() -> None:
     tokens = list(range(8))
     a = tree.add_child(tree.root(namespace_root_key(b"fp", "a"), create=True), token_bytes(tokens))
     b = tree.add_child(tree.root(namespace_root_key(b"fp", "b"), create=True), token_bytes(tokens))
-    assert a is not b and not set(a.keys) & set(b.keys)
+    assert a is not b and not set(tree.page_keys(a)) & set(tree.page_keys(b))
 
 
 def test_remove_detaches_a_leaf() -> None:

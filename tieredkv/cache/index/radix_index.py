@@ -171,9 +171,15 @@ class RadixIndex:
     def reclaim(self, pages: Sequence[int]) -> None:
         """`pages` stop being a request's: returned (the caller frees them) or taken by the
         tree. Never pages the tree owns."""
-        for page in pages:
-            assert page in self.private_pages, f"device page {page} is not a request's"
-            self.private_pages.remove(page)
+        private = self.private_pages
+        if not private.issuperset(pages):  # set operations: C loops, not a step per page
+            stray = next(page for page in pages if page not in private)
+            raise AssertionError(f"device page {stray} is not a request's")
+        before = len(private)
+        private.difference_update(pages)
+        if before - len(private) != len(pages):
+            private.update(pages)  # as it was: every page was lent
+            raise AssertionError(f"device pages {list(pages)} name a page twice")
 
     # --- locks -----------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """A radix tree node: a run of whole pages, its copies per tier and its transfers in flight.
 
-A node holds page-aligned tokens (packed: int32 little-endian bytes, see `token_run`), one
-chained key per page and, per tier, the page ids of its
-copy there (`copies`) and the transfer in flight towards a tier (`inflight`). Copies and
+A node holds page-aligned tokens (packed: int32 little-endian bytes, see `token_run`), the
+chained keys of its pages once a page first needs one (`keys`, filled by `RadixTree.page_keys`)
+and, per tier, the page ids of its copy there (`copies`) and the transfer in flight towards a
+tier (`inflight`). Copies and
 transfers change only through `set_copy`/`pop_copy`/`set_inflight`/`pop_inflight`, which keep
 the parent's per-rank child counts, so evictability checks are O(1) whatever the fan-out.
 """
@@ -40,6 +41,7 @@ class RadixNode:
         "keys",
         "last_access",
         "lock_count",
+        "num_pages",
         "packed",
         "parent",
         "root_key",
@@ -47,11 +49,19 @@ class RadixNode:
     )
 
     def __init__(
-        self, parent: RadixNode | None, packed: bytes, keys: list[bytes], root_key: bytes
+        self,
+        parent: RadixNode | None,
+        packed: bytes,
+        num_pages: int,
+        keys: list[bytes],
+        root_key: bytes,
     ) -> None:
         self.parent = parent
         self.packed = packed  # its tokens, int32 little-endian (TOKEN_BYTES per token)
-        self.keys = keys  # one chained page key per page
+        self.num_pages = num_pages
+        # the chained keys of its first len(keys) pages: none until a page first needs one
+        # (a disk record, a restart index), then all (`RadixTree.page_keys`)
+        self.keys = keys
         self.root_key = root_key  # the namespace root's key
         self.children: dict[bytes, RadixNode] = {}  # by their first page's packed tokens
         self.copies: dict[Tier, list[int]] = {}  # committed copies: page ids per tier
@@ -70,18 +80,8 @@ class RadixNode:
         return f"RadixNode(pages={self.num_pages}, copies=[{tiers}], locks={self.lock_count})"
 
     @property
-    def num_pages(self) -> int:
-        return len(self.keys)
-
-    @property
     def is_root(self) -> bool:
         return self.parent is None
-
-    @property
-    def parent_key(self) -> bytes:
-        """The key chained into this node's first page (the parent's last page or the root)."""
-        assert self.parent is not None, "a namespace root has no parent key"
-        return self.parent.keys[-1] if self.parent.keys else self.parent.root_key
 
     @property
     def num_tokens(self) -> int:

@@ -4,7 +4,10 @@ The tree keeps the shape consistent (split, merge, attach, detach, lock counts o
 which copies exist and move is decided by `TieredCache`. Not thread-safe: the engine thread owns
 it. Nodes hold their tokens packed (int32 little-endian bytes, `token_run`): a node's run
 compares with a query in one memcmp. Children are keyed by their first page's packed tokens, so
-matching never computes a page key.
+matching never computes a page key, and inserting does not either: a node's keys are computed
+when a page first needs one (`page_keys`: a disk record, a restart index). A key depends only
+on the tokens from the namespace root to its page, so keys once computed stay true through
+splits and merges, which carry them along.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ class RadixTree:
         children is dropped (`remove`), so namespaces that hold nothing cost nothing."""
         node = self.roots.get(root_key)
         if node is None and create:
-            node = RadixNode(None, b"", [], root_key)
+            node = RadixNode(None, b"", 0, [], root_key)
             self.roots[root_key] = node
         if node is not None and name is not None:
             self.names[root_key] = name
@@ -66,21 +69,45 @@ class RadixTree:
         return path
 
     def add_child(self, parent: RadixNode, packed: bytes) -> RadixNode:
-        """Attach a new node holding `packed` (whole pages) under `parent`; keys are chained."""
-        assert packed and len(packed) % self.page_bytes == 0, f"{len(packed)} bytes"
-        parent_key = parent.keys[-1] if parent.keys else parent.root_key
-        keys = chain_packed_keys(parent_key, packed, self.page_size)
-        return self.attach(parent, packed, keys)
+        """Attach a new node holding `packed` (whole pages) under `parent`; no key yet."""
+        return self.attach(parent, packed, [])
 
     def attach(self, parent: RadixNode, packed: bytes, keys: list[bytes]) -> RadixNode:
-        """Attach a node whose keys are already known (warm restart)."""
-        node = RadixNode(parent, packed, keys, parent.root_key)
+        """Attach a node holding `packed` whose first `len(keys)` keys are known (warm restart
+        knows them from the disk records)."""
+        assert packed and len(packed) % self.page_bytes == 0, f"{len(packed)} bytes"
+        num_pages = len(packed) // self.page_bytes
+        assert len(keys) <= num_pages, f"{len(keys)} keys for {num_pages} pages"
+        node = RadixNode(parent, packed, num_pages, keys, parent.root_key)
         first = packed[: self.page_bytes]
         assert first not in parent.children, "a child with this first page already exists"
         parent.children[first] = node
         parent.child_ranks[NO_COPY] += 1
         self.num_nodes += 1
         return node
+
+    def page_keys(self, node: RadixNode) -> list[bytes]:
+        """Every page key of `node` (a page's key chains from the previous page's, the first
+        from the parent's last or the namespace root's). Missing keys are computed now, after
+        those of the ancestors they chain from."""
+        if len(node.keys) < node.num_pages:
+            missing = []
+            current = node
+            while current.parent is not None and len(current.keys) < current.num_pages:
+                missing.append(current)
+                current = current.parent
+            for current in reversed(missing):  # parents first: each chains from the one above
+                known = len(current.keys)
+                start = current.keys[-1] if known else self.parent_key(current)
+                rest = current.packed[known * self.page_bytes :]
+                current.keys.extend(chain_packed_keys(start, rest, self.page_size))
+        return node.keys
+
+    def parent_key(self, node: RadixNode) -> bytes:
+        """The key `node`'s first page chains from: its parent's last page's, or the root's."""
+        parent = node.parent
+        assert parent is not None, "a namespace root has no parent key"
+        return parent.root_key if parent.parent is None else self.page_keys(parent)[-1]
 
     def split(self, node: RadixNode, num_pages: int) -> RadixNode:
         """Cut `node` after `num_pages` pages; return the new head (the node keeps the tail).
@@ -91,7 +118,9 @@ class RadixTree:
         assert 0 < num_pages < node.num_pages, f"split {num_pages} of {node.num_pages}"
         assert node.parent is not None
         cut, step = num_pages * self.page_bytes, self.page_bytes
-        head = RadixNode(node.parent, node.packed[:cut], node.keys[:num_pages], node.root_key)
+        head = RadixNode(
+            node.parent, node.packed[:cut], num_pages, node.keys[:num_pages], node.root_key
+        )
         head.copies = {tier: pages[:num_pages] for tier, pages in node.copies.items()}
         node.copies = {tier: pages[num_pages:] for tier, pages in node.copies.items()}
         head.inflight = {t: part.split_head(num_pages, head) for t, part in node.inflight.items()}
@@ -99,7 +128,8 @@ class RadixTree:
         head.last_access = node.last_access
         node.parent.children[head.packed[:step]] = head
         node.packed = node.packed[cut:]
-        node.keys = node.keys[num_pages:]
+        node.keys = node.keys[num_pages:]  # the known keys past the cut, if any
+        node.num_pages -= num_pages
         node.parent = head
         head.children[node.packed[:step]] = node
         rank, on_disk = node.rank()  # the parent's counts stand: head has the node's rank
@@ -109,22 +139,34 @@ class RadixTree:
         return head
 
     def can_merge(self, node: RadixNode) -> bool:
-        """One child, the same copy tiers, no locks and nothing in flight on either."""
+        """One child, the same copy tiers, no locks and nothing in flight on either, and the
+        node not used since its child was (see `merge`)."""
         if node.parent is None or len(node.children) != 1:
             return False
         child = next(iter(node.children.values()))
-        return node.copies.keys() == child.copies.keys() and not (
-            node.lock_count or child.lock_count or node.inflight or child.inflight
+        return (
+            node.copies.keys() == child.copies.keys()
+            and node.last_access <= child.last_access
+            and not (node.lock_count or child.lock_count or node.inflight or child.inflight)
         )
 
     def merge(self, node: RadixNode) -> RadixNode:
-        """Fold `node` into its only child (which survives, longer); `node` is detached."""
+        """Fold `node` into its only child (which survives, longer); `node` is detached.
+
+        The run keeps the node's access time, the older of the two, and LRU order stays exact:
+        the use that last touched the child touched its path just before it (one tick a node,
+        down the path), so every tick between the two times belongs to an ancestor, which
+        never leaves a tier before the run does. A node used since its child (through another
+        child, since gone) is not merged: no one time would be exact for both runs, the
+        child's pages would look younger than they are or the node's older."""
         assert self.can_merge(node) and node.parent is not None
         child = next(iter(node.children.values()))
+        child.last_access = node.last_access
         child.packed = node.packed + child.packed
-        child.keys = node.keys + child.keys
+        # the child's keys continue the node's only if the node knows all of its own
+        child.keys = node.keys + child.keys if len(node.keys) == node.num_pages else node.keys
+        child.num_pages += node.num_pages
         child.copies = {tier: node.copies[tier] + pages for tier, pages in child.copies.items()}
-        child.last_access = max(child.last_access, node.last_access)
         child.parent = node.parent
         node.parent.children[child.packed[: self.page_bytes]] = child
         node.children = {}

@@ -15,14 +15,18 @@ logger = logging.getLogger(__name__)
 class PageFreeList:
     """LIFO free list over page ids 0..num_pages-1, with double-free detection.
 
-    Pops from the end: a fresh list hands out the lowest ids first, in contiguous runs.
+    Pops from the end: a fresh list hands out the lowest ids first, in contiguous runs. Pages
+    move in batches: the free ids are one list (sliced off by `alloc`, extended by `free`) and
+    the used ids one set (updated by set operations), so a batch costs C loops, not a Python
+    step per page. A page freed twice, or twice in one batch, is an AssertionError that leaves
+    the list as it was.
     """
 
     def __init__(self, num_pages: int, tier_label: str) -> None:
         self.num_pages = num_pages
         self._label = tier_label
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
-        self._is_free = [True] * num_pages
+        self._used: set[int] = set()
 
     @property
     def num_free(self) -> int:
@@ -30,38 +34,65 @@ class PageFreeList:
 
     @property
     def num_used(self) -> int:
-        return self.num_pages - len(self._free)
+        return len(self._used)
 
     def alloc(self, count: int) -> list[int]:
         """Take `count` pages, all or nothing."""
-        if count > len(self._free):
-            raise OutOfPagesError(
-                f"{self._label} pool: asked for {count} pages, {len(self._free)} free"
-            )
-        pages = [self._free.pop() for _ in range(count)]
-        for page in pages:
-            self._is_free[page] = False
+        free = self._free
+        if count > len(free):
+            raise OutOfPagesError(f"{self._label} pool: asked for {count} pages, {len(free)} free")
+        if count <= 0:
+            return []
+        pages = free[-count:]
+        del free[-count:]
+        pages.reverse()  # the order popping one by one gives
+        self._used.update(pages)
         return pages
 
     def free(self, pages: list[int]) -> None:
+        used = self._used
+        before = len(used)
+        used.difference_update(pages)
+        if before - len(used) != len(pages):
+            self._refuse(pages)
+        self._free.extend(pages)
+
+    def _refuse(self, pages: list[int]) -> None:
+        """Undo a free that named a free page, one page twice or no page at all; say which."""
+        already_free = set(self._free)
+        valid = range(self.num_pages)
+        self._used.update(page for page in pages if page in valid and page not in already_free)
+        seen: set[int] = set()
         for page in pages:
-            assert not self._is_free[page], f"{self._label} page {page} freed twice"
-            self._is_free[page] = True
-            self._free.append(page)
+            if page not in valid:
+                raise AssertionError(f"{self._label} page {page} is not one of {self.num_pages}")
+            if page in already_free or page in seen:
+                raise AssertionError(f"{self._label} page {page} freed twice")
+            seen.add(page)
+        raise AssertionError(f"{self._label} pages {pages}: a free that did not add up")
 
     def take(self, pages: Iterable[int]) -> None:
         """Mark these free pages used (a disk store's live records at a warm restart); the
         rest stay free, in their order."""
-        for page in pages:
-            assert self._is_free[page], f"{self._label} page {page} taken while in use"
-            self._is_free[page] = False
-        self._free = [page for page in self._free if self._is_free[page]]
+        pages = list(pages)
+        taken = set(pages)
+        if len(taken) != len(pages) or not taken.isdisjoint(self._used):
+            seen: set[int] = set()
+            for page in pages:
+                if page in self._used or page in seen:
+                    raise AssertionError(f"{self._label} page {page} taken while in use")
+                seen.add(page)
+        if taken and (min(taken) < 0 or max(taken) >= self.num_pages):
+            raise AssertionError(f"{self._label} pages {sorted(taken)}: not all of its own")
+        self._used |= taken
+        self._free = [page for page in self._free if page not in taken]
 
     def is_free(self, page: int) -> bool:
-        return self._is_free[page]
+        assert 0 <= page < self.num_pages, f"{self._label} page {page} of {self.num_pages}"
+        return page not in self._used
 
     def used_pages(self) -> list[int]:
-        return [page for page, free in enumerate(self._is_free) if not free]
+        return sorted(self._used)
 
 
 class PagePool:

@@ -38,11 +38,10 @@ class Demoter:
         Copies that can leave at once do; copies that must first move down start moving (they
         free their pages when applied, see `TieredCache.poll`). True if `count` are free now."""
         pools, residency = self.pools, self.residency
-        while pools.num_free(tier) + residency.pending_free(tier) < count:
+        while (needed := count - pools.num_free(tier) - residency.pending_free(tier)) > 0:
             node = residency.pop_evictable(tier)
             if node is None:
                 break
-            needed = count - pools.num_free(tier) - residency.pending_free(tier)
             if node.num_pages > needed:
                 residency.split(node, node.num_pages - needed)  # evict the tail only
             if not self._evict(node, tier):
@@ -51,11 +50,12 @@ class Demoter:
         return pools.num_free(tier) >= count
 
     def _evict(self, node: RadixNode, tier: Tier) -> bool:
-        if any(t > tier for t in node.copies) and copy_may_leave(node, tier):
+        # a popped node has a copy in `tier`: min and max of its copies' tiers are defined
+        if max(node.copies) > tier and copy_may_leave(node, tier):
             self.residency.free_copy(node, tier, count_as=True)
             self._after_free(node)
             return True
-        if not any(t < tier for t in node.copies):
+        if min(node.copies) == tier:  # no faster copy: this one serves
             lower = self.pools.lower(tier)
             while lower is not None:
                 if lower in node.copies or lower in node.inflight:
@@ -68,7 +68,7 @@ class Demoter:
             if self.residency.transfers_in_flight() and self._drop_loses_pages(node, tier):
                 return False  # transfers in flight will change what can move: wait, lose nothing
         # demoted iff a copy remains below (a clean lower copy that was too low for children)
-        self.residency.free_copy(node, tier, count_as=any(t > tier for t in node.copies))
+        self.residency.free_copy(node, tier, count_as=max(node.copies) > tier)
         self.residency.enforce_closure(node)  # copies below that relied on this one go too
         self._after_free(node)
         return True
@@ -83,8 +83,8 @@ class Demoter:
     def _after_free(self, node: RadixNode) -> None:
         parent = node.parent
         self.residency.refresh(node)
-        self.residency.refresh(parent)
-        self.residency.remove_if_empty(node)
+        if not self.residency.remove_if_empty(node):  # which refreshes what it leaves behind
+            self.residency.refresh(parent)
 
     def copy_down(self, node: RadixNode, lower: Tier, frees_source: bool) -> bool:
         """Start copying `node` to `lower`; for disk, its ancestors without a disk copy first.

@@ -45,7 +45,7 @@ def copy_may_move_down(node: RadixNode, tier: Tier) -> bool:
     node leaves only the closure of `tier`, so no child may have a copy in `tier` or faster."""
     if tier is Tier.DISK:
         return not node.children_on_disk
-    if any(t < tier for t in node.copies):
+    if node.copies and min(node.copies) < tier:  # a faster copy stays
         return True
     return not node.any_child_in_closure(tier)
 
@@ -69,7 +69,7 @@ class LruEvictionPolicy:
 
     @staticmethod
     def priority(node: RadixNode, tier: Tier) -> Priority:
-        redundant = any(t < tier for t in node.copies)
+        redundant = min(node.copies) < tier  # a faster copy serves (it has one in `tier`)
         return (0 if redundant else 1, node.last_access)
 
 

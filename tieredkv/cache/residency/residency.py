@@ -47,12 +47,14 @@ class Presence(enum.Enum):
     LEAVING = "leaving"  # a committed copy that a demotion in flight frees when applied
 
 
-def page_records(node: RadixNode, page_size: int) -> list[DiskRecord]:
-    """The disk identity of each page of `node`: key, parent page's key, tokens."""
-    parents = [node.parent_key, *node.keys[:-1]]
+def page_records(node: RadixNode, tree: RadixTree) -> list[DiskRecord]:
+    """The disk identity of each page of `node`: key, parent page's key, tokens. The first
+    time a page needs its key (`RadixTree.page_keys`)."""
+    keys = tree.page_keys(node)
+    parents = [tree.parent_key(node), *keys[:-1]]
     return [
-        DiskRecord(key, parent_key, node.page_ids(i, page_size))
-        for i, (key, parent_key) in enumerate(zip(node.keys, parents, strict=True))
+        DiskRecord(key, parent_key, node.page_ids(i, tree.page_size))
+        for i, (key, parent_key) in enumerate(zip(keys, parents, strict=True))
     ]
 
 
@@ -177,7 +179,7 @@ class Residency:
             ticket.parts.append(part)
             src_pages.extend(part.src_pages)
             if Tier.DISK in (src, dst):
-                records.extend(page_records(node, self.tree.page_size))
+                records.extend(page_records(node, self.tree))
         if frees_source:
             self._pending_free[src] += num_pages
         self.mover.submit(ticket, self.copier.job(src, dst, src_pages, dst_pages, records))
@@ -318,14 +320,17 @@ class Residency:
             self.remove_if_empty(child, cascade=False, merge=False)
             self.refresh(child)
 
-    def remove_if_empty(self, node: RadixNode, cascade: bool = True, merge: bool = True) -> None:
+    def remove_if_empty(self, node: RadixNode, cascade: bool = True, merge: bool = True) -> bool:
         """Detach a node left with no copy, no transfer, no child and no lock; then try its
-        parent (which may now be empty too, or mergeable with its last child)."""
+        parent (which may now be empty too, or mergeable with its last child). True if `node`
+        left the tree (its parent, or the run it merged into, is refreshed)."""
+        removed = False
         while node.attached and node.parent is not None:
             if node.copies or node.inflight or node.children or node.lock_count:
                 break
             parent = node.parent
             self.tree.remove(node)
+            removed = True
             if merge and parent.parent is not None and self.tree.can_merge(parent):
                 self.refresh(self.tree.merge(parent))
             else:
@@ -333,3 +338,4 @@ class Residency:
             if not cascade:
                 break
             node = parent
+        return removed
