@@ -14,7 +14,7 @@ from tests.reliability.harness import COMMON, MODEL, TINY_TIERS, FaultServer, di
 
 def _chat(server: FaultServer, seed: int, max_tokens: int) -> httpx.Response:
     body = {"model": MODEL, "messages": opening(seed, 60), "max_tokens": max_tokens}
-    return server.post("/v1/chat/completions", {**body, "temperature": 0})
+    return server.post("/v1/chat/completions", {**body, "temperature": 0, "ignore_eos": True})
 
 
 def test_a_dead_engine_fails_requests_turns_health_503_and_exits_non_zero(
@@ -25,7 +25,8 @@ def test_a_dead_engine_fails_requests_turns_health_503_and_exits_non_zero(
     server = FaultServer(args, tmp_path / "dying.log", {"kill_engine_after_steps": 40})
     served = _chat(server, seed=0, max_tokens=4)  # a few steps: served, pages stored
     assert served.status_code == 200
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:  # one runs, two wait; all fail
+    # 3 x 64 steps at one running sequence: the engine dies while one runs and two wait
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
         replies = list(pool.map(lambda seed: _chat(server, seed, 64), (1, 2, 3)))
     for reply in replies:
         assert reply.status_code in (200, 503), reply.text
