@@ -4,6 +4,7 @@ insert, release) on a real cache with manual transfers; check_integrity after ev
 from __future__ import annotations
 
 import torch
+from cache_steps import ok, settle
 
 from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.testing import (
@@ -15,22 +16,9 @@ from tieredkv.cache.testing import (
 )
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.cache.transfer.executor import ManualTransferExecutor
 
 LAYOUT = tiny_layout(page_size=4)
 NAMESPACE = "default"
-
-
-def ok(cache: TieredCache) -> None:
-    result = cache.check_integrity()
-    assert result.ok, result.problems
-
-
-def settle(cache: TieredCache, executor: ManualTransferExecutor) -> None:
-    while executor.pending():
-        executor.complete_all()
-        cache.poll()
-    ok(cache)
 
 
 def run_request(cache: TieredCache, tokens: list[int]) -> CacheHandle:

@@ -3,19 +3,12 @@ with no pages costs nothing (its root is freed)."""
 
 from __future__ import annotations
 
-from tieredkv.cache.testing import fill_device_pages, make_cache, tiny_layout
+from cache_steps import compute
+
+from tieredkv.cache.testing import make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.tiered_cache import TieredCache
 
 LAYOUT = tiny_layout(page_size=4)
-
-
-def compute(cache: TieredCache, tokens: list[int], namespace: str) -> None:
-    pages = cache.allocate(len(tokens) // LAYOUT.page_size)
-    assert pages is not None
-    fill_device_pages(cache, tokens, namespace, pages)
-    result = cache.insert(tokens, namespace, pages)
-    cache.free([p for p in pages if p not in result.device_pages])
 
 
 def test_a_scoped_flush_drops_only_the_namespaces_it_accepts() -> None:

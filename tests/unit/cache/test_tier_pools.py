@@ -9,39 +9,16 @@ import logging
 from pathlib import Path
 
 import pytest
+from cache_steps import compute, ok, settle
 
 from tieredkv.cache.disk.direct_io import FaultInjectingIO
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.store import DiskStore
-from tieredkv.cache.testing import fill_device_pages, make_cache, tiny_layout
+from tieredkv.cache.testing import make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.cache.transfer.executor import ManualTransferExecutor
 
 LAYOUT = tiny_layout(page_size=4)
 FIRST, SECOND = list(range(17)), list(range(100, 117))  # 4 full pages each
-
-
-def ok(cache: TieredCache) -> None:
-    result = cache.check_integrity()
-    assert result.ok, result.problems
-
-
-def compute(cache: TieredCache, tokens: list[int]) -> None:
-    """A request that computes every full page of `tokens` and inserts them."""
-    pages = cache.allocate(len(tokens) // LAYOUT.page_size)
-    assert pages is not None
-    fill_device_pages(cache, tokens, "default", pages)
-    result = cache.insert(tokens, "default", pages)
-    cache.free([p for p in pages if p not in result.device_pages])
-    ok(cache)
-
-
-def settle(cache: TieredCache, executor: ManualTransferExecutor) -> None:
-    while executor.pending():
-        executor.complete_all()
-        cache.poll()
-    ok(cache)
 
 
 def test_each_tier_pool_is_reached_through_one_mapping(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cache_steps import compute, ok, settle
 
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.store import DiskRecord
@@ -12,7 +13,6 @@ from tieredkv.cache.testing import (
     FINGERPRINT,
     device_page,
     expected_pages,
-    fill_device_pages,
     make_cache,
     tiny_layout,
 )
@@ -22,28 +22,6 @@ from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import CacheConfig, WritePolicy
 
 LAYOUT = tiny_layout(page_size=4)
-
-
-def ok(cache: TieredCache) -> None:
-    result = cache.check_integrity()
-    assert result.ok, result.problems
-
-
-def compute(cache: TieredCache, tokens: list[int], namespace: str = "default") -> None:
-    """A request that computes every full page of `tokens` and inserts them."""
-    pages = cache.allocate(len(tokens) // LAYOUT.page_size)
-    assert pages is not None
-    fill_device_pages(cache, tokens, namespace, pages)
-    result = cache.insert(tokens, namespace, pages)
-    cache.free([p for p in pages if p not in result.device_pages])
-    ok(cache)
-
-
-def settle(cache: TieredCache, executor: ManualTransferExecutor) -> None:
-    while executor.pending():
-        executor.complete_all()
-        cache.poll()
-    ok(cache)
 
 
 def assert_promoted(cache: TieredCache, tokens: list[int], namespace: str = "default") -> None:

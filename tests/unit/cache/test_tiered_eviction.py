@@ -1,42 +1,19 @@
 from pathlib import Path
 
 import torch
+from cache_steps import compute, ok, settle
 
 from tieredkv.cache.index.page_key import token_bytes
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, TierHeap
 from tieredkv.cache.testing import (
     expected_pages,
-    fill_device_pages,
     make_cache,
     tiny_layout,
 )
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.cache.transfer.executor import ManualTransferExecutor
 
 LAYOUT = tiny_layout(page_size=4)
-
-
-def ok(cache: TieredCache) -> None:
-    result = cache.check_integrity()
-    assert result.ok, result.problems
-
-
-def compute(cache: TieredCache, tokens: list[int]) -> None:
-    pages = cache.allocate(len(tokens) // LAYOUT.page_size)
-    assert pages is not None
-    fill_device_pages(cache, tokens, "default", pages)
-    result = cache.insert(tokens, "default", pages)
-    cache.free([p for p in pages if p not in result.device_pages])
-    ok(cache)
-
-
-def settle(cache: TieredCache, executor: ManualTransferExecutor) -> None:
-    while executor.pending():
-        executor.complete_all()
-        cache.poll()
-    ok(cache)
 
 
 def test_heap_pops_least_recent_first_and_skips_stale_entries() -> None:

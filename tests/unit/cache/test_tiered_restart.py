@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cache_steps import ok, settle
 
 from tieredkv.cache.disk.direct_io import FaultInjectingIO
 from tieredkv.cache.disk.error_reason import DiskErrorReason
@@ -23,18 +24,6 @@ from tieredkv.config import CacheConfig
 
 LAYOUT = tiny_layout(page_size=4)
 SYSTEM = list(range(1000, 1008))  # a 2-page shared system prompt
-
-
-def ok(cache: TieredCache) -> None:
-    result = cache.check_integrity()
-    assert result.ok, result.problems
-
-
-def settle(cache: TieredCache, executor: ManualTransferExecutor) -> None:
-    while executor.pending():
-        executor.complete_all()
-        cache.poll()
-    ok(cache)
 
 
 def request(cache: TieredCache, executor: ManualTransferExecutor, tokens: list[int]) -> None:
