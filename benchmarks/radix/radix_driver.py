@@ -15,16 +15,20 @@ the engine. Match and insert take the packed tokens, as the engine passes them.
 from __future__ import annotations
 
 import functools
+import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
 
-from tieredkv.cache.index.radix_node import RadixNode
-from tieredkv.cache.index.token_run import PackedTokens, TokenPacker
+from tieredkv.cache.index.token_run import TokenPacker
 from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.engine.protocol import GenerationRequest
+from tieredkv.engine.request import Request
+from tieredkv.engine.request_pages import RequestPages
+from tieredkv.model.sampler import SamplingParams
 
 from .radix_workload import ChatTurn
 
@@ -67,14 +71,6 @@ def timed(samples: list[int], call: Callable[..., T], *args: object) -> T:
     return result
 
 
-@dataclass
-class _Request:
-    tokens: PackedTokens
-    page_table: list[int]
-    tree_pages: int  # page_table[:tree_pages] belong to the tree, the rest are private
-    locked: RadixNode | None
-
-
 class ChatDriver:
     """Runs turns against `cache` (a device-only cache large enough for them: the benchmark
     times the tree, not eviction) in one namespace."""
@@ -82,57 +78,44 @@ class ChatDriver:
     def __init__(self, cache: TieredCache, namespace: str = "default") -> None:
         self.cache = cache
         self.namespace = namespace
-        self.page_size = cache.page_size
+        self.pages = RequestPages(cache, cache.page_size, reuse_prefixes=True)
         self.times = CallTimes()
         self.timer: Timer = timed  # replaceable (radix_profile profiles the same calls)
+        self._seq_ids = itertools.count()
+        for name in ("match", "insert", "lock", "unlock"):
+            setattr(cache, name, self._timed_method(name, getattr(cache, name)))
+
+    def _timed_method(self, name: str, method: Callable[..., T]) -> Callable[..., T]:
+        samples = getattr(self.times, name)
+
+        @functools.wraps(method)
+        def timed_method(*args: object, **kwargs: object) -> T:
+            return self.timer(samples, functools.partial(method, **kwargs), *args)
+
+        return timed_method
 
     def run(self, turn: ChatTurn) -> None:
-        cache, times, ps = self.cache, self.times, self.page_size
-        packer = self.timer(times.pack, pack_prompt, fresh_tokens(turn.prompt))  # arrival
-        prompt = packer.packed()
-        self.timer(times.match, cache.match, prompt, self.namespace)  # on arrival
-        match = self.timer(times.match, cache.match, prompt, self.namespace)  # admission
-        assert match.num_pages == match.device.num_pages, "a device-only cache matched lower"
-        if match.last_node is not None:
-            self.timer(times.lock, cache.lock, match.last_node)
-        request = _Request(prompt, list(match.device.pages), match.num_pages, match.last_node)
-        num_tokens = len(turn.prompt) + len(turn.output) - 1  # what will have KV at finish
-        needed = -(-num_tokens // ps) - len(request.page_table)
-        pages = cache.allocate(needed)
-        assert pages is not None, f"device too small for {needed} more pages"
-        request.page_table.extend(pages)
-        kv_len = match.matched_len
-        while kv_len < len(prompt):  # prefill, chunk by chunk
-            kv_len = min(kv_len + PREFILL_CHUNK_TOKENS, len(prompt))
-            self._insert(request, kv_len)
-        for token in fresh_tokens(turn.output[:-1]):  # decode: one token per step
-            packer.append(token)
-        request.tokens = packer.packed()
-        self._insert(request, num_tokens)  # finish
-        cache.free(request.page_table[request.tree_pages :])
-        if request.locked is not None:
-            self.timer(times.unlock, cache.unlock, request.locked)
-
-    def _insert(self, request: _Request, kv_len: int) -> None:
-        full_pages = kv_len // self.page_size
-        if full_pages <= request.tree_pages:
-            return
-        tokens = request.tokens[: full_pages * self.page_size]
-        table: Sequence[int] = request.page_table[:full_pages]
-        # as the engine does: walk on from the node the request holds locked
-        start = request.locked if request.tree_pages else None
-        insert = functools.partial(
-            self.cache.insert,
-            start_node=start,
-            start_pages=request.tree_pages if start is not None else 0,
+        seq_id = next(self._seq_ids)
+        spec = GenerationRequest(
+            f"turn-{seq_id}", tuple(fresh_tokens(turn.prompt)), SamplingParams(), self.namespace
         )
-        result = self.timer(self.times.insert, insert, tokens, self.namespace, table)
-        if result.node is not None and result.node is not request.locked:
-            self.timer(self.times.lock, self.cache.lock, result.node)
-            if request.locked is not None:
-                self.timer(self.times.unlock, self.cache.unlock, request.locked)
-            request.locked = result.node
-        request.page_table[: result.num_pages] = result.device_pages
-        request.tree_pages = result.num_pages
-        if result.duplicate_pages:
-            self.cache.free(result.duplicate_pages)
+        kv = self.cache.new_handle(self.namespace)
+        # RequestPages never reads the output processor or the generator: no model needed
+        request = self.timer(self.times.pack, Request, spec, seq_id, None, None, kv)
+        pages = self.pages
+        pages.on_arrival(request)
+        assert pages.admit(request), "a device-only match is ready at admission"
+        pages.take_promotion(request)
+        prompt_len = len(turn.prompt)
+        while request.kv_len < prompt_len:  # prefill, chunk by chunk
+            end = min(request.kv_len + PREFILL_CHUNK_TOKENS, prompt_len)
+            assert pages.grow(request, end), "device too small for one chunk"
+            request.kv_len = end
+            pages.insert_computed(request)
+        request.output_ids.append(turn.output[0])  # sampled by the prefill's last step
+        for token in fresh_tokens(turn.output[1:]):  # decode: one token per step
+            assert pages.grow(request, request.kv_len + 1), "device too small to decode"
+            request.kv_len += 1
+            pages.insert_computed(request)
+            request.output_ids.append(token)
+        pages.release(request, keep_computed=True)
