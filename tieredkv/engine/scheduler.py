@@ -13,12 +13,15 @@ into the tree, where they are demoted, not lost, and it waits again. Nothing is 
 transfers are in flight: the demotions among them free pages soon.
 
 Admission order. FCFS is arrival order. Cache-aware (`lpm`): a waiting request's priority is
-the tokens its prompt matched at arrival, each weighted by the tier that holds it (a device page
-is worth more than a disk page, which must still be read), plus `aging_tokens_per_second` × its
-wait. A request that matched nothing therefore overtakes any request arriving after it once it
-has waited `max_model_len / aging_tokens_per_second` seconds (no match is worth more than a
-whole context): under a steady stream of hot requests, a cold request's extra wait is bounded by
-that time (2 s with the defaults: 8192 tokens / 4096 tokens/s) plus the service of the requests
+the tokens its prompt matches in the tree as it is now, each weighted by the tier that holds it
+(a device page is worth more than a disk page, which must still be read), plus
+`aging_tokens_per_second` × its wait. The waiting requests are matched again before each
+admission while the queue holds at most `REMATCH_MAX_WAITING` of them (a match costs ~10 µs);
+past that, a request keeps the match of its arrival (or of its last re-match). A request that
+matched nothing overtakes any request arriving after it once it has waited
+`max_model_len / aging_tokens_per_second` seconds (no match is worth more than a whole
+context): under a steady stream of hot requests, a cold request's extra wait is bounded by that
+time (2 s with the defaults: 8192 tokens / 4096 tokens/s) plus the service of the requests
 already ahead of it. Admission stops at the first request the device has no room for.
 """
 
@@ -40,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 TIER_WEIGHT = {Tier.DEVICE: 1.0, Tier.HOST: 0.75, Tier.DISK: 0.5}
 DEFAULT_AGING_TOKENS_PER_SECOND = 4096.0
+REMATCH_MAX_WAITING = 64  # re-matching the queue each step costs at most ~0.7 ms
 
 
 @dataclass(frozen=True)
@@ -191,9 +195,14 @@ class Scheduler:
         """Admit waiting requests in queue order while the step and the device have room;
         return those whose pages are ready (the others wait in `promoting`)."""
         started = []
+        if self.order.policy is SchedulePolicy.LPM and len(self.waiting) <= REMATCH_MAX_WAITING:
+            for request in self.waiting:  # what each would reuse now, not at its arrival
+                self.pages.on_arrival(request)
         for request in self.order.ordered(self.waiting, self.clock()):
             if budget.seqs <= 0 or budget.tokens <= 0:
                 break
+            if len(self.running) + len(self.promoting) >= self.config.max_num_seqs:
+                break  # --max-num-seqs caps the sequences held, not only those forwarded
             if not self.pages.admit(request):
                 break  # no device room now; demotions started
             self.waiting.remove(request)

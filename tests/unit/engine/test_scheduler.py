@@ -132,6 +132,31 @@ def test_the_longest_cached_prefix_is_admitted_first_unless_fcfs() -> None:
         assert [r.request_id for r in rig.step().requests] == [expected], policy
 
 
+def test_max_num_seqs_caps_the_requests_admitted_not_only_those_forwarded() -> None:
+    rig = make_rig(max_num_seqs=2)
+    for name in ("a", "b", "c", "d"):
+        rig.request(name, prompt(6, 100 * (ord(name) - 96)))
+    rig.step()
+    assert [r.request_id for r in rig.scheduler.running] == ["a", "b"]
+    assert [r.request_id for r in rig.scheduler.waiting] == ["c", "d"]  # not admitted, no pages
+    assert all(r.page_table == [] for r in rig.scheduler.waiting)
+
+
+def test_priorities_follow_the_tree_as_it_is_now_not_at_arrival() -> None:
+    """Both arrive while the cache is empty; then a running request inserts the prefix that one
+    of them shares: that one goes first, though its match at arrival was as cold as the
+    other's (and it arrived later)."""
+    for policy, expected in ((SchedulePolicy.LPM, "sibling"), (SchedulePolicy.FCFS, "other")):
+        rig = make_rig(max_num_seqs=1, policy=policy)
+        template = prompt(20, 100)
+        first = rig.request("first", [*template, 1])
+        rig.request("other", prompt(20, 500))
+        rig.request("sibling", [*template, 2])
+        assert [r.request_id for r in rig.step().requests] == ["first"]
+        rig.finish(first)  # its prompt's pages are in the tree now
+        assert [r.request_id for r in rig.step().requests] == [expected], policy
+
+
 def _run_prefill(rig: Rig, request_id: str, ids: list[int]) -> Request:
     request = rig.request(request_id, ids)
     rig.step()
