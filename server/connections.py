@@ -108,12 +108,9 @@ class SendStallLimit:
 
         try:
             await self.app(scope, receive, bounded_send)
-        except ClientStalled:
-            pass
-        except BaseException:
+        except BaseException:  # after a stall: ClientStalled, maybe inside an exception group
             if not stalled:
                 raise
-        if stalled:
             log.info("dropped a response whose reader took nothing for %.0f s", self.seconds)
 
 
