@@ -68,14 +68,21 @@ class Engine:
     def step(self) -> bool:
         """One step; False when there was nothing to forward."""
         self._drain_inbox()
+        started = time.perf_counter()
         self._end_aborted(self.scheduler.apply_transfers())
         plan = self.scheduler.schedule()
+        scheduler_s = time.perf_counter() - started
         if plan.chunks:
             forward_started = self.clock()
             logits = self.runner.forward(plan.chunks)
             self._sample_and_emit(plan, logits, forward_started)
+            inserting = time.perf_counter()
             self._insert_full_pages(plan.requests)
-        self.recorder.step_done(self._step_figures())
+            scheduler_s += time.perf_counter() - inserting
+        # the figures cover steps that forwarded something (an idle step's time is not work)
+        step_s = time.perf_counter() - started if plan.chunks else 0.0
+        scheduler_s = scheduler_s if plan.chunks else 0.0
+        self.recorder.step_done(self._step_figures(step_s, scheduler_s))
         return bool(plan.chunks)
 
     def wait_for_work(self, timeout: float | None = None) -> None:
@@ -171,9 +178,11 @@ class Engine:
             if request.status is RequestStatus.RUNNING:
                 self.pages.insert_computed(request)
 
-    def _step_figures(self) -> StepFigures:
+    def _step_figures(self, step_s: float, scheduler_s: float) -> StepFigures:
         cache, scheduler = self.cache, self.scheduler
         return StepFigures(
+            step_seconds=step_s,
+            scheduler_seconds=scheduler_s,
             num_running=len(scheduler.running),
             num_waiting=len(scheduler.waiting) + len(scheduler.promoting),
             cache_counters=cache.counters,

@@ -21,8 +21,12 @@ from tieredkv.engine.request import Request
 
 @dataclass(frozen=True)
 class StepFigures:
-    """The queue sizes and the cache's counters and sizes at the end of a step."""
+    """The step's time (and the scheduler's share of it: applying transfers, queue order,
+    admission, page reservation and inserting computed pages), the queue sizes and the cache's
+    counters and sizes at the end of a step."""
 
+    step_seconds: float
+    scheduler_seconds: float
     num_running: int
     num_waiting: int  # queued or promoting
     cache_counters: CacheCounters
@@ -62,13 +66,18 @@ class EngineRecorder:
     def preempted(self) -> None:
         self.metrics.on_preemption()
 
+    def deferred(self) -> None:
+        """A request first waited for a running request computing a prefix it shares."""
+        self.metrics.on_deferred_admission()
+
     def request_finished(self, request: Request, reason: FinishReason, now: float) -> None:
         arrival = request.spec.arrival_time
         ttft = None if request.first_token_at is None else request.first_token_at - arrival
         self.metrics.on_request_finished(reason, now - arrival, len(request.output_ids), ttft)
 
     def step_done(self, figures: StepFigures) -> None:
-        """Queue sizes and the cache's counters and sizes, once per step."""
+        """Step times, queue sizes and the cache's counters and sizes, once per step."""
+        self.metrics.on_step(figures.step_seconds, figures.scheduler_seconds)
         self.metrics.set_queue_sizes(figures.num_running, figures.num_waiting)
         self.metrics.sync_cache(
             figures.cache_counters,

@@ -97,6 +97,19 @@ class EngineMetrics:
             [(r,) for r in SUCCESS_REASONS],
         )
         self.preemptions = self._counter("preemptions_total", "Running requests preempted.")
+        # extensions (README "Metrics beyond the contract")
+        self.deferred_admissions = self._counter(
+            "deferred_admissions_total",
+            "Requests that waited for a running request computing a prefix they share (lpm).",
+        )
+        self.step_seconds = self._counter(
+            "step_seconds_total", "Seconds in engine steps that had work (forward included)."
+        )
+        self.scheduler_seconds = self._counter(
+            "scheduler_seconds_total",
+            "Seconds of those steps in the scheduler and cache bookkeeping: transfers applied, "
+            "queue order, admission, page reservation, computed pages inserted.",
+        )
 
     # -- called by the engine ------------------------------------------------------------------
 
@@ -118,6 +131,13 @@ class EngineMetrics:
 
     def on_preemption(self, num_requests: int = 1) -> None:
         self.preemptions.inc(num_requests)
+
+    def on_deferred_admission(self) -> None:
+        self.deferred_admissions.inc()
+
+    def on_step(self, step_seconds: float, scheduler_seconds: float) -> None:
+        self.step_seconds.inc(step_seconds)
+        self.scheduler_seconds.inc(scheduler_seconds)
 
     def on_request_finished(
         self,

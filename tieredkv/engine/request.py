@@ -55,6 +55,11 @@ class Request:
     promotion_seconds: float | None = None  # admission to prefix ready, first admission
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
+    # scheduling: seconds it waited for a running request computing a prefix it shares, and
+    # since when it has been waiting so (None: it was not, at its last admission attempt)
+    deferred_s: float = 0.0
+    deferred_at: float | None = None
+    prompt_page_hashes: list[int] | None = None  # admission's chained page hashes, once
     _packer: TokenPacker = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

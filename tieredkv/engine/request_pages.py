@@ -18,6 +18,11 @@ class RequestPages:
         self.page_size = page_size
         self.reuse = reuse_prefixes
 
+    @property
+    def device_pages(self) -> int:
+        """The device tier's size in pages."""
+        return self.cache.device_pool.num_pages
+
     def on_arrival(self, request: Request) -> None:
         """Match for the queue's priority (the disk part is prefetched if the request waits)."""
         if self.reuse:

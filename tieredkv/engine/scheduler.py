@@ -14,15 +14,18 @@ transfers are in flight: the demotions among them free pages soon.
 
 Admission order. FCFS is arrival order. Cache-aware (`lpm`): a waiting request's priority is
 the tokens its prompt matches in the tree as it is now, each weighted by the tier that holds it
-(a device page is worth more than a disk page, which must still be read), plus
-`aging_tokens_per_second` × its wait. The waiting requests are matched again before each
-admission while the queue holds at most `REMATCH_MAX_WAITING` of them (a match costs ~10 µs);
-past that, a request keeps the match of its arrival (or of its last re-match). A request that
-matched nothing overtakes any request arriving after it once it has waited
-`max_model_len / aging_tokens_per_second` seconds (no match is worth more than a whole
-context): under a steady stream of hot requests, a cold request's extra wait is bounded by that
-time (2 s with the defaults: 8192 tokens / 4096 tokens/s) plus the service of the requests
-already ahead of it. Admission stops at the first request the device has no room for.
+(a device page is worth more than a host page, which must still be copied, or a disk page,
+which must still be read: pages ready sooner rank higher; a prefetch that lands moves a page
+up), plus `aging_tokens_per_second` × its wait. Before each admission the waiting requests are
+matched again, `REMATCH_MAX_WAITING` at most, in turn (a match costs ~10 µs; the engine reports
+the time it spends here as `scheduler_seconds_total`). A request that matched nothing overtakes
+any request arriving after it once it has waited `max_model_len / aging_tokens_per_second`
+seconds (no match is worth more than a whole context): under a steady stream of hot requests, a
+cold request's extra wait is bounded by that time (2 s with the defaults: 8192 tokens / 4096
+tokens/s) plus the service of the requests already ahead of it. Admission stops at the first
+request the device has no room for, its whole prompt counted (`admission.DeviceRoom`); under
+`lpm` a request that shares a prefix with one still computing it waits for it, bounded, and is
+passed over meanwhile (`admission.prefix_being_computed`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 
 from tieredkv.cache.tier import Tier
 from tieredkv.config import EngineConfig, SchedulePolicy
+from tieredkv.engine.admission import DeviceRoom, prefix_being_computed
 from tieredkv.engine.engine_metrics import EngineRecorder
 from tieredkv.engine.protocol import FinishReason, QueueFullError
 from tieredkv.engine.request import Request, RequestStatus
@@ -43,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 TIER_WEIGHT = {Tier.DEVICE: 1.0, Tier.HOST: 0.75, Tier.DISK: 0.5}
 DEFAULT_AGING_TOKENS_PER_SECOND = 4096.0
-REMATCH_MAX_WAITING = 64  # re-matching the queue each step costs at most ~0.7 ms
+REMATCH_MAX_WAITING = 64  # re-matched per admission, in turn: ~0.7 ms at most
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,11 @@ class Scheduler:
         self.release_sequence = release_sequence
         self.clock = clock
         self.order = QueueOrder(config.schedule_policy)
+        self.page_size = pages.page_size
+        # a request waits for a prefix being computed at most as long as aging takes to lift
+        # a cold request above any match
+        self.defer_limit_s = config.max_model_len / self.order.aging_tokens_per_second
+        self._rematch_cursor = 0
         self.waiting: list[Request] = []
         self.promoting: list[Request] = []
         self.running: list[Request] = []  # admission order: the oldest first
@@ -194,19 +203,24 @@ class Scheduler:
     def _admit(self, budget: StepBudget) -> list[Request]:
         """Admit waiting requests in queue order while the step and the device have room;
         return those whose pages are ready (the others wait in `promoting`)."""
-        started = []
-        if self.order.policy is SchedulePolicy.LPM and len(self.waiting) <= REMATCH_MAX_WAITING:
-            for request in self.waiting:  # what each would reuse now, not at its arrival
-                self.pages.on_arrival(request)
-        for request in self.order.ordered(self.waiting, self.clock()):
+        started: list[Request] = []
+        now = self.clock()
+        self._rematch_waiting()
+        room = DeviceRoom(self.pages.device_pages, self.running, self.promoting, self.page_size)
+        for request in self.order.ordered(self.waiting, now):
             if budget.seqs <= 0 or budget.tokens <= 0:
                 break
             if len(self.running) + len(self.promoting) >= self.config.max_num_seqs:
                 break  # --max-num-seqs caps the sequences held, not only those forwarded
+            if self._waits_for_shared_prefix(request, now):
+                continue
+            if (self.running or self.promoting) and not room.fits(request):
+                break  # its prompt does not fit beside the admitted ones: they finish first
             if not self.pages.admit(request):
                 break  # no device room now; demotions started
+            room.take(request)
             self.waiting.remove(request)
-            request.admitted_at = request.admitted_at or self.clock()
+            request.admitted_at = request.admitted_at or now
             if request.kv.promotion_pending:
                 request.status = RequestStatus.PROMOTING
                 self.promoting.append(request)
@@ -216,6 +230,39 @@ class Scheduler:
                 self._start_running(request)
                 started.append(request)
         return started
+
+    def _rematch_waiting(self) -> None:
+        """lpm: match waiting requests against the tree as it is now, at most
+        `REMATCH_MAX_WAITING` per admission, in turn (each priority is then at most
+        ceil(waiting / 64) admissions old)."""
+        if self.order.policy is not SchedulePolicy.LPM:
+            return
+        waiting = self.waiting
+        if len(waiting) > REMATCH_MAX_WAITING:
+            start = self._rematch_cursor % len(waiting)
+            waiting = (waiting[start:] + waiting[:start])[:REMATCH_MAX_WAITING]
+            self._rematch_cursor = start + REMATCH_MAX_WAITING
+        for request in waiting:
+            self.pages.on_arrival(request)
+
+    def _waits_for_shared_prefix(self, request: Request, now: float) -> bool:
+        """lpm: True while an admitted request is computing a prefix `request` shares beyond
+        its cached match (bounded: `defer_limit_s` of such waits in all)."""
+        if self.order.policy is not SchedulePolicy.LPM or not self.pages.reuse:
+            return False
+        was_waiting = request.deferred_at is not None
+        if was_waiting:
+            request.deferred_s += now - request.deferred_at
+            request.deferred_at = None
+        if request.deferred_s >= self.defer_limit_s:
+            return False
+        admitted = [*self.running, *self.promoting]
+        if prefix_being_computed(request, admitted, self.page_size) is None:
+            return False
+        if not was_waiting and request.deferred_s == 0.0:
+            self.recorder.deferred()  # its first such wait
+        request.deferred_at = now
+        return True
 
     def _start_running(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING

@@ -19,7 +19,7 @@ from tieredkv.engine.metrics import EngineMetrics
 from tieredkv.engine.protocol import FinishReason, GenerationRequest
 from tieredkv.engine.request import Request, RequestStatus
 from tieredkv.engine.request_pages import RequestPages
-from tieredkv.engine.scheduler import Scheduler, StepPlan
+from tieredkv.engine.scheduler import QueueOrder, Scheduler, StepPlan
 from tieredkv.model.sampler import SamplingParams
 
 PAGE_SIZE = 4
@@ -236,3 +236,87 @@ def test_no_preemption_while_transfers_are_in_flight() -> None:
     rig.executor.complete_all()
     assert rig.step().requests == [a]  # the copies applied: b makes room
     assert rig.metrics.preemptions.value() == 1 and b.status is RequestStatus.WAITING
+
+
+def test_a_request_waits_for_a_prefix_a_running_request_is_computing() -> None:
+    """lpm: the sibling of a request still prefilling a shared template waits until the
+    template's pages are in the tree, then reuses them. FCFS admits it beside the first in the
+    step that leaves room (the first's last chunk), and it computes the template again."""
+    for policy in (SchedulePolicy.LPM, SchedulePolicy.FCFS):
+        rig = make_rig(max_batch_tokens=32, policy=policy)
+        template = prompt(40, 100)
+        rig.request("first", [*template, 1])
+        sibling = rig.request("sibling", [*template, 2])
+        for _ in range(4):  # first's prefill ends; its pages are inserted as it goes
+            rig.step()
+            if sibling.status is RequestStatus.RUNNING:
+                break
+        if policy is SchedulePolicy.FCFS:  # beside first: nothing of the template was cached
+            assert sibling.cached_tokens == 0
+            assert rig.metrics.deferred_admissions.value() == 0
+            continue
+        assert sibling.cached_tokens == 40  # the whole template came from the tree
+        assert rig.metrics.deferred_admissions.value() == 1  # counted once, not per step
+
+
+def test_a_wait_for_a_shared_prefix_is_bounded() -> None:
+    """The sibling may wait for first's prefill `defer_limit_s` in all; past that it is
+    admitted and computes the prefix itself (checked at admission, as the clock runs)."""
+    rig = make_rig(max_batch_tokens=32)
+    template = prompt(40, 100)
+    first = rig.request("first", [*template, 1])
+    rig.step()
+    assert first.kv_len == 32  # 9 tokens to go: the next step leaves budget for the sibling
+    sibling = rig.request("sibling", [*template, 2])
+    rig.pages.on_arrival(sibling)
+    limit = rig.scheduler.defer_limit_s  # max_model_len / aging rate: 64 / 4096 s
+    waits = []
+    for _ in range(4):
+        waits.append(rig.scheduler._waits_for_shared_prefix(sibling, rig.clock()))
+        rig.clock.advance(limit / 3)
+    assert waits == [True, True, True, False]
+    assert sibling.deferred_s >= limit
+
+
+def test_admission_keeps_room_for_the_prompts_already_admitted() -> None:
+    """Three 40-token prompts need 11 pages each; the device has 32: the third waits for room
+    instead of being admitted and preempting (or being preempted by) the others mid-prefill."""
+    rig = make_rig(device_pages=32, max_batch_tokens=16)
+    for name, first in (("a", 100), ("b", 200), ("c", 300)):
+        rig.request(name, prompt(40, first))
+    rig.step()
+    assert [r.request_id for r in rig.scheduler.running] == ["a", "b"]
+    assert [r.request_id for r in rig.scheduler.waiting] == ["c"]
+    while rig.scheduler.running[0].num_pending > 1 or rig.scheduler.running[1].num_pending > 1:
+        rig.step()
+    assert rig.metrics.preemptions.value() == 0
+
+
+def test_priorities_of_a_long_queue_are_refreshed_in_turn() -> None:
+    """Past 64 waiting requests, each admission re-matches the next 64 in turn: the sibling
+    queued last, behind 70 requests, all matched cold at arrival, is found warm once the
+    first request's template is in the tree, and goes first."""
+    rig = make_rig(device_pages=64, max_num_seqs=1, max_batch_tokens=16)
+    rig.scheduler.order = QueueOrder(SchedulePolicy.LPM, aging_tokens_per_second=1.0)
+    template = prompt(20, 100)
+    first = rig.request("first", [*template, 1])
+    for index in range(70):
+        rig.request(f"cold{index}", prompt(8, 1000 + 10 * index))
+    sibling = rig.request("sibling", [*template, 2])
+    assert sum(sibling.kv.matched_tokens_by_tier.values()) == 0  # the tree was empty
+    for _ in range(3):  # first's prefill and decode; every step re-matches 64 more
+        assert rig.step().requests == [first]
+    rig.finish(first)
+    assert rig.step().requests == [sibling] and sibling.cached_tokens == 20
+
+
+def test_a_host_match_ranks_above_an_equal_disk_match_and_a_device_one_above_both() -> None:
+    """Pages still to be read count for less than pages ready on the device: 400 matched
+    tokens each (set, not matched: the order's arithmetic), arrivals 1 ms apart."""
+    rig = make_rig()
+    for name, matched in (("disk", {Tier.DISK: 400}), ("device", {Tier.DEVICE: 400}),
+                          ("host", {Tier.HOST: 400})):  # fmt: skip
+        request = rig.request(name, prompt(24, 100 * len(name)))
+        request.kv._matched_by_tier = {**dict.fromkeys(Tier, 0), **matched}
+    order = rig.scheduler.order.ordered(rig.scheduler.waiting, rig.clock())
+    assert [r.request_id for r in order] == ["device", "host", "disk"]
