@@ -92,8 +92,10 @@ def resolve(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namesp
         parser.error(f"--max-num-seqs: expected integers like 2,8, got {args.max_num_seqs!r}")
     if min(args.max_num_seqs) <= 0 or args.reps <= 0:
         parser.error("--max-num-seqs and --reps must be > 0")
-    if (args.arrival == "poisson") != (args.rate is not None) or (args.rate or 1) <= 0:
-        parser.error("--rate R (> 0) goes with --arrival poisson, and only with it")
+    if (args.arrival == "poisson") != (args.rate is not None):
+        parser.error("--rate R goes with --arrival poisson, and only with it")
+    if args.rate is not None and args.rate <= 0:
+        parser.error(f"--rate must be > 0, got {args.rate}")
     return args
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tieredkv.bench import burst
 from tieredkv.bench.burst_run import P99_MIN_SAMPLES, arrival_offsets, run_figures
 from tieredkv.bench.burst_summary import headline_table, headlines, spread, targets
 from tieredkv.bench.burst_workload import BurstConfig, arrival_order, grouped_order
@@ -146,3 +147,28 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
     assert len(report["headline"]) == 6 and len(report["targets"]) == 2
     summary = (out / "summary.md").read_text()
     assert "## Targets" in summary and "| fewshot | 2 | lpm |" in summary
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--arrival", "poisson"],
+        ["--rate", "2"],
+        ["--arrival", "poisson", "--rate", "0"],
+        ["--workloads", "chat"],
+        ["--max-num-seqs", "2,x"],
+        ["--reps", "0"],
+    ],
+)
+def test_bad_flags_are_usage_errors(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        burst.resolve(burst.build_parser(), argv)
+    assert exit_info.value.code == 2
+
+
+def test_quick_fills_unset_flags_only() -> None:
+    args = burst.resolve(burst.build_parser(), ["--quick", "--reps", "2"])
+    assert (args.reps, args.groups, args.dtype, args.max_num_seqs) == (2, 2, "float32", [2])
+    args = burst.resolve(burst.build_parser(), [])
+    assert (args.groups, args.per_group, args.device_cache) == (8, 8, "96MiB")
+    assert args.max_num_seqs == [2, 8] and args.workloads == ["fewshot", "rag"]
