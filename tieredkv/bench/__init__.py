@@ -2,7 +2,7 @@
 
 import importlib
 
-BENCHMARKS = ("multiturn", "tiers")
+BENCHMARKS = ("multiturn", "tiers", "burst")
 
 
 def run(name: str, argv: list[str]) -> int:

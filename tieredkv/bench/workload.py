@@ -64,6 +64,11 @@ def _fields(rng: random.Random) -> dict[str, str]:
     }
 
 
+def random_question(rng: random.Random) -> str:
+    """One question about a document, drawn from `rng`."""
+    return rng.choice(QUESTIONS).format(**_fields(rng))
+
+
 def prose(rng: random.Random, num_words: int, sentences_per_paragraph: int = 6) -> str:
     """At least `num_words` words of paragraphs of template sentences drawn from `rng`."""
     paragraphs: list[str] = []
@@ -120,7 +125,7 @@ class Workload:
 
     def question(self, user: int, round_index: int) -> str:
         rng = random.Random(f"{self.config.seed}/question/{user}/{round_index}")
-        return rng.choice(QUESTIONS).format(**_fields(rng))
+        return random_question(rng)
 
     def messages(self, user: int, answers: list[str]) -> list[dict[str, str]]:
         """The prompt of round `len(answers)`: system, document + first question, then each

@@ -1,0 +1,154 @@
+"""The burst benchmark's headline and targets, from the client-side figures of every run.
+
+A cell is (workload, max_num_seqs, label) with label `grouped`, `lpm` or `fcfs`. Its headline is
+the median over reps, with min and max, of hit tokens and makespan (medians only for the
+throughputs); TTFT percentiles pool the reps' samples, and a p99 needs 100 of them. Targets per
+(workload, max_num_seqs), judged on the medians: lpm reuses at least 90% of the prompt tokens the
+grouped run reuses, and finishes the burst faster than fcfs. None is unknown, never zero.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from tieredkv.bench.burst_run import P99_MIN_SAMPLES, ttft_percentiles
+from tieredkv.bench.records import fmt, ratio
+
+LABELS = ("grouped", "lpm", "fcfs")
+HIT_SHARE_TARGET = 0.9  # lpm hit tokens >= this x grouped hit tokens
+SPREAD = ("hit_tokens", "makespan_s")  # median, min and max
+MEDIAN_ONLY = ("prompt_tokens", "requests_per_s", "prompt_tokens_per_s", "output_tokens_per_s")
+
+
+def spread(values: Sequence[float | None]) -> dict[str, float | None]:
+    """Median, min and max; all None when any value is unknown (or there are none)."""
+    if not values or any(v is None for v in values):
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def cell_headline(runs: list[dict]) -> dict:
+    """The headline of one cell's runs (its reps)."""
+    ttfts = [
+        r["ttft_s"]
+        for run in runs
+        for r in run["records"]
+        if r["error"] is None and r["ttft_s"] is not None
+    ]
+    headline = {"reps": len(runs)}
+    headline |= {name: spread([run[name] for run in runs]) for name in SPREAD}
+    headline |= {name: spread([run[name] for run in runs])["median"] for name in MEDIAN_ONLY}
+    preemptions = [run["preemptions"] for run in runs]
+    return headline | {
+        "ttft_s": ttft_percentiles(ttfts),
+        "ttft_samples": len(ttfts),
+        "preemptions": None if None in preemptions else sum(preemptions),
+        "errors": sum(run["errors"] for run in runs),
+    }
+
+
+def headlines(runs: list[dict]) -> list[dict]:
+    """One headline per cell, in the order cells first appear in `runs`."""
+    cells: dict[tuple[str, int, str], list[dict]] = {}
+    for run in runs:
+        cells.setdefault((run["workload"], run["max_num_seqs"], run["label"]), []).append(run)
+    return [
+        {"workload": workload, "max_num_seqs": seqs, "label": label, **cell_headline(cell_runs)}
+        for (workload, seqs, label), cell_runs in cells.items()
+    ]
+
+
+def targets(heads: list[dict]) -> list[dict]:
+    """Per (workload, max_num_seqs) with all three labels: the two targets, None if unknown."""
+    by_cell = {(h["workload"], h["max_num_seqs"], h["label"]): h for h in heads}
+    result = []
+    for workload, seqs in dict.fromkeys((h["workload"], h["max_num_seqs"]) for h in heads):
+        cell = {label: by_cell.get((workload, seqs, label)) for label in LABELS}
+        if None in cell.values():
+            continue
+        hit_share = ratio(
+            cell["lpm"]["hit_tokens"]["median"], cell["grouped"]["hit_tokens"]["median"]
+        )
+        lpm_s, fcfs_s = (cell[label]["makespan_s"]["median"] for label in ("lpm", "fcfs"))
+        result.append(
+            {
+                "workload": workload,
+                "max_num_seqs": seqs,
+                "hit_share": hit_share,
+                "hit_met": None if hit_share is None else hit_share >= HIT_SHARE_TARGET,
+                "lpm_makespan_s": lpm_s,
+                "fcfs_makespan_s": fcfs_s,
+                "makespan_met": None if lpm_s is None or fcfs_s is None else lpm_s < fcfs_s,
+            }
+        )
+    return result
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join([_row(header), _row(["---"] * len(header)), *(_row(r) for r in rows)])
+
+
+def _spread_text(stats: dict, spec: str) -> str:
+    if stats["median"] is None:
+        return "unknown"
+    return f"{stats['median']:{spec}} ({stats['min']:{spec}}–{stats['max']:{spec}})"
+
+
+def _p99_text(head: dict) -> str:
+    if head["ttft_samples"] < P99_MIN_SAMPLES:
+        return f"n<{P99_MIN_SAMPLES} ({head['ttft_samples']})"
+    return fmt(head["ttft_s"]["p99"], ".0f", 1000)
+
+
+def headline_table(heads: list[dict]) -> str:
+    header = ["workload", "seqs", "run", "reps", "hit tokens median (min–max)", "prompt tokens",
+              "makespan s median (min–max)", "req/s", "prompt tok/s", "out tok/s",
+              "TTFT p50 ms", "TTFT p99 ms", "preemptions", "errors"]  # fmt: skip
+    rows = [
+        [
+            h["workload"],
+            str(h["max_num_seqs"]),
+            h["label"],
+            str(h["reps"]),
+            _spread_text(h["hit_tokens"], ".0f"),
+            fmt(h["prompt_tokens"], ".0f"),
+            _spread_text(h["makespan_s"], ".2f"),
+            fmt(h["requests_per_s"], ".2f"),
+            fmt(h["prompt_tokens_per_s"], ".0f"),
+            fmt(h["output_tokens_per_s"], ".1f"),
+            fmt(h["ttft_s"]["p50"], ".0f", 1000),
+            _p99_text(h),
+            fmt(h["preemptions"], ".0f"),
+            str(h["errors"]),
+        ]
+        for h in heads
+    ]
+    return _table(header, rows)
+
+
+def _verdict(met: bool | None) -> str:
+    return {True: "PASS", False: "MISS", None: "unknown"}[met]
+
+
+def targets_table(rows: list[dict]) -> str:
+    header = ["workload", "seqs", "hit tokens lpm / grouped", ">= 90%", "makespan lpm / fcfs s",
+              "lpm faster"]  # fmt: skip
+    return _table(
+        header,
+        [
+            [
+                t["workload"],
+                str(t["max_num_seqs"]),
+                fmt(t["hit_share"], ".1%"),
+                _verdict(t["hit_met"]),
+                f"{fmt(t['lpm_makespan_s'], '.2f')} / {fmt(t['fcfs_makespan_s'], '.2f')}",
+                _verdict(t["makespan_met"]),
+            ]
+            for t in rows
+        ],
+    )
