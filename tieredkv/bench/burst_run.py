@@ -4,7 +4,8 @@ Modes: `burst` (every request sent at once), `poisson` (request i sent at a seed
 arrival time, mean gap 1/rate) and `grouped` (one at a time, by group then index: the reference
 offline order that reuses every shared prefix while it is still cached). Before the run the
 server's cache is flushed (`POST /v1/cache/flush`, which must answer 200) and `/metrics` is read
-before and after for the preemption count (None when the server has none). Requests are greedy
+before and after for the server's own counters (preemptions, deferred admissions, step and
+scheduler seconds; None when the server has none). Requests are greedy
 with `ignore_eos` and a fixed `max_tokens`, so every run generates the same number of tokens.
 The result is a JSON-ready dict (one entry of the report's `runs`).
 """
@@ -78,6 +79,27 @@ def arrival_offsets(num_requests: int, rate_per_s: float, seed: int) -> list[flo
     return offsets
 
 
+SERVER_COUNTERS = {
+    "preemptions": "tieredkv_preemptions_total",
+    "deferrals": "tieredkv_deferred_admissions_total",
+    "step_s": "tieredkv_step_seconds_total",
+    "scheduler_s": "tieredkv_scheduler_seconds_total",
+}
+
+
+def server_counters(before: str | None, after: str | None) -> dict[str, float | None]:
+    """The run's increase of the server's own counters (None: unknown, e.g. another server),
+    and `scheduler_share`: the scheduler's and the cache bookkeeping's part of step time."""
+    figures: dict[str, float | None] = dict.fromkeys([*SERVER_COUNTERS, "scheduler_share"])
+    if before is None or after is None:
+        return figures
+    start, end = parse_samples(before), parse_samples(after)
+    for key, name in SERVER_COUNTERS.items():
+        figures[key] = counter_delta(start, end, name)
+    figures["scheduler_share"] = ratio(figures["scheduler_s"], figures["step_s"])
+    return figures
+
+
 async def flush(http: httpx.AsyncClient, base_url: str) -> None:
     response = await http.post(base_url.rstrip("/") + "/v1/cache/flush")
     if response.status_code != 200:
@@ -121,16 +143,12 @@ async def _run(
         started = time.time()
         records = await _send_all(client, requests, config, mode, rate_per_s)
         after = await scrape_metrics(http, base_url)
-    preemptions = None
-    if before is not None and after is not None:
-        preemptions = counter_delta(
-            parse_samples(before), parse_samples(after), "tieredkv_preemptions_total"
-        )
+    server = server_counters(before, after)
     return {
         "mode": mode,
         "started_unix_s": started,
         **run_figures(records),
-        "preemptions": preemptions,
+        **server,
         "records": [record_json(r) for r in records],
     }
 

@@ -40,10 +40,19 @@ def cell_headline(runs: list[dict]) -> dict:
     headline |= {name: spread([run[name] for run in runs]) for name in SPREAD}
     headline |= {name: spread([run[name] for run in runs])["median"] for name in MEDIAN_ONLY}
     preemptions = [run["preemptions"] for run in runs]
+    deferrals = [run.get("deferrals") for run in runs]
+    step_s = [run.get("step_s") for run in runs]
+    scheduler_s = [run.get("scheduler_s") for run in runs]
     return headline | {
         "ttft_s": ttft_percentiles(ttfts),
         "ttft_samples": len(ttfts),
         "preemptions": None if None in preemptions else sum(preemptions),
+        "deferrals": None if None in deferrals else sum(deferrals),
+        "scheduler_share": (
+            None
+            if None in step_s or None in scheduler_s or not sum(step_s)
+            else sum(scheduler_s) / sum(step_s)
+        ),
         "errors": sum(run["errors"] for run in runs),
     }
 
@@ -108,7 +117,8 @@ def _p99_text(head: dict) -> str:
 def headline_table(heads: list[dict]) -> str:
     header = ["workload", "seqs", "run", "reps", "hit tokens median (min–max)", "prompt tokens",
               "makespan s median (min–max)", "req/s", "prompt tok/s", "out tok/s",
-              "TTFT p50 ms", "TTFT p99 ms", "preemptions", "errors"]  # fmt: skip
+              "TTFT p50 ms", "TTFT p99 ms", "preemptions", "deferred", "scheduler % of step",
+              "errors"]  # fmt: skip
     rows = [
         [
             h["workload"],
@@ -124,6 +134,8 @@ def headline_table(heads: list[dict]) -> str:
             fmt(h["ttft_s"]["p50"], ".0f", 1000),
             _p99_text(h),
             fmt(h["preemptions"], ".0f"),
+            fmt(h["deferrals"], ".0f"),
+            fmt(h["scheduler_share"], ".2f", 100),
             str(h["errors"]),
         ]
         for h in heads
