@@ -1,0 +1,104 @@
+"""Opening the Redis client, single server or cluster, and the timeouts every call runs under.
+
+Single or cluster is asked of the server: the store connects to the URL's node, reads
+`INFO cluster`, and opens a cluster client (`redis.cluster.RedisCluster`, which discovers the
+other nodes from that one) when `cluster_enabled:1`, a plain client otherwise. The same URL
+works for both. redis-py's own retries are off: the store's caller gives up within its budget
+and the store reconnects in the background instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, fields
+from typing import Any
+from urllib.parse import urlsplit
+
+from tieredkv.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RemoteTimeouts:
+    """How long the store may take. A lookup or a fetch waits at most its budget, then returns
+    "nothing found" and the store turns degraded; writes and reconnects run in the background."""
+
+    lookup_s: float = 0.020  # one pipelined EXISTS of a prompt's next pages
+    fetch_s: float = 0.050  # one pipelined GET, plus fetch_per_mib_s per MiB of pages asked for
+    fetch_per_mib_s: float = 0.005  # 200 MB/s: a slower link counts as degraded
+    io_s: float = 1.0  # socket timeout: a stuck read frees its thread; one write batch's limit
+    connect_s: float = 0.200  # one connection attempt (background)
+    backoff_min_s: float = 0.100  # first wait between reconnection attempts, doubled each time
+    backoff_max_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if not value > 0:
+                raise ConfigError(f"remote timeout {field.name} must be > 0, got {value!r}")
+        if self.backoff_max_s < self.backoff_min_s:
+            raise ConfigError(
+                f"remote timeout backoff_max_s={self.backoff_max_s} < "
+                f"backoff_min_s={self.backoff_min_s}"
+            )
+
+    def fetch_budget_s(self, num_bytes: int) -> float:
+        return self.fetch_s + self.fetch_per_mib_s * num_bytes / (1 << 20)
+
+
+def check_url(url: str) -> None:
+    """Refuse a URL that is not redis:// or rediss://, or that carries a password."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        raise ConfigError(f"--remote-cache-url must be redis://HOST:PORT/DB, got {url!r}")
+    if parts.password is not None:
+        raise ConfigError(
+            "--remote-cache-url must not carry a password; put it in $TIEREDKV_REDIS_PASSWORD "
+            "or a password file"
+        )
+
+
+def redis_module() -> Any:
+    """redis-py, imported on first use."""
+    try:
+        import redis
+        import redis.cluster
+    except ImportError as error:
+        raise ConfigError(
+            "the remote tier needs the redis package: pip install 'redis>=5' 'hiredis>=2'"
+        ) from error
+    return redis
+
+
+def open_client(url: str, password: str | None, timeouts: RemoteTimeouts) -> Any:
+    """A connected client (redis.Redis or redis.cluster.RedisCluster) that has answered PING.
+    Raises redis.RedisError or OSError when the server cannot be reached or refuses us."""
+    redis = redis_module()
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    options = {
+        "password": password,
+        "socket_timeout": timeouts.io_s,
+        "socket_connect_timeout": timeouts.connect_s,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    probe = redis.Redis.from_url(url, **options)
+    try:
+        cluster = probe.info("cluster").get("cluster_enabled") == 1
+    finally:
+        probe.close()
+    if cluster:
+        client = redis.cluster.RedisCluster.from_url(url, **options)
+    else:
+        client = redis.Redis.from_url(url, **options)
+    client.ping()
+    log.info("remote store: connected to %s (%s)", url, "cluster" if cluster else "single")
+    return client
+
+
+def connection_errors() -> tuple[type[BaseException], ...]:
+    """What a call treats as the store being unreachable, slow or refusing us."""
+    redis = redis_module()
+    return (redis.RedisError, OSError)

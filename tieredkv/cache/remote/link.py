@@ -1,0 +1,83 @@
+"""The store's client and its health: healthy while calls succeed, degraded from the first
+failure until a reconnection answers PING. Only the writer thread reconnects."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from tieredkv.cache.remote.connection import RemoteTimeouts, connection_errors, open_client
+
+log = logging.getLogger(__name__)
+
+
+class RemoteLink:
+    """One client at a time; callers read `client` and report failures with `mark_degraded`."""
+
+    def __init__(self, url: str, password: str | None, timeouts: RemoteTimeouts) -> None:
+        self._url = url
+        self._password = password
+        self._timeouts = timeouts
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._healthy = threading.Event()
+        self.on_degraded: Callable[[], None] = lambda: None  # wakes the writer to reconnect
+        self.last_error = "not connected yet"
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy.is_set()
+
+    @property
+    def client(self) -> Any:
+        """The current client (None before the first connection)."""
+        return self._client
+
+    def wait_healthy(self, timeout_s: float) -> bool:
+        return self._healthy.wait(timeout_s)  # SYNC: a test or start-up waits for the store
+
+    def try_connect(self) -> bool:
+        """Open a fresh client; True (and healthy) when it answered PING."""
+        try:
+            client = open_client(self._url, self._password, self._timeouts)
+        except connection_errors() as error:
+            self.last_error = f"{type(error).__name__}: {error}"
+            log.debug("remote store: connecting to %s failed: %s", self._url, self.last_error)
+            return False
+        with self._lock:
+            old, self._client = self._client, client
+            self._healthy.set()
+        if old is not None:
+            _close_quietly(old)
+        log.info("remote store: healthy")
+        return True
+
+    def mark_degraded(self, error: BaseException | str) -> None:
+        """A call failed or ran out of time: callers find nothing until a reconnection works."""
+        with self._lock:
+            was_healthy = self._healthy.is_set()
+            self._healthy.clear()
+            self.last_error = (
+                error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+            )
+        if was_healthy:
+            log.warning(
+                "remote store degraded (%s); reconnecting in the background", self.last_error
+            )
+        self.on_degraded()
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+            self._healthy.clear()
+        if client is not None:
+            _close_quietly(client)
+
+
+def _close_quietly(client: Any) -> None:
+    try:
+        client.close()
+    except connection_errors():
+        pass
