@@ -1,0 +1,153 @@
+"""Real Redis servers for tests: a single server or a three-master cluster, each on loopback
+ports of its own with a temporary directory and no persistence. No fake Redis anywhere."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+READY_S = 10.0  # a server or a cluster that is not up by then is a failed fixture
+CLUSTER_BUS_OFFSET = 10000  # Redis Cluster's bus listens on port + 10000
+
+
+def require_redis() -> None:
+    """Skip when redis-server or redis-cli is missing, except on CI (which installs them)."""
+    missing = [name for name in ("redis-server", "redis-cli") if shutil.which(name) is None]
+    if not missing:
+        return
+    message = f"{', '.join(missing)} not installed (apt-get install redis-server)"
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}; CI must install it")
+    pytest.skip(message)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A loopback port that is free, as is its cluster bus port."""
+    for _ in range(200):
+        port = random.randint(20000, 50000)
+        if _port_free(port) and _port_free(port + CLUSTER_BUS_OFFSET):
+            return port
+    raise RuntimeError("no free loopback port found")
+
+
+def _wait_for(check: object, what: str) -> None:
+    deadline = time.monotonic() + READY_S
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not ready after {READY_S} s")
+        time.sleep(0.02)
+
+
+@dataclass
+class RedisServer:
+    """One redis-server process; stop, kill and start it again on the same port."""
+
+    directory: Path
+    port: int = field(default_factory=free_port)
+    extra_args: tuple[str, ...] = ()
+    password: str | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        args += ["--dir", str(self.directory), "--save", "", "--appendonly", "no"]
+        args += ["--logfile", str(self.directory / "redis.log"), *self.extra_args]
+        if self.password is not None:
+            args += ["--requirepass", self.password]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+        _wait_for(self._answers, f"redis-server on port {self.port}")
+        return self
+
+    def cli(self, *command: str) -> str:
+        """Run one redis-cli command against this server; its output."""
+        args = ["redis-cli", "-h", "127.0.0.1", "-p", str(self.port)]
+        env = dict(os.environ, REDISCLI_AUTH=self.password) if self.password else None
+        done = subprocess.run([*args, *command], capture_output=True, text=True, env=env)
+        return done.stdout
+
+    def _answers(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {self.process.returncode}")
+        return "PONG" in self.cli("PING")
+
+    def kill(self) -> None:
+        """SIGKILL: the server vanishes mid-run, as in a crash."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: the server is there but answers nothing (a slow or hung store)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.resume()
+            self.process.terminate()
+            try:
+                self.process.wait(READY_S)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@dataclass
+class RedisCluster:
+    """Three masters, no replicas, built with `redis-cli --cluster create`."""
+
+    nodes: list[RedisServer]
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url  # any node: the client discovers the others
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def start_cluster(directory: Path, num_masters: int = 3) -> RedisCluster:
+    cluster_args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
+    nodes = []
+    for index in range(num_masters):
+        node = RedisServer(directory / f"node{index}", extra_args=cluster_args)
+        nodes.append(node)
+        node.start()
+    cluster = RedisCluster(nodes)
+    addresses = [f"127.0.0.1:{node.port}" for node in nodes]
+    create = ["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", "0"]
+    done = subprocess.run([*create, "--cluster-yes"], capture_output=True)
+    if done.returncode != 0:
+        cluster.stop()
+        raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout.decode()[-500:]}")
+    for node in nodes:
+        _wait_for(lambda n=node: "cluster_state:ok" in n.cli("CLUSTER", "INFO"), "cluster")
+    return cluster
