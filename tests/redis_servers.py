@@ -129,6 +129,10 @@ class RedisCluster:
     def url(self) -> str:
         return self.nodes[0].url  # any node: the client discovers the others
 
+    def flush(self) -> None:
+        for node in self.nodes:
+            node.cli("FLUSHALL")
+
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()

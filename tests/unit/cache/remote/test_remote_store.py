@@ -1,0 +1,127 @@
+"""RemoteStore against real Redis, a single server and a three-master cluster: pages round
+trip, lookups count leading pages in one round trip, refusals are misses counted by reason,
+namespaces stay apart, and a page already stored is not written again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tests.unit.cache.remote.conftest import FINGERPRINT, make_pages
+from tieredkv.cache.disk.format import fingerprint_digest
+from tieredkv.cache.remote.keys import redis_key
+from tieredkv.cache.remote.record import RAW, encode_value
+from tieredkv.cache.remote.store import RemoteStore
+
+FLUSH_S = 10.0
+OpenStore = Callable[..., RemoteStore]
+
+
+@pytest.fixture(params=["single", "cluster"])
+def redis_url(request: pytest.FixtureRequest) -> str:
+    if request.param == "single":
+        return request.getfixturevalue("redis_server").url
+    cluster = request.getfixturevalue("redis_cluster")
+    cluster.flush()  # one cluster serves the module's tests
+    return cluster.url
+
+
+def raw_client(store: RemoteStore):
+    return store._link.client  # the store's own connection, to plant values
+
+
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_pages_round_trip(redis_url: str, open_store: OpenStore, compression: str) -> None:
+    store = open_store(redis_url, compression=compression)
+    assert store.healthy
+    pages = make_pages(6, seed=1, compressible=True)
+    store.put(pages)
+    assert store.flush_writes(FLUSH_S)
+    keys = [page.key for page in pages]
+    assert store.lookup(keys) == 6
+    assert store.fetch(keys) == [page.data for page in pages]
+    counters = store.counters()
+    assert (counters.writes, counters.hits, counters.misses, counters.errors) == (6, 6, 0, 0)
+    assert sum(counters.refused.values()) == 0
+    if compression == "lz4":
+        assert counters.bytes_out < 6 * len(pages[0].data) * 0.6
+    assert counters.bytes_in == counters.bytes_out
+
+
+def test_lookup_counts_leading_pages_in_one_round_trip(
+    redis_url: str, open_store: OpenStore
+) -> None:
+    store = open_store(redis_url)
+    pages = make_pages(8, seed=2)
+    store.put(pages[:3] + pages[4:6])  # a hole at page 3
+    assert store.flush_writes(FLUSH_S)
+    client = raw_client(store)
+    executes = []
+    real_pipeline = client.pipeline
+
+    def counting_pipeline(*args, **kwargs):
+        pipe = real_pipeline(*args, **kwargs)
+        real_execute = pipe.execute
+        pipe.execute = lambda *a, **k: executes.append(1) or real_execute(*a, **k)
+        return pipe
+
+    client.pipeline = counting_pipeline
+    assert store.lookup([page.key for page in pages]) == 3
+    assert len(executes) == 1
+    assert store.lookup([page.key for page in pages[4:]]) == 2
+    assert store.lookup([pages[3].key]) == 0
+    assert store.lookup([]) == 0
+    assert store.counters().lookups == 4
+
+
+def test_refused_values_are_misses_counted_by_reason(redis_url: str, open_store: OpenStore) -> None:
+    store = open_store(redis_url)
+    pages = make_pages(4, seed=3)
+    store.put(pages)
+    assert store.flush_writes(FLUSH_S)
+    client = raw_client(store)
+    client.set(redis_key(pages[0].key), b"garbage")
+    value = bytearray(client.get(redis_key(pages[1].key)))
+    value[-7] ^= 0xFF  # a flipped payload byte
+    client.set(redis_key(pages[1].key), bytes(value))
+    foreign = encode_value(pages[2], fingerprint_digest(b"another model"), RAW)
+    client.set(redis_key(pages[2].key), foreign)
+    client.set(
+        redis_key(pages[3].key), encode_value(pages[1], fingerprint_digest(FINGERPRINT), RAW)
+    )
+    assert store.fetch([page.key for page in pages]) == [None] * 4
+    counters = store.counters()
+    assert counters.refused == {"corrupt": 2, "fingerprint": 1, "key": 1}
+    assert (counters.hits, counters.misses, counters.errors) == (0, 4, 0)
+    assert store.healthy
+
+
+def test_a_namespace_never_finds_another_namespaces_pages(
+    redis_url: str, open_store: OpenStore
+) -> None:
+    store = open_store(redis_url)
+    tenant_a = make_pages(3, namespace="tenant-a", seed=4)
+    tenant_b = make_pages(3, namespace="tenant-b", seed=4)  # the same tokens
+    assert [a.tokens for a in tenant_a] == [b.tokens for b in tenant_b]
+    store.put(tenant_a)
+    assert store.flush_writes(FLUSH_S)
+    assert store.lookup([page.key for page in tenant_b]) == 0
+    assert store.fetch([page.key for page in tenant_b]) == [None] * 3
+    assert store.lookup([page.key for page in tenant_a]) == 3
+
+
+def test_a_page_already_stored_is_not_written_again(redis_url: str, open_store: OpenStore) -> None:
+    store = open_store(redis_url)
+    pages = make_pages(4, seed=5)
+    store.put(pages[:2])
+    assert store.flush_writes(FLUSH_S)
+    store.put(pages)  # two known, two new
+    assert store.flush_writes(FLUSH_S)
+    counters = store.counters()
+    assert (counters.writes, counters.dedup_skips) == (4, 2)
+    replica = open_store(redis_url)  # another replica knows nothing: EXISTS finds them
+    replica.put(pages)
+    assert replica.flush_writes(FLUSH_S)
+    assert (replica.counters().writes, replica.counters().dedup_skips) == (0, 4)
+    assert replica.fetch([page.key for page in pages]) == [page.data for page in pages]
