@@ -91,9 +91,7 @@ class RemoteStore:
         self._counters.add(lookups=1)
         if not keys:
             return 0
-        return self._call(
-            lambda client: _leading(self._exists(client, keys)), 0, self.timeouts.lookup_s
-        )
+        return self._call(lambda client: self._leading(client, keys), 0, self.timeouts.lookup_s)
 
     def fetch(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """Each key's page bytes (page_bytes long), verified, or None when the store no longer
@@ -143,11 +141,17 @@ class RemoteStore:
             self._link.mark_degraded(error)
         return nothing
 
-    def _exists(self, client: Any, keys: Sequence[bytes]) -> list[bool]:
+    def _leading(self, client: Any, keys: Sequence[bytes]) -> int:
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.exists(redis_key(key))
-        return [bool(found) for found in pipe.execute()]
+        found = pipe.execute()
+        count = 0
+        while count < len(keys) and found[count]:
+            count += 1
+        if count < len(keys):  # evicted (or never written): write it again when put
+            self._writer.forget(keys[count : count + 1])
+        return count
 
     def _get(self, client: Any, keys: Sequence[bytes]) -> list[bytes | None]:
         pipe = client.pipeline(transaction=False)
@@ -166,10 +170,3 @@ class RemoteStore:
         if result.refused is not None:
             self._counters.refuse(result.refused)
         return result.data
-
-
-def _leading(found: list[bool]) -> int:
-    count = 0
-    while count < len(found) and found[count]:
-        count += 1
-    return count

@@ -113,6 +113,8 @@ class RemoteWriter:
             if not self._link.healthy:
                 if self._link.try_connect():
                     backoff_s = self._timeouts.backoff_min_s
+                    with self._cond:  # a restarted store may have lost every page
+                        self._known.clear()
                     continue
                 with self._cond:
                     self._cond.wait_for(lambda: self._stop, backoff_s)
