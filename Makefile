@@ -19,6 +19,10 @@ $(STAMP): pyproject.toml Makefile
 	@test -e $(TCMALLOC) || ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] \
 		|| (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4 >/dev/null) \
 		|| echo "note: libtcmalloc-minimal4 not installed; tieredkv serve runs without it"
+	@# redis-server, which the remote tier's tests start on loopback ports (best effort, as above)
+	@command -v redis-server >/dev/null || ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] \
+		|| (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null) \
+		|| echo "note: redis-server not installed; the remote tier's tests are skipped"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
