@@ -58,8 +58,8 @@ def prompt_pages(dtype: torch.dtype, num_tokens: int) -> list[bytes]:
     return pages
 
 
-def measure(dtype: torch.dtype, num_tokens: int, repeats: int) -> dict[str, float]:
-    pages = prompt_pages(dtype, num_tokens)
+def codec_figures(pages: list[bytes], repeats: int) -> dict[str, float]:
+    """lz4's ratio and MB/s (median, min, max) on `pages`, and a plain copy's MB/s."""
     raw_bytes = sum(len(page) for page in pages)
     packed = [lz4.block.compress(page, store_size=False) for page in pages]
 
@@ -100,7 +100,7 @@ def main() -> None:
         "decompress MB/s (min-max)  copy MB/s"
     )
     for dtype in (torch.bfloat16, torch.float32):
-        r = measure(dtype, args.tokens, args.repeats)
+        r = codec_figures(prompt_pages(dtype, args.tokens), args.repeats)
         name = str(dtype).removeprefix("torch.")
         print(
             f"{name:<9} {r['pages']:>5}  {r['page_bytes'] / 1024:>8.0f}  {r['ratio']:>5.3f}  "
