@@ -38,6 +38,6 @@ def test_no_import_cycle_among_cache_modules() -> None:
 
 
 def test_sub_packages_have_a_paragraph() -> None:
-    for package in ("index", "pools", "disk", "transfer", "residency"):
+    for package in ("index", "pools", "disk", "transfer", "residency", "remote"):
         doc = ast.get_docstring(ast.parse((CACHE_DIR / package / "__init__.py").read_text()))
         assert doc and len(doc) > 200, package
