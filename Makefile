@@ -23,6 +23,11 @@ $(STAMP): pyproject.toml Makefile
 	@command -v redis-server >/dev/null || ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] \
 		|| (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null) \
 		|| echo "note: redis-server not installed; the remote tier's tests are skipped"
+	@# docker-compose, which checks the compose files (`config -q`; no daemon needed; best effort)
+	@command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 \
+		|| ! command -v apt-get >/dev/null || [ "$$(id -u)" != 0 ] \
+		|| (apt-get update -qq && apt-get install -y -qq --no-install-recommends docker-compose >/dev/null) \
+		|| echo "note: docker-compose not installed; the compose files' check is skipped"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"

@@ -7,6 +7,12 @@ set -eu
 DATA_DIR=${TIEREDKV_DATA_DIR:-/data}
 KEY_FILE=${TIEREDKV_API_KEY_FILE:-$DATA_DIR/api-key}
 PORT=${TIEREDKV_PORT:-8000}
+# The remote tier's Redis password, from a file (a compose secret) into the environment,
+# where the server reads it: never on a command line.
+if [ -n "${TIEREDKV_REDIS_PASSWORD_FILE:-}" ] && [ -z "${TIEREDKV_REDIS_PASSWORD:-}" ]; then
+  TIEREDKV_REDIS_PASSWORD=$(head -n 1 "$TIEREDKV_REDIS_PASSWORD_FILE")
+  export TIEREDKV_REDIS_PASSWORD
+fi
 set -- --host 0.0.0.0 --port "$PORT" \
   --disk-cache-dir "$DATA_DIR/kv" --disk-cache-size "${TIEREDKV_DISK_CACHE_SIZE:-16GiB}" "$@"
 if [ -z "${TIEREDKV_API_KEY:-}" ]; then

@@ -9,5 +9,6 @@ responses.py    response bodies, stream chunks, usage
 streaming.py    reading the engine's stream: first update, collect, SSE, client hang-ups
 errors.py       OpenAI's error shape and the exception handlers
 openapi.py      request-body component schemas in /openapi.json
+worker_info.py  what a router asks a worker: model info, server info, load
 runner.py       uvicorn (uvloop) with the graceful SIGTERM
 """

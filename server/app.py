@@ -22,6 +22,7 @@ from .errors import install_error_handlers
 from .openapi import body_spec, error_responses, install_openapi
 from .schemas import ChatCompletionRequest, CompletionRequest
 from .translate import check_model, in_tenant
+from .worker_info import install_worker_info
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -35,8 +36,9 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
 ) -> FastAPI:
     """The app serving `engine` as the model `model_name`. `clock` stamps each request's
-    arrival_time and must be the engine's clock. /health and /metrics are never guarded;
-    /v1/*, /debug/* and /openapi.json need a Bearer key when keys are configured (`auth`)."""
+    arrival_time and must be the engine's clock. /health, /metrics and the router's worker
+    endpoints (`worker_info`) are never guarded; /v1/*, /debug/* and /openapi.json need a
+    Bearer key when keys are configured (`auth`)."""
     app = FastAPI(
         title="tieredkv", version=__version__, docs_url=None, redoc_url=None, openapi_url=None
     )
@@ -98,6 +100,8 @@ def create_app(
         if caller.admin or tenant is None:
             return {"flushed_pages": await engine.flush_cache()}
         return {"flushed_pages": await engine.flush_cache(lambda name: in_tenant(name, tenant))}
+
+    install_worker_info(app, engine, model_name, max_model_len)
 
     if server_config.debug_endpoints:
 

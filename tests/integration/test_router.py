@@ -1,0 +1,180 @@
+"""Two real `tieredkv serve` replicas (the default model, fp32, small tiers) behind SGLang's
+real router (`sglang-router`, policy `cache_aware`), driven by the official openai client:
+the router registers both under the served model's name, a conversation's follow-up turns
+reach the replica that holds its prefix (and reuse it), a new conversation goes to the other
+replica, and a stopped replica's conversation moves to the one left."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.server_process import ServerProcess, free_port
+from tests.integration.test_server_e2e import MODEL, document
+
+KEY = "router-test-key"  # the replicas' key: the router passes the client's header through
+REPLICA_ARGS = [
+    *("--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "4"),
+    *("--device-cache-size", "64MiB", "--host-cache-size", "0"),  # 91 fp32 pages
+]
+ROUTER_READY_S = 60.0
+
+
+def require_router() -> None:
+    """Skip when sglang-router (the dev extra) is missing, except on CI."""
+    try:
+        import sglang_router.sglang_router_rs  # noqa: F401 - the Rust router itself
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("sglang-router is not installed; CI must install the dev extra")
+        pytest.skip("sglang-router not installed (pip install -e '.[dev]')")
+
+
+class RouterProcess:
+    """`python -m sglang_router.launch_router` with cache_aware over `worker_urls`; health
+    checks every second, so a replica that stops is out of the rotation within about 1 s."""
+
+    def __init__(self, worker_urls: list[str], log_path: Path) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        command = [
+            *(sys.executable, "-m", "sglang_router.launch_router"),
+            *("--host", "127.0.0.1", "--port", str(self.port), "--policy", "cache_aware"),
+            *("--worker-urls", *worker_urls),
+            *("--health-check-interval-secs", "1", "--health-failure-threshold", "1"),
+            *("--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())),
+            *("--log-level", "warn"),
+        ]
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def workers(self) -> list[dict]:
+        return httpx.get(self.base_url + "/workers", timeout=5).json()["workers"]
+
+    def wait_for(self, healthy_urls: set[str]) -> list[dict]:
+        """The router's worker list once exactly `healthy_urls` are registered and healthy."""
+        deadline = time.monotonic() + ROUTER_READY_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"router exited:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                workers = self.workers()
+                if {w["url"] for w in workers if w["is_healthy"]} == healthy_urls:
+                    return workers
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)  # test code: waiting for another process's health checks
+        raise RuntimeError(f"router never saw {healthy_urls}:\n{self.log_path.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
+    require_router()
+    logs = tmp_path_factory.mktemp("replicas")
+    env = {"TIEREDKV_API_KEY": KEY}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = [
+            pool.submit(ServerProcess, REPLICA_ARGS, logs / f"replica{i}.log", env=env)
+            for i in range(2)
+        ]
+        servers = [future.result() for future in futures]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def router(replicas: list[ServerProcess], tmp_path_factory: pytest.TempPathFactory):
+    router = RouterProcess(
+        [server.base_url for server in replicas], tmp_path_factory.mktemp("router") / "log"
+    )
+    yield router
+    router.stop()
+
+
+def prompt_tokens(server: ServerProcess) -> float:
+    """The replica's `tieredkv_prompt_tokens_total` (0 once it has stopped)."""
+    if server.process.poll() is not None:
+        return 0.0
+    for line in httpx.get(server.base_url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("tieredkv_prompt_tokens_total "):
+            return float(line.split()[1])
+    raise AssertionError("no tieredkv_prompt_tokens_total in /metrics")
+
+
+class Conversation:
+    """One chat with a long system prompt of its own, turn by turn through the router."""
+
+    def __init__(self, client: openai.OpenAI, seed: int) -> None:
+        self.client = client
+        system = f"Conversation {seed}. Remember this text: {document(seed, 150)}"
+        self.messages: list[dict] = [{"role": "system", "content": system}]
+
+    def ask(self, question: str) -> int:
+        """One turn; returns its cached_tokens."""
+        self.messages.append({"role": "user", "content": question})
+        reply = self.client.chat.completions.create(
+            model=MODEL, messages=self.messages, max_tokens=6, temperature=0.0
+        )
+        answer = reply.choices[0].message.content
+        assert answer, reply
+        self.messages.append({"role": "assistant", "content": answer})
+        return reply.usage.prompt_tokens_details.cached_tokens
+
+    def turn(self, question: str, replicas: list[ServerProcess]) -> tuple[int, int]:
+        """One turn, alone in flight; returns (the replica that answered, cached_tokens)."""
+        before = [prompt_tokens(server) for server in replicas]
+        cached = self.ask(question)
+        grew = [i for i, server in enumerate(replicas) if prompt_tokens(server) > before[i]]
+        assert len(grew) == 1, (before, grew)
+        return grew[0], cached
+
+
+def test_cache_aware_router_keeps_conversations_on_their_replica(
+    router: RouterProcess, replicas: list[ServerProcess]
+) -> None:
+    urls = {server.base_url for server in replicas}
+    workers = router.wait_for(urls)
+    assert {w["model_id"] for w in workers} == {MODEL}  # learnt from /server_info
+
+    client = openai.OpenAI(base_url=router.base_url + "/v1", api_key=KEY, max_retries=0)
+    first, second = Conversation(client, seed=1), Conversation(client, seed=2)
+    # Two new conversations at once: no prefix matches, so the router picks the replica with
+    # fewer requests in flight, and the second goes where the first is not.
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(Conversation.ask, (first, second), ("Hello?", "Hi?"))) == [0, 0]
+    home_a, cached = first.turn("What is the first word?", replicas)
+    assert cached > 0  # its first turn's prefix is on the replica it came back to
+    home_b, cached = second.turn("What is the first word?", replicas)
+    assert cached > 0 and home_b != home_a
+    for conversation, home in ((first, home_a), (second, home_b)):
+        replica, cached = conversation.turn("And the second word?", replicas)
+        assert replica == home and cached > 0
+
+    stranger = openai.OpenAI(base_url=router.base_url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):  # the replicas' key rules still apply
+        stranger.chat.completions.create(model=MODEL, messages=first.messages, max_tokens=1)
+
+    replicas[home_a].stop()
+    router.wait_for(urls - {replicas[home_a].base_url})
+    replica, cached = first.turn("And the third word?", replicas)
+    assert replica == home_b and cached == 0  # answered, recomputed on the replica left
