@@ -12,7 +12,7 @@ from tieredkv.engine.protocol import FinishReason, Usage
 
 from .errors import APIError
 
-TIER_LABELS = ("device", "host", "disk")
+TIER_LABELS = ("device", "host", "disk", "remote")
 
 
 def new_request_id(chat: bool) -> str:

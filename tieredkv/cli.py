@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tieredkv.api_keys import API_KEY_ENV, read_api_keys_file, single_api_key
 from tieredkv.bench import BENCHMARKS
+from tieredkv.cache.remote.password import password_from_env_or_file
 from tieredkv.config import (
     CacheConfig,
     EngineConfig,
@@ -77,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--disk-cache-dir", type=Path, default=None, metavar="DIR",
         help="enables the disk tier (with --disk-cache-size > 0)")  # fmt: skip
     add("--disk-cache-size", type=_size, default=DEFAULT_DISK_CACHE, metavar="SIZE")
+    add("--remote-cache-url", default=None, metavar="redis://HOST:PORT/DB",
+        help="the remote tier: a Redis, or any Redis Cluster node (no password)")  # fmt: skip
+    add("--remote-compression", choices=("none", "lz4"), default="none",
+        help="codec of remote values (default none: lz4 does not shrink KV pages)")  # fmt: skip
+    add("--remote-password-file", type=Path, default=None, metavar="PATH",
+        help="the Redis password's file (mode 600); or $TIEREDKV_REDIS_PASSWORD")  # fmt: skip
     add("--write-policy", choices=[p.value for p in WritePolicy], default=None)
     add("--schedule-policy", choices=[p.value for p in SchedulePolicy], default="lpm")
     add("--max-batch-tokens", type=_positive_int, default=EngineConfig.max_batch_tokens)
@@ -133,6 +140,11 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         disk_cache_dir=args.disk_cache_dir.expanduser() if args.disk_cache_dir else None,
         disk_cache_bytes=args.disk_cache_size,
         enable_prefix_reuse=not args.no_cache,
+        remote_cache_url=args.remote_cache_url,
+        remote_compression=args.remote_compression,
+        remote_password=(
+            password_from_env_or_file(args.remote_password_file) if args.remote_cache_url else None
+        ),
         **cache_fields,
     )
     engine_fields = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}

@@ -129,6 +129,11 @@ class CacheConfig:
     # vs 157-165 for write-back; README "Performance")
     write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
     enable_prefix_reuse: bool = True  # False is `--no-cache`: the recompute baseline
+    # the remote tier: a Redis (or Redis Cluster node) URL without a password, the codec of its
+    # values, and the password (from $TIEREDKV_REDIS_PASSWORD or a file, never a flag's value)
+    remote_cache_url: str | None = None
+    remote_compression: str = "none"
+    remote_password: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         _check_power_of_two("CacheConfig.page_size", self.page_size)
@@ -145,6 +150,10 @@ class CacheConfig:
     @property
     def disk_enabled(self) -> bool:
         return self.disk_cache_dir is not None and self.disk_cache_bytes > 0
+
+    @property
+    def remote_enabled(self) -> bool:
+        return self.remote_cache_url is not None
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,7 @@ def assert_answers_like_baseline(
 ) -> dict[str, int]:
     """Every chat's next turn on `server` equals the no-cache answer; returns the cached tokens
     per tier summed over the chats."""
-    totals = {"device": 0, "host": 0, "disk": 0}
+    totals = {"device": 0, "host": 0, "disk": 0, "remote": 0}
     for messages in chats:
         reply = server.chat(messages)
         assert answer(reply) == baseline.answer(messages), messages[-1]

@@ -30,7 +30,7 @@ def serve_chats(server: FaultServer, baseline: Baseline) -> dict[str, int]:
     answer equals the no-cache one. Returns cached tokens per tier over the repeats."""
     for seed in SEEDS:
         assert answer(server.chat(opening(seed))) == baseline.answer(opening(seed))
-    totals = {"device": 0, "host": 0, "disk": 0}
+    totals = {"device": 0, "host": 0, "disk": 0, "remote": 0}
     for seed in (0, 1, 4):
         reply = server.chat(opening(seed))
         assert answer(reply) == baseline.answer(opening(seed))

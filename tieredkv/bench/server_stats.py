@@ -17,7 +17,7 @@ from tieredkv.bench.prom_text import (
 )
 from tieredkv.bench.records import TIERS, percentile, ratio
 
-PROMOTION_SOURCES = ("host", "disk")
+PROMOTION_SOURCES = ("host", "disk", "remote")
 P99_MIN_SAMPLES = 100
 
 

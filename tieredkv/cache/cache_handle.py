@@ -8,7 +8,7 @@ same ones the cache's own tests drive.
 
 A request's life through its handle (engine thread only):
   handle = cache.new_handle(namespace)
-  handle.look_up(tokens)              # at arrival: matched_tokens_by_tier orders the queue
+  handle.look_up(tokens)              # at arrival (the remote store asked once): the queue's order
   handle.prefetch()                   # while it waits: its disk pages towards host, once
   handle.promote(tokens)              # at admission; False: no device room now, retry later
   ... cache.poll() until not handle.promotion_pending
@@ -40,6 +40,8 @@ class NodeCache(Protocol):
     page_size: int
 
     def match(self, tokens: TokenSequence, namespace: str) -> MatchResult: ...
+
+    def look_up_remote(self, tokens: TokenSequence, namespace: str) -> int: ...
 
     def insert(
         self,
@@ -82,6 +84,7 @@ class CacheHandle:
         self._queued_match: MatchResult | None = None  # unlocked: a snapshot for ordering
         self._matched_by_tier = _NO_MATCH
         self._prefetched = False
+        self._remote_looked_up = False
         self._promotion: PromotionTicket | None = None
         self._page_table: list[int] = []
         self._tree_pages = 0  # leading entries of the page table that the tree owns
@@ -100,7 +103,12 @@ class CacheHandle:
     # --- while queued ----------------------------------------------------------------------
 
     def look_up(self, tokens: TokenSequence) -> None:
-        """Match `tokens` without locking: what `matched_tokens_by_tier` and `prefetch` use."""
+        """Match `tokens` without locking: what `matched_tokens_by_tier` and `prefetch` use.
+        The first look-up also asks the remote store for the pages past the local match (one
+        round trip); later ones (the queue's re-matches) see what it found in the tree."""
+        if not self._remote_looked_up:
+            self._remote_looked_up = True
+            self._cache.look_up_remote(tokens, self.namespace)
         self._queued_match = self._cache.match(tokens, self.namespace)
         self._matched_by_tier = self._queued_match.tokens_by_tier()
         self._prefetched = False

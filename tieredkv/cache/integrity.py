@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from tieredkv.cache.index.page_key import page_key
 from tieredkv.cache.index.radix_index import RadixIndex
-from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.index.radix_node import NO_COPY, RadixNode
 from tieredkv.cache.index.token_run import TOKEN_BYTES
 from tieredkv.cache.pools.tier_pools import TierPools
 from tieredkv.cache.tier import Tier
@@ -96,7 +96,7 @@ def _check_node(
         problems.append(f"{node}: has a disk copy, its parent has none")
     if not (node.copies or node.inflight or node.lock_count):
         problems.append(f"{node}: holds nothing and is not locked")
-    ranks, on_disk = [0, 0, 0, 0], 0
+    ranks, on_disk = [0] * (NO_COPY + 1), 0
     for child in node.children.values():
         rank, child_on_disk = child.rank()
         ranks[rank] += 1

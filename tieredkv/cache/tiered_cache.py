@@ -29,15 +29,18 @@ from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.index.match_results import InsertResult, MatchResult
+from tieredkv.cache.index.page_key import chain_packed_keys
 from tieredkv.cache.index.radix_index import RadixIndex
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
-from tieredkv.cache.index.token_run import TokenSequence
+from tieredkv.cache.index.token_run import TokenSequence, packed_bytes
 from tieredkv.cache.integrity import IntegrityResult, check_integrity
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.pools.tier_pools import TierPools
+from tieredkv.cache.remote.remote_tier import RemoteTier
+from tieredkv.cache.remote.store import RemoteStore
 from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.residency.promotion import Promoter, PromotionTicket
 from tieredkv.cache.residency.residency import Residency
@@ -54,6 +57,7 @@ from tieredkv.config import CacheConfig, WritePolicy
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_PREFETCH_PAGES = 256
+REMOTE_LOOKUP_MAX_PAGES = 512  # pages one look-up asks the remote store for (8k tokens at 16)
 
 
 def _default_memory_executor(device: torch.device) -> TransferExecutor:
@@ -95,10 +99,23 @@ class TieredCache:
             disk = DiskStore(
                 config.disk_cache_dir, fingerprint, layout, config.disk_cache_bytes, io=disk_io
             )
+        remote = None
+        if config.remote_enabled:
+            assert config.remote_cache_url is not None
+            store = RemoteStore(
+                config.remote_cache_url,
+                fingerprint,
+                layout.page_size,
+                layout.page_bytes,
+                config.remote_compression,
+                config.remote_password,
+            )
+            remote = RemoteTier(store, layout)
         self.pools = TierPools(
             DevicePool.from_bytes(layout, config.device_cache_bytes, device),
             HostPool.from_bytes(layout, config.host_cache_bytes),
             disk,
+            remote,
         )
         self.tree = RadixTree(self.page_size)
         self.counters = CacheCounters()
@@ -107,7 +124,7 @@ class TieredCache:
             disk_executor or ThreadTransferExecutor(num_workers=4, name="tkv-disk"),
             clock,
         )
-        self.copier = PageCopier(self.pools.device, self.pools.host, disk)
+        self.copier = PageCopier(self.pools.device, self.pools.host, disk, remote=remote)
         self.residency = Residency(
             self.tree, self.pools, self.copier, self.mover, self.counters, clock
         )
@@ -156,7 +173,46 @@ class TieredCache:
         result = self.index.insert(tokens, namespace, device_pages, start_node, start_pages)
         if self.write_policy is WritePolicy.WRITE_THROUGH and result.node is not None:
             self._write_through_path(result.node)
+        if result.node is not None and self.pools.healthy(Tier.REMOTE):
+            self._write_remote_path(result.node)
         return result
+
+    def look_up_remote(self, tokens: TokenSequence, namespace: str = DEFAULT_NAMESPACE) -> int:
+        """Past the local match, the next pages of `tokens` that the remote store holds (one
+        round trip) join the tree as remote copies, to be promoted like disk pages. Returns
+        how many; 0 without a healthy remote tier."""
+        remote = self.pools.remote
+        if remote is None or not self.pools.healthy(Tier.REMOTE):
+            return 0
+        match = self.index.match(tokens, namespace)
+        max_pages = max(match.num_tokens - 1, 0) // self.page_size
+        wanted = min(max_pages - match.num_pages, REMOTE_LOOKUP_MAX_PAGES)
+        if wanted <= 0 or not self.config.enable_prefix_reuse:
+            return 0
+        query = packed_bytes(tokens)
+        last = match.last_node
+        parent_key = match.namespace_key if last is None else self.tree.page_keys(last)[-1]
+        page_bytes = self.tree.page_bytes
+        start = match.num_pages * page_bytes
+        keys = chain_packed_keys(
+            parent_key, query[start : start + wanted * page_bytes], self.page_size
+        )
+        found = remote.lookup(keys)
+        if not found:
+            return 0
+        if last is not None:
+            self.index.lock(last)  # making room must not take the path the pages hang from
+        try:
+            if not self.demoter.make_room(Tier.REMOTE, found):
+                return 0
+            slots = self.pools.alloc(Tier.REMOTE, found)
+            if self.index.attach_found(query, namespace, match, keys[:found], Tier.REMOTE, slots):
+                return found
+            self.pools.free(Tier.REMOTE, slots)
+            return 0
+        finally:
+            if last is not None:
+                self.index.unlock(last)
 
     def lock(self, node: RadixNode) -> None:
         """Pin `node` and its ancestors: never evicted, demoted or merged until unlocked."""
@@ -244,6 +300,19 @@ class TieredCache:
         names = self.tree.names
         return self.demoter.flush([self.tree.roots[key] for key in names if within(names[key])])
 
+    def _write_remote_path(self, node: RadixNode) -> None:
+        """Every page computed here is written for the other replicas (whatever the write
+        policy): the path's device pages that have no remote copy yet start towards it."""
+        missing = [
+            path_node
+            for path_node in node.path()
+            if Tier.DEVICE in path_node.copies
+            and Tier.REMOTE not in path_node.copies
+            and Tier.REMOTE not in path_node.inflight
+        ]
+        if missing and self.demoter.make_room(Tier.REMOTE, sum(n.num_pages for n in missing)):
+            self.residency.start_copy(missing, Tier.REMOTE, frees_source=False)
+
     def _write_through_path(self, node: RadixNode) -> None:
         for path_node in node.path():
             if Tier.DEVICE in path_node.copies:
@@ -300,3 +369,5 @@ class TieredCache:
         self.copier.close()
         if self.pools.disk is not None:
             self.pools.disk.close()
+        if self.pools.remote is not None:
+            self.pools.remote.close()

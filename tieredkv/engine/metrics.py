@@ -17,7 +17,7 @@ from tieredkv.engine.protocol import FinishReason
 
 PREFIX = "tieredkv_"
 TIER_LABELS = tuple(tier.label for tier in Tier)  # ("device", "host", "disk")
-PROMOTION_SOURCES = ("host", "disk")
+PROMOTION_SOURCES = ("host", "disk", "remote")
 SUCCESS_REASONS = ("stop", "length", "abort")
 
 # 1 ms × 2^k up to 16 s (the last bound is 2^14 ms = 16.384 s)

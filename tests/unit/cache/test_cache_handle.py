@@ -40,7 +40,7 @@ def test_a_handle_inserts_its_pages_and_the_next_one_reuses_them() -> None:
     assert first.num_tree_pages == 2 and len(first.page_table) == 3  # 10 tokens: 2 full pages
     second = cache.new_handle(NAMESPACE)
     second.look_up(tokens)
-    assert second.matched_tokens_by_tier == {Tier.DEVICE: 8, Tier.HOST: 0, Tier.DISK: 0}
+    assert second.matched_tokens_by_tier == {**dict.fromkeys(Tier, 0), Tier.DEVICE: 8}
     assert second.promote(tokens)
     result = second.take_promotion()
     assert result is not None and result.num_tokens == 8

@@ -27,7 +27,7 @@ def test_each_tier_pool_is_reached_through_one_mapping(tmp_path: Path) -> None:
     assert list(pools) == [Tier.DEVICE, Tier.HOST, Tier.DISK] and len(pools) == 3
     assert pools[Tier.DEVICE] is cache.device_pool and pools[Tier.HOST] is cache.host_pool
     assert isinstance(pools[Tier.DISK], DiskStore) and pools[Tier.DISK] is pools.disk
-    assert [pools.lower(tier) for tier in Tier] == [Tier.HOST, Tier.DISK, None]
+    assert [pools.lower(tier) for tier in Tier] == [Tier.HOST, Tier.DISK, None, None]
     for tier, pool in pools.items():
         assert pool.tier is tier and pools.enabled(tier) and pools.healthy(tier)
         assert pools.num_pages(tier) == pool.num_pages >= 3

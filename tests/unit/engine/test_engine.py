@@ -32,7 +32,7 @@ def test_cached_and_uncached_runs_generate_the_same_tokens(make_harness) -> None
     for request_id in ("b", "c"):
         usage = harness.usage(request_id)
         assert usage.cached_tokens == 40
-        assert usage.cached_tokens_by_tier == {"device": 40, "host": 0, "disk": 0}
+        assert usage.cached_tokens_by_tier == {"device": 40, "host": 0, "disk": 0, "remote": 0}
 
 
 def test_next_turn_reuses_prompt_and_answer(make_harness) -> None:

@@ -36,7 +36,7 @@ class FakeEngine(EngineClient):
     end_reason: FinishReason | None = None  # finish with ABORT / ERROR after the first update
     stall_after: int | None = None  # wait forever after this many updates
     cached_by_tier: dict[str, int] = field(
-        default_factory=lambda: {"device": 16, "host": 32, "disk": 0}
+        default_factory=lambda: {"device": 16, "host": 32, "disk": 0, "remote": 0}
     )
     requests: list[GenerationRequest] = field(default_factory=list)
     closed_early: list[str] = field(default_factory=list)

@@ -38,7 +38,7 @@ def test_chat_completion_shape_and_usage(client, engine):
         "total_tokens": len(request.prompt_ids) + len(engine.reply_ids()),
         "prompt_tokens_details": {
             "cached_tokens": 48,
-            "cached_tokens_by_tier": {"device": 16, "host": 32, "disk": 0},
+            "cached_tokens_by_tier": {"device": 16, "host": 32, "disk": 0, "remote": 0},
         },
     }
 

@@ -23,7 +23,7 @@ class MatchSegment:
 
 @dataclass(frozen=True)
 class MatchResult:
-    """The longest cached prefix of a prompt: device pages, then host, then disk, then the miss.
+    """The longest cached prefix of a prompt: device pages, then host, disk, remote, then the miss.
 
     A snapshot: lock `last_node` to keep its pages (locked nodes are never evicted, demoted or
     merged); without a lock, use it before the next call that changes the cache.
@@ -35,15 +35,16 @@ class MatchResult:
     device: MatchSegment
     host: MatchSegment
     disk: MatchSegment
+    remote: MatchSegment
     last_node: RadixNode | None  # deepest matched node; None when nothing matched
 
     @property
-    def segments(self) -> tuple[MatchSegment, MatchSegment, MatchSegment]:
-        return (self.device, self.host, self.disk)
+    def segments(self) -> tuple[MatchSegment, ...]:
+        return (self.device, self.host, self.disk, self.remote)
 
     @property
     def num_pages(self) -> int:
-        return self.device.num_pages + self.host.num_pages + self.disk.num_pages
+        return sum(segment.num_pages for segment in self.segments)
 
     @property
     def matched_len(self) -> int:

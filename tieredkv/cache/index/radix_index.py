@@ -63,8 +63,8 @@ class RadixIndex:
         if not (self.prefix_reuse and root is not None and max_pages > 0):
             return MatchResult(key, num_tokens, self.page_size, *_NO_SEGMENT.values(), None)
         # group the path by serving tier (its fastest copy): device nodes, then host, then disk
-        nodes: tuple[list[RadixNode], ...] = ([], [], [])
-        pages: tuple[list[int], ...] = ([], [], [])
+        nodes: tuple[list[RadixNode], ...] = tuple([] for _ in _TIERS)
+        pages: tuple[list[int], ...] = tuple([] for _ in _TIERS)
         matched: list[RadixNode] = []
         previous = Tier.DEVICE
         for node in self._walk_exact(root, query, max_pages):
@@ -143,6 +143,36 @@ class RadixIndex:
         for node in copied:
             self.events.refresh(node)
         return InsertResult(num_existing, covered, deepest, tuple(tree_pages), tuple(duplicates))
+
+    def attach_found(
+        self,
+        query: bytes,
+        namespace: str,
+        match: MatchResult,
+        keys: Sequence[bytes],
+        tier: Tier,
+        pages: Sequence[int],
+    ) -> RadixNode | None:
+        """Attach the `len(keys)` pages of packed `query` after `match`'s last page as a new
+        node whose only copy is `pages` of `tier` (pages a store was found to hold by key).
+        None, nothing attached, where the tree already has a node there (an emptied one that
+        a lock keeps) or the match's path left the tree since."""
+        root = self.tree.root(match.namespace_key, create=True, name=namespace)
+        assert root is not None
+        parent = match.last_node or root
+        if not parent.attached or not keys:
+            return None
+        page_bytes = self.tree.page_bytes
+        start = match.num_pages * page_bytes
+        run = query[start : start + len(keys) * page_bytes]
+        if run[:page_bytes] in parent.children:
+            return None
+        node = self.tree.attach(parent, run, list(keys))
+        node.set_copy(tier, list(pages))
+        self._touch([node])
+        self.events.refresh(node)
+        self.events.refresh(parent)
+        return node
 
     def _walk_exact(
         self, root: RadixNode, query: bytes, max_pages: int, first_page: int = 0

@@ -16,7 +16,7 @@ from typing import Protocol
 from tieredkv.cache.index.token_run import TOKEN_BYTES
 from tieredkv.cache.tier import Tier
 
-NO_COPY = 3  # the closure rank of a node with no copy and nothing in flight
+NO_COPY = len(Tier)  # the closure rank of a node with no copy and nothing in flight
 
 
 class PendingCopy(Protocol):
@@ -68,11 +68,11 @@ class RadixNode:
         self.inflight: dict[Tier, PendingCopy] = {}  # copies on their way, by destination tier
         self.lock_count = 0
         self.last_access = 0
-        self.stamps = [0, 0, 0]  # per-tier heap entry versions (lazy deletion)
+        self.stamps = [0] * len(Tier)  # per-tier heap entry versions (lazy deletion)
         self.attached = True
         # children per closure rank (their fastest tier, copies in flight counted; NO_COPY)
         # and children with a disk copy: evictability is O(1), whatever the fan-out
-        self.child_ranks = [0, 0, 0, 0]
+        self.child_ranks = [0] * (NO_COPY + 1)
         self.children_on_disk = 0
 
     def __repr__(self) -> str:

@@ -18,22 +18,31 @@ from tieredkv.cache.tier import Tier
 
 if TYPE_CHECKING:
     from tieredkv.cache.disk.store import DiskStore
+    from tieredkv.cache.remote.remote_tier import RemoteTier
 
 
 class TierPools(Mapping[Tier, PagePool]):
     """Allocation, freeing, sizes and health per tier (engine thread only).
 
-    `device`, `host` and `disk` stay reachable by type for what needs their memory (the copier,
-    the store's reads); everything else goes through the mapping. A disabled tier has no pool
-    in it: `num_pages`, `num_free` and the byte figures are 0 there.
+    `device`, `host`, `disk` and `remote` stay reachable by type for what needs their memory or
+    their store (the copier, the store's reads, the remote look-up); everything else goes
+    through the mapping. A disabled tier has no pool in it: `num_pages`, `num_free` and the
+    byte figures are 0 there.
     """
 
-    def __init__(self, device: DevicePool, host: HostPool, disk: DiskStore | None) -> None:
+    def __init__(
+        self,
+        device: DevicePool,
+        host: HostPool,
+        disk: DiskStore | None,
+        remote: RemoteTier | None = None,
+    ) -> None:
         self.device = device
         self.host = host
         self.disk = disk
+        self.remote = remote
         self.layout: PageLayout = device.layout
-        pools = (device, host, disk)
+        pools = (device, host, disk, remote)
         self._pools: dict[Tier, PagePool] = {
             pool.tier: pool for pool in pools if pool is not None and pool.num_pages > 0
         }

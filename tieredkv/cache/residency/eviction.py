@@ -36,7 +36,7 @@ def copy_may_leave(node: RadixNode, tier: Tier) -> bool:
     if any(t < tier for t in node.copies):
         return True
     lower = min((t for t in node.copies if t > tier), default=None)
-    deepest_lost = Tier.DISK if lower is None else Tier(lower - 1)
+    deepest_lost = max(Tier) if lower is None else Tier(lower - 1)
     return not node.any_child_in_closure(deepest_lost)
 
 

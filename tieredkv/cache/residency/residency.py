@@ -178,7 +178,7 @@ class Residency:
             node.set_inflight(dst, part)
             ticket.parts.append(part)
             src_pages.extend(part.src_pages)
-            if Tier.DISK in (src, dst):
+            if src.is_store or dst.is_store:
                 records.extend(page_records(node, self.tree))
         if frees_source:
             self._pending_free[src] += num_pages
@@ -263,15 +263,15 @@ class Residency:
             head_part = head.inflight[part.dst_tier]
             head_part.state = PartState.ARRIVED
             self._try_commit(head_part)
-        self._fail(part, bad_record=part.src_tier is Tier.DISK)
+        self._fail(part, bad_record=part.src_tier.is_store)
         return first_bad
 
     def _fail(self, part: TransferPart, bad_record: bool) -> None:
         node = part.node
         node.pop_inflight(part.dst_tier)
         self.pools.free(part.dst_tier, part.dst_pages)
-        if bad_record and Tier.DISK in node.copies:
-            self.free_copy(node, Tier.DISK, count_as=None)
+        if bad_record and part.src_tier in node.copies:  # a bad record, a remote page gone
+            self.free_copy(node, part.src_tier, count_as=None)
         self.enforce_closure(node)
         self.commit_waiting_children(node)  # a copy it kept may be all they waited for
         self.refresh(node)

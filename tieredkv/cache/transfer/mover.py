@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tieredkv.cache.index.radix_node import RadixNode
-from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier import STORE_TIERS, Tier
 from tieredkv.cache.transfer.executor import CopyJob, TransferExecutor
 
 
@@ -104,7 +104,7 @@ class TransferTicket:
 class Mover:
     """Submits copy jobs to executors and queues their outcomes for the engine thread.
 
-    Disk transfers go to `disk_executor` (a pool of I/O threads), the others to
+    Disk and remote transfers go to `disk_executor` (a pool of I/O threads), the others to
     `memory_executor` (a worker pool on CPU, copy streams on CUDA).
     """
 
@@ -132,8 +132,8 @@ class Mover:
 
     def submit(self, ticket: TransferTicket, job: CopyJob) -> None:
         self.in_flight[ticket.id] = ticket
-        uses_disk = Tier.DISK in (ticket.src_tier, ticket.dst_tier)
-        executor = self.disk_executor if uses_disk else self.memory_executor
+        uses_io = bool(STORE_TIERS & {ticket.src_tier, ticket.dst_tier})
+        executor = self.disk_executor if uses_io else self.memory_executor
         executor.submit(ticket, job, functools.partial(self._report, ticket))
 
     def retire(self, ticket: TransferTicket) -> None:

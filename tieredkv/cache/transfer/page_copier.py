@@ -8,6 +8,7 @@ whether it arrived intact (a disk record that fails verification is False, never
   device  host    page by page, no staging (*)       gather -> pinned staging -> host pages
   *       disk    host run in place, else staging    (device: gather -> pinned staging)
   disk    *       host run in place, else staging    (device: staging -> device, scatter)
+  remote  as disk: the remote tier's `read_pages` / `write_pages` stand for the store's
 
 (*) A job of `SPLIT_MIN_PAGES` pages or more shares its pages with one helper thread: one
 thread alone cannot reach memcpy speed on these strided copies (see page_rows).
@@ -36,6 +37,7 @@ from tieredkv.kernels.backend import select_backend
 
 if TYPE_CHECKING:
     from tieredkv.cache.disk.store import DiskRecord, DiskStore
+    from tieredkv.cache.remote.remote_tier import RemoteTier
 
 STAGE_BYTES = 32 << 20  # per staging buffer, two per worker thread: the store's own chunk size
 # Threads that run the store calls of disk jobs and the helper half of host<->device copies,
@@ -74,10 +76,14 @@ class PageCopier:
         host_pool: HostPool,
         disk: DiskStore | None,
         staged: bool | None = None,
+        remote: RemoteTier | None = None,
     ) -> None:
         self.device_pool = device_pool
         self.host_pool = host_pool
         self.disk = disk
+        self.stores: dict[Tier, DiskStore | RemoteTier] = {
+            tier: store for tier, store in ((Tier.DISK, disk), (Tier.REMOTE, remote)) if store
+        }
         self.kernels = select_backend(device_pool.device)  # gather/scatter: Triton on CUDA
         self.staged = device_pool.device.type != "cpu" if staged is None else staged
         layout = device_pool.layout
@@ -116,13 +122,13 @@ class PageCopier:
         records: list[DiskRecord],
     ) -> list[bool]:
         assert len(src) == len(dst), f"{len(src)} source pages vs {len(dst)} destination pages"
-        if self._device_rows is not None and Tier.DISK not in (src_tier, dst_tier):
+        if self._device_rows is not None and not (src_tier.is_store or dst_tier.is_store):
             copy_pages(self._rows(dst_tier), dst, self._rows(src_tier), src, self._copy_helper)
             return [True] * len(src)
-        if src_tier is Tier.DISK:
-            return self._from_disk(src, records, dst_tier, dst)
-        if dst_tier is Tier.DISK:
-            self._to_disk(src_tier, src, dst, records)
+        if src_tier.is_store:
+            return self._from_store(self.stores[src_tier], src, records, dst_tier, dst)
+        if dst_tier.is_store:
+            self._to_store(src_tier, src, self.stores[dst_tier], dst, records)
         else:
             for index, (start, end) in enumerate(self._chunks(len(src))):
                 slot = index % 2
@@ -137,7 +143,7 @@ class PageCopier:
         return [(start, min(start + step, count)) for start in range(0, count, step)]
 
     def _rows(self, tier: Tier) -> PageRows:
-        assert tier is not Tier.DISK
+        assert not tier.is_store
         if tier is Tier.HOST:
             return self._host_rows
         assert self._device_rows is not None, "page-by-page device access needs a CPU pool"
@@ -176,11 +182,15 @@ class PageCopier:
             return self.host_pool.kv[pages[0] : pages[0] + len(pages)]
         return None
 
-    def _to_disk(
-        self, tier: Tier, pages: list[int], slots: list[int], records: list[DiskRecord]
+    def _to_store(
+        self,
+        tier: Tier,
+        pages: list[int],
+        store: DiskStore | RemoteTier,
+        slots: list[int],
+        records: list[DiskRecord],
     ) -> None:
         """Chunk k is staged while chunk k - 1 is written (staging slot k % 2)."""
-        assert self.disk is not None
         pending: Future | None = None
         try:
             for index, (start, end) in enumerate(self._chunks(len(pages))):
@@ -190,19 +200,22 @@ class PageCopier:
                 if pending is not None:
                     pending.result()  # SYNC: chunk k - 1 written; its slot is free again
                 pending = self._helpers.submit(
-                    self.disk.write_pages, slots[start:end], records[start:end], payload
+                    store.write_pages, slots[start:end], records[start:end], payload
                 )
             if pending is not None:
                 pending.result()  # SYNC: the last chunk written
         finally:
             _settle(pending)
 
-    def _from_disk(
-        self, slots: list[int], records: list[DiskRecord], tier: Tier, pages: list[int]
+    def _from_store(
+        self,
+        store: DiskStore | RemoteTier,
+        slots: list[int],
+        records: list[DiskRecord],
+        tier: Tier,
+        pages: list[int],
     ) -> list[bool]:
         """Chunk k + 1 is read while chunk k is copied out of staging (slot k % 2)."""
-        disk = self.disk
-        assert disk is not None
         chunks = self._chunks(len(pages))
 
         def submit(index: int) -> tuple[Future, torch.Tensor, bool]:
@@ -212,7 +225,7 @@ class PageCopier:
             if out is None:
                 out = self.staging.host(end - start, index % 2)
             future = self._helpers.submit(
-                disk.read_pages, slots[start:end], records[start:end], out
+                store.read_pages, slots[start:end], records[start:end], out
             )
             return future, out, staged
 

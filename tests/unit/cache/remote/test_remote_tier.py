@@ -1,0 +1,151 @@
+"""The remote tier inside the cache: two caches ("replicas") share one real Redis. Pages one
+computes are written for the other, found by its look-up past its local match, promoted to its
+device with the right bytes; a page gone from Redis is a miss, never an error; a namespace
+never sees another's; Redis down costs hits only. Real thread executors run the transfers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.redis_servers import RedisServer
+from tests.unit.cache.cache_steps import compute, ok
+from tieredkv.cache.testing import FINGERPRINT, device_page, expected_pages, tiny_layout
+from tieredkv.cache.tier import Tier
+from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.config import CacheConfig
+
+LAYOUT = tiny_layout(4)
+NAMESPACE = "default"
+
+
+@pytest.fixture
+def replicas(redis_server: RedisServer) -> Iterator[Callable[..., TieredCache]]:
+    """replica(**config): a cache on the test's Redis (closed at teardown)."""
+    caches: list[TieredCache] = []
+
+    def replica(**fields: object) -> TieredCache:
+        config = CacheConfig(
+            page_size=LAYOUT.page_size,
+            device_cache_bytes=32 * LAYOUT.page_bytes,
+            host_cache_bytes=0,
+            remote_cache_url=redis_server.url,
+            **fields,  # type: ignore[arg-type]
+        )
+        cache = TieredCache(config, LAYOUT, FINGERPRINT, "cpu")
+        caches.append(cache)
+        return cache
+
+    yield replica
+    for cache in caches:
+        cache.close()
+
+
+def written(cache: TieredCache) -> None:
+    """Wait until the cache's remote copies are applied and the store wrote them."""
+    deadline = time.monotonic() + 10
+    while cache.transfers_in_flight() and time.monotonic() < deadline:
+        cache.wait(0.1)
+    assert cache.pools.remote is not None and cache.pools.remote.store.flush_writes(10)
+    ok(cache)
+
+
+def promoted(cache: TieredCache, tokens: list[int], namespace: str = NAMESPACE):
+    handle = cache.new_handle(namespace)
+    handle.look_up(tokens)
+    matched = dict(handle.matched_tokens_by_tier)
+    assert handle.promote(tokens)
+    deadline = time.monotonic() + 10
+    while handle.promotion_pending and time.monotonic() < deadline:
+        cache.wait(0.1)
+    result = handle.take_promotion()
+    assert result is not None
+    return handle, matched, result
+
+
+def test_a_page_computed_on_one_replica_is_served_on_the_other(replicas) -> None:
+    first, second = replicas(), replicas()
+    tokens = list(range(100, 121))  # 5 full pages of 4, and one token
+    compute(first, tokens, NAMESPACE)
+    written(first)
+    handle, matched, result = promoted(second, tokens)
+    assert matched[Tier.REMOTE] == 20 and sum(matched.values()) == 20
+    assert result.num_tokens == 20 and result.tokens_by_tier[Tier.REMOTE] == 20
+    expected = expected_pages(tokens, NAMESPACE, LAYOUT)
+    for page, contents in zip(handle.page_table, expected, strict=True):
+        assert torch_equal(device_page(second, page), contents)
+    handle.release()
+    ok(second)
+    assert second.counters.hit_tokens[Tier.REMOTE] == 20
+
+
+def test_the_lookup_starts_where_the_local_match_ends(replicas) -> None:
+    first, second = replicas(), replicas()
+    tokens = list(range(200, 233))  # 8 full pages
+    compute(first, tokens, NAMESPACE)
+    written(first)
+    compute(second, tokens[:12], NAMESPACE)  # the second holds the first 3 pages itself
+    _, matched, result = promoted(second, tokens)
+    assert (matched[Tier.DEVICE], matched[Tier.REMOTE]) == (12, 20)
+    assert result.num_tokens == 32
+
+
+def test_a_page_gone_from_redis_after_the_lookup_is_a_miss(replicas, redis_server) -> None:
+    first, second = replicas(), replicas()
+    tokens = list(range(300, 321))
+    compute(first, tokens, NAMESPACE)
+    written(first)
+    handle = second.new_handle(NAMESPACE)
+    handle.look_up(tokens)
+    assert handle.matched_tokens_by_tier[Tier.REMOTE] == 20
+    redis_server.cli("FLUSHALL")  # the store's LRU took everything meanwhile
+    assert handle.promote(tokens)
+    deadline = time.monotonic() + 10
+    while handle.promotion_pending and time.monotonic() < deadline:
+        second.wait(0.1)
+    result = handle.take_promotion()
+    assert result is not None and result.num_tokens == 0  # computed, never served
+    handle.release()
+    ok(second)
+    again = second.new_handle(NAMESPACE)
+    again.look_up(tokens)
+    assert sum(again.matched_tokens_by_tier.values()) == 0  # the tree forgot them
+
+
+def test_a_namespace_never_finds_another_ones_pages(replicas) -> None:
+    first, second = replicas(), replicas()
+    tokens = list(range(400, 421))
+    compute(first, tokens, "tenant-a")
+    written(first)
+    handle = second.new_handle("tenant-b")
+    handle.look_up(tokens)
+    assert sum(handle.matched_tokens_by_tier.values()) == 0
+
+
+def test_redis_down_costs_hits_only(replicas, redis_server) -> None:
+    first = replicas()
+    tokens = list(range(500, 521))
+    compute(first, tokens, NAMESPACE)
+    written(first)
+    redis_server.kill()
+    second = replicas()  # starts with Redis unreachable
+    handle = second.new_handle(NAMESPACE)
+    started = time.monotonic()
+    handle.look_up(tokens)
+    assert time.monotonic() - started < 1.0  # bounded (the budget is tens of milliseconds)
+    assert sum(handle.matched_tokens_by_tier.values()) == 0
+    assert not second.tier_healthy(Tier.REMOTE) and second.tier_enabled(Tier.REMOTE)
+    compute(second, tokens, NAMESPACE)  # inserting still works; nothing is written remotely
+    ok(second)
+
+
+def torch_equal(a, b) -> bool:
+    return bool((a == b).all())
+
+
+def test_remote_tier_needs_no_disk(tmp_path: Path) -> None:
+    config = CacheConfig(page_size=4, device_cache_bytes=LAYOUT.page_bytes * 8)
+    assert not config.remote_enabled

@@ -1,0 +1,96 @@
+"""`RemoteTier`: the remote store seen as the lowest tier's pool.
+
+The tree indexes remote pages like any other copy: a node's remote copy is a list of page ids,
+here virtual slots (nothing is allocated in Redis per slot; a page is named by its page key).
+The slots bound how many remote pages this replica indexes (`REMOTE_INDEX_PAGES`), not what the
+store holds: Redis's own `maxmemory` LRU bounds that, and tieredkv never deletes. Evicting a
+remote copy forgets it here; the value stays in Redis for the other replicas.
+
+The copier moves pages through `write_pages` (queued for the store's writer thread: never on a
+request's path) and `read_pages` (one pipelined fetch; a page gone or refused is a miss, and so
+is every page after it). Health follows the store: degraded while it is unreachable, healthy
+again once it reconnects (`degraded` is read, never set from outside).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from tieredkv.cache.disk.format import DiskRecord
+from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.pools.free_list import PageFreeList, PagePool
+from tieredkv.cache.remote.record import RemotePage
+from tieredkv.cache.remote.store import RemoteStore
+from tieredkv.cache.tier import Tier
+
+logger = logging.getLogger(__name__)
+
+REMOTE_INDEX_PAGES = 1 << 18  # remote pages one replica indexes (96 GiB of bf16 default-model KV)
+
+
+def _rows(pages: torch.Tensor) -> torch.Tensor:
+    """(n, page_bytes) uint8 view of page-major pages."""
+    return pages.reshape(pages.shape[0], -1).view(torch.uint8)
+
+
+class RemoteTier(PagePool):
+    """The remote tier's pool: virtual slots over a `RemoteStore` (engine thread allocates;
+    mover threads call `read_pages` / `write_pages`)."""
+
+    tier = Tier.REMOTE
+
+    def __init__(
+        self, store: RemoteStore, layout: PageLayout, num_pages: int = REMOTE_INDEX_PAGES
+    ) -> None:
+        self.store = store
+        self.layout = layout
+        self.num_pages = num_pages
+        self.page_bytes = layout.page_bytes
+        self.free_list = PageFreeList(num_pages, self.tier.label)
+
+    @property  # type: ignore[override]
+    def degraded(self) -> bool:
+        return self.store.degraded
+
+    def mark_degraded(self, reason: str) -> None:
+        """The store decides its own health (it reconnects by itself): only logged here."""
+        logger.warning("remote tier: %s", reason)
+
+    def lookup(self, keys: list[bytes]) -> int:
+        """How many leading `keys` the store holds (one round trip; 0 while degraded)."""
+        return self.store.lookup(keys)
+
+    def write_pages(
+        self, slots: list[int], records: list[DiskRecord], payload: torch.Tensor
+    ) -> None:
+        """Queue `payload`'s pages (n, *page_shape) for writing under their records' keys."""
+        assert len(slots) == len(records) == payload.shape[0], "one record and page per slot"
+        rows = _rows(payload.contiguous()).numpy()
+        self.store.put(
+            [
+                RemotePage(record.key, record.parent_key, record.tokens, row.tobytes())
+                for record, row in zip(records, rows, strict=True)
+            ]
+        )
+
+    def read_pages(
+        self, slots: list[int], records: list[DiskRecord], out: torch.Tensor
+    ) -> list[bool]:
+        """Fill out[i] with the page named by records[i]; False from the first page the store
+        no longer has (or refused) on: those are misses, to be computed."""
+        assert len(slots) == len(records) == out.shape[0], "one record and page per slot"
+        found = self.store.fetch([record.key for record in records])
+        rows = _rows(out)
+        page_ok: list[bool] = []
+        for index, data in enumerate(found):
+            if data is None or (page_ok and not page_ok[-1]):
+                page_ok.append(False)
+                continue
+            rows[index].copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+            page_ok.append(True)
+        return page_ok
+
+    def close(self) -> None:
+        self.store.close()
