@@ -1,8 +1,9 @@
-"""Two real `tieredkv serve` replicas (the default model, fp32, small tiers) behind SGLang's
-real router (`sglang-router`, policy `cache_aware`), driven by the official openai client:
-the router registers both under the served model's name, a conversation's follow-up turns
-reach the replica that holds its prefix (and reuse it), a new conversation goes to the other
-replica, and a stopped replica's conversation moves to the one left."""
+"""Two real `tieredkv serve` replicas (the default model, fp32, small tiers) sharing a remote
+tier on a real Redis, behind SGLang's real router (`sglang-router`, policy `cache_aware`),
+driven by the official openai client: the router registers both under the served model's
+name, a conversation's follow-up turns reach the replica that holds its prefix (and reuse it),
+a new conversation goes to the other replica, and a stopped replica's conversation moves to
+the one left, which finds its history in Redis: the same answer, not computed again."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 
 from tests.integration.server_process import ServerProcess, free_port
 from tests.integration.test_server_e2e import MODEL, document
+from tests.redis_servers import RedisServer, require_redis
 
 KEY = "router-test-key"  # the replicas' key: the router passes the client's header through
 REPLICA_ARGS = [
@@ -27,6 +29,7 @@ REPLICA_ARGS = [
     *("--device-cache-size", "64MiB", "--host-cache-size", "0"),  # 91 fp32 pages
 ]
 ROUTER_READY_S = 60.0
+REDIS_PASSWORD = "router-test-redis"  # from the environment: never on a command line
 
 
 def require_router() -> None:
@@ -89,17 +92,20 @@ class RouterProcess:
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
     require_router()
+    require_redis()
     logs = tmp_path_factory.mktemp("replicas")
-    env = {"TIEREDKV_API_KEY": KEY}
+    redis = RedisServer(tmp_path_factory.mktemp("redis"), password=REDIS_PASSWORD).start()
+    env = {"TIEREDKV_API_KEY": KEY, "TIEREDKV_REDIS_PASSWORD": REDIS_PASSWORD}
+    args = [*REPLICA_ARGS, "--remote-cache-url", redis.url]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = [
-            pool.submit(ServerProcess, REPLICA_ARGS, logs / f"replica{i}.log", env=env)
-            for i in range(2)
+            pool.submit(ServerProcess, args, logs / f"replica{i}.log", env=env) for i in range(2)
         ]
         servers = [future.result() for future in futures]
     yield servers
     for server in servers:
         server.stop()
+    redis.stop()
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +136,7 @@ class Conversation:
         self.messages: list[dict] = [{"role": "system", "content": system}]
 
     def ask(self, question: str) -> int:
-        """One turn; returns its cached_tokens."""
+        """One turn; returns its cached_tokens (`last_by_tier`: per tier)."""
         self.messages.append({"role": "user", "content": question})
         reply = self.client.chat.completions.create(
             model=MODEL, messages=self.messages, max_tokens=6, temperature=0.0
@@ -138,7 +144,9 @@ class Conversation:
         answer = reply.choices[0].message.content
         assert answer, reply
         self.messages.append({"role": "assistant", "content": answer})
-        return reply.usage.prompt_tokens_details.cached_tokens
+        details = reply.usage.prompt_tokens_details.model_dump()
+        self.last_by_tier = details["cached_tokens_by_tier"]
+        return details["cached_tokens"]
 
     def turn(self, question: str, replicas: list[ServerProcess]) -> tuple[int, int]:
         """One turn, alone in flight; returns (the replica that answered, cached_tokens)."""
@@ -177,4 +185,7 @@ def test_cache_aware_router_keeps_conversations_on_their_replica(
     replicas[home_a].stop()
     router.wait_for(urls - {replicas[home_a].base_url})
     replica, cached = first.turn("And the third word?", replicas)
-    assert replica == home_b and cached == 0  # answered, recomputed on the replica left
+    # answered by the replica left, which never saw this conversation: its history (computed
+    # on the stopped replica) comes from Redis
+    assert replica == home_b and cached > 0
+    assert first.last_by_tier["remote"] > 0 and sum(first.last_by_tier.values()) == cached

@@ -99,7 +99,12 @@ def model_name(server: ServerProcess) -> str:
 def test_health_lists_tiers_and_o_direct(server: ServerProcess) -> None:
     health = httpx.get(server.base_url + "/health", timeout=10).json()
     assert health["ready"] is True
-    assert health["tiers"] == {"device": "healthy", "host": "healthy", "disk": "healthy"}
+    assert health["tiers"] == {
+        "device": "healthy",
+        "host": "healthy",
+        "disk": "healthy",
+        "remote": "disabled",
+    }
     assert isinstance(health["direct_io"], bool)
     assert health["tier_capacity_bytes"]["device"] == 136 * 737_280
 
@@ -142,7 +147,7 @@ def test_stream_equals_non_stream(server: ServerProcess) -> None:
     assert usage_chunk.usage.completion_tokens == plain["usage"]["completion_tokens"]
     assert usage_chunk.usage.prompt_tokens == plain["usage"]["prompt_tokens"]
     details = usage_chunk.usage.prompt_tokens_details.model_dump()
-    assert set(details["cached_tokens_by_tier"]) == {"device", "host", "disk"}
+    assert set(details["cached_tokens_by_tier"]) == {"device", "host", "disk", "remote"}
 
 
 def conversation_turns(server: ServerProcess, seed: int, turns: int) -> list[dict]:

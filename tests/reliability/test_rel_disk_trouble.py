@@ -66,6 +66,7 @@ def test_failing_disk_writes_degrade_the_disk_tier(
         "device": "healthy",
         "host": "healthy",
         "disk": "degraded",
+        "remote": "disabled",
     }
     assert metrics['disk_page_errors_total{reason="io"}'] >= 1
     assert metrics['evicted_pages_total{tier="host",action="dropped"}'] > 0  # no disk below

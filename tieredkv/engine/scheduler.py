@@ -45,7 +45,7 @@ from tieredkv.model.forward_batch import SequenceChunk
 
 logger = logging.getLogger(__name__)
 
-TIER_WEIGHT = {Tier.DEVICE: 1.0, Tier.HOST: 0.75, Tier.DISK: 0.5}
+TIER_WEIGHT = {Tier.DEVICE: 1.0, Tier.HOST: 0.75, Tier.DISK: 0.5, Tier.REMOTE: 0.4}
 DEFAULT_AGING_TOKENS_PER_SECOND = 4096.0
 REMATCH_MAX_WAITING = 64  # re-matched per admission, in turn: ~0.7 ms at most
 

@@ -320,3 +320,11 @@ def test_a_host_match_ranks_above_an_equal_disk_match_and_a_device_one_above_bot
         request.kv._matched_by_tier = {**dict.fromkeys(Tier, 0), **matched}
     order = rig.scheduler.order.ordered(rig.scheduler.waiting, rig.clock())
     assert [r.request_id for r in order] == ["device", "host", "disk"]
+
+
+def test_every_tier_has_a_weight_in_the_queue_order() -> None:
+    from tieredkv.engine.scheduler import TIER_WEIGHT
+
+    assert set(TIER_WEIGHT) == set(Tier)
+    weights = [TIER_WEIGHT[tier] for tier in Tier]
+    assert weights == sorted(weights, reverse=True)  # a slower tier is never worth more

@@ -44,6 +44,7 @@ def test_the_openai_client_non_streamed_and_streamed(live, engine):
         "device": 16,
         "host": 32,
         "disk": 0,
+        "remote": 0,
     }
     text_completion = client.completions.create(model=MODEL_NAME, prompt="hello", max_tokens=5)
     assert text_completion.choices[0].text == engine.tokenizer.decode(engine.reply_ids()[:5])

@@ -1,0 +1,164 @@
+"""Two replicas sharing the remote tier on a loopback Redis: what a turn costs on a replica that
+never saw the conversation, beside recomputing it and beside a local disk hit, in one run.
+
+Replica A has a small device tier, no host tier and a disk tier, so the histories it computed
+leave its device for its disk; replica B has room. Both use `--remote-cache-url` on one Redis.
+For each of `--conversations` histories of ~`--history-tokens` token ids (/v1/completions,
+`max_tokens` 1, so TTFT is the request's latency):
+
+  1. A computes the history (cold everywhere): its pages go to A's disk and to Redis.
+  2. B gets history + a new question: the history comes from Redis      -> "remote hit"
+  3. A gets history + another question: the history comes from its disk  -> "local disk hit"
+     (A's store dropped from the page cache first)
+  4. B gets history + the first question under a fresh `cache_salt`: recomputed -> "recompute"
+
+Each request's tiers come from its usage (a row whose history did not come from the tier it is
+meant to measure is reported and left out). Limits in the same run: Redis's own pipelined GET
+throughput on the values the replicas wrote (one client, batches like the copier's), beside
+the remote tier's promotion bandwidth (B's `transfer_bytes_total{from_tier="remote"}` over its
+`promotion_seconds_sum{from_tier="remote"}`). Targets: remote hit TTFT <= recompute / 10 and
+<= 2 x the local disk hit's (medians). Run:
+
+    .venv/bin/python benchmarks/remote_replicas.py [--conversations 4] [--history-tokens 3200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import redis
+
+from tests.redis_servers import RedisServer, require_redis
+from tieredkv.bench.disk_check import drop_page_cache
+from tieredkv.bench.managed import ManagedServer
+from tieredkv.bench.prom_text import counter_delta, parse_samples
+
+QUESTION_TOKENS = 64
+VOCAB = range(1000, 40000)
+
+
+def completion(server: ManagedServer, tokens: list[int], salt: str | None = None) -> dict:
+    body: dict = {"prompt": tokens, "max_tokens": 1, "temperature": 0}
+    if salt is not None:
+        body["cache_salt"] = salt
+    started = time.perf_counter()
+    reply = httpx.post(server.base_url + "/v1/completions", json=body, timeout=600)
+    seconds = time.perf_counter() - started
+    reply.raise_for_status()
+    details = reply.json()["usage"]["prompt_tokens_details"]
+    return {"ttft_s": seconds, "by_tier": details["cached_tokens_by_tier"]}
+
+
+def redis_get_gbps(url: str, batch: int) -> dict:
+    """Pipelined GETs of every tieredkv value in Redis, `batch` per round trip, one client."""
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(match="tieredkv:*", count=1000))
+    started = time.perf_counter()
+    total = 0
+    for start in range(0, len(keys), batch):
+        pipe = client.pipeline(transaction=False)
+        for key in keys[start : start + batch]:
+            pipe.get(key)
+        total += sum(len(value) for value in pipe.execute() if value)
+    seconds = time.perf_counter() - started
+    return {"values": len(keys), "bytes": total, "gbps": total / seconds / 1e9}
+
+
+def metrics(server: ManagedServer) -> dict:
+    return parse_samples(httpx.get(server.base_url + "/metrics", timeout=10).text)
+
+
+def spread(values: list[float]) -> dict:
+    if not values:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}  # fmt: skip
+
+
+def run(args: argparse.Namespace, work: Path) -> dict:
+    require_redis()
+    rng = random.Random(args.seed)
+    histories = [[rng.choice(VOCAB) for _ in range(args.history_tokens)]
+                 for _ in range(args.conversations)]  # fmt: skip
+    questions = [[rng.choice(VOCAB) for _ in range(QUESTION_TOKENS)] for _ in range(3 * 8)]
+    server = RedisServer(work / "redis", extra_args=("--maxmemory", "4gb",
+                         "--maxmemory-policy", "allkeys-lru")).start()  # fmt: skip
+    common = ["--dtype", args.dtype, "--max-model-len", str(args.history_tokens + 512),
+              "--remote-cache-url", server.url]  # fmt: skip
+    disk_dir = work / "disk-a"
+    a_args = [*common, "--device-cache-size", args.small_device, "--host-cache-size", "0",
+              "--disk-cache-dir", str(disk_dir), "--disk-cache-size", "4GiB"]  # fmt: skip
+    b_args = [*common, "--device-cache-size", "1GiB", "--host-cache-size", "0"]
+    rows: dict[str, list[dict]] = {"remote": [], "disk": [], "recompute": []}
+    try:
+        with ManagedServer(a_args, work / "a.log") as a, ManagedServer(b_args, work / "b.log") as b:
+            for server_ in (a, b):  # warm-up: one unrelated prompt each
+                completion(server_, [rng.choice(VOCAB) for _ in range(256)])
+            for history in histories:
+                completion(a, history)
+            time.sleep(1.0)  # the issue's bound for another replica to see the pages
+            before = metrics(b)
+            for index, history in enumerate(histories):
+                rows["remote"].append(completion(b, history + questions[3 * index]))
+            after = metrics(b)
+            drop_page_cache(disk_dir)
+            for index, history in enumerate(histories):
+                rows["disk"].append(completion(a, history + questions[3 * index + 1]))
+            for index, history in enumerate(histories):
+                salt = f"recompute-{index}"
+                rows["recompute"].append(completion(b, history + questions[3 * index], salt))
+            limit = redis_get_gbps(server.url, args.get_batch)
+    finally:
+        server.stop()
+    pages = args.history_tokens // 16
+    meant = {"remote": "remote", "disk": "disk", "recompute": None}
+    kept = {}
+    for name, tier in meant.items():
+        ok = [r for r in rows[name]
+              if (tier is None and sum(r["by_tier"].values()) == 0)
+              or (tier is not None and r["by_tier"][tier] >= (pages - 1) * 16)]  # fmt: skip
+        kept[name] = spread([r["ttft_s"] for r in ok])
+    moved = counter_delta(before, after, "tieredkv_transfer_bytes_total", from_tier="remote")
+    promo_s = counter_delta(before, after, "tieredkv_promotion_seconds_sum", from_tier="remote")
+    promotion_gbps = moved / promo_s / 1e9 if moved and promo_s else None
+    remote, disk, recompute = (kept[n]["median"] for n in ("remote", "disk", "recompute"))
+    targets = {
+        "remote <= recompute / 10": None if None in (remote, recompute)
+        else remote <= recompute / 10,
+        "remote <= 2 x disk": None if None in (remote, disk) else remote <= 2 * disk,
+    }  # fmt: skip
+    return {"settings": vars(args) | {"work": str(work)}, "rows": rows, "ttft_s": kept,
+            "redis_get": limit, "promotion_gbps": promotion_gbps, "targets": targets}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--conversations", type=int, default=4)
+    parser.add_argument("--history-tokens", type=int, default=3200)
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--small-device", default="96MiB", help="replica A's device tier")
+    parser.add_argument("--get-batch", type=int, default=88, help="GETs per round trip")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="tkv-remote-") as tmp:
+        report = run(args, Path(tmp))
+    for name, figures in report["ttft_s"].items():
+        print(f"{name:>10} TTFT: {json.dumps(figures)}")
+    print(f"Redis pipelined GET: {json.dumps(report['redis_get'])}")
+    print(f"remote promotion bandwidth: {report['promotion_gbps']}")
+    print(f"targets: {json.dumps(report['targets'])}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
