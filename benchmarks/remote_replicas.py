@@ -17,9 +17,10 @@ meant to measure is reported and left out). Limits in the same run: Redis's own 
 throughput on the values the replicas wrote (one client, batches like the copier's), beside
 the remote tier's promotion bandwidth (B's `transfer_bytes_total{from_tier="remote"}` over its
 `promotion_seconds_sum{from_tier="remote"}`). Targets: remote hit TTFT <= recompute / 10 and
-<= 2 x the local disk hit's (medians). Run:
+<= 2 x the local disk hit's (medians). Run from the repository root (it starts Redis with the
+test suite's helper):
 
-    .venv/bin/python benchmarks/remote_replicas.py [--conversations 4] [--history-tokens 3200]
+    .venv/bin/python -m benchmarks.remote_replicas [--conversations 4] [--history-tokens 3200]
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     questions = [[rng.choice(VOCAB) for _ in range(QUESTION_TOKENS)] for _ in range(3 * 8)]
     server = RedisServer(work / "redis", extra_args=("--maxmemory", "4gb",
                          "--maxmemory-policy", "allkeys-lru")).start()  # fmt: skip
-    common = ["--dtype", args.dtype, "--max-model-len", str(args.history_tokens + 512),
+    common = ["--dtype", args.dtype, "--max-model-len", str(args.history_tokens + 128),
               "--remote-cache-url", server.url]  # fmt: skip
     disk_dir = work / "disk-a"
     a_args = [*common, "--device-cache-size", args.small_device, "--host-cache-size", "0",
@@ -134,7 +135,8 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         else remote <= recompute / 10,
         "remote <= 2 x disk": None if None in (remote, disk) else remote <= 2 * disk,
     }  # fmt: skip
-    return {"settings": vars(args) | {"work": str(work)}, "rows": rows, "ttft_s": kept,
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    return {"settings": settings | {"work": str(work)}, "rows": rows, "ttft_s": kept,
             "redis_get": limit, "promotion_gbps": promotion_gbps, "targets": targets}  # fmt: skip
 
 
