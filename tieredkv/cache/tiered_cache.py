@@ -39,6 +39,7 @@ from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.pools.tier_pools import TierPools
+from tieredkv.cache.remote.record import RefusalReason
 from tieredkv.cache.remote.remote_tier import RemoteTier
 from tieredkv.cache.remote.store import RemoteStore
 from tieredkv.cache.residency.demotion import Demoter
@@ -57,6 +58,7 @@ from tieredkv.config import CacheConfig, WritePolicy
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_PREFETCH_PAGES = 256
+REMOTE_ERROR_REASONS = (*(reason.value for reason in RefusalReason), "unavailable")
 REMOTE_LOOKUP_MAX_PAGES = 512  # pages one look-up asks the remote store for (8k tokens at 16)
 
 
@@ -342,6 +344,15 @@ class TieredCache:
         """Disk records or files refused, by reason; every reason present, 0 without a disk."""
         disk = self.pools.disk
         return dict(disk.error_counts) if disk else dict.fromkeys(DiskErrorReason, 0)
+
+    def remote_page_errors(self) -> dict[str, int]:
+        """Remote values refused by reason (corrupt, fingerprint, key) and calls that failed
+        or ran past their budget (unavailable); every reason present, 0 without the tier."""
+        remote = self.pools.remote
+        if remote is None:
+            return dict.fromkeys(REMOTE_ERROR_REASONS, 0)
+        counters = remote.store.counters()
+        return {**counters.refused, "unavailable": counters.errors}
 
     def disk_direct_io(self) -> bool | None:
         """Whether the disk tier uses O_DIRECT; None without a disk tier."""

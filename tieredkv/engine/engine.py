@@ -189,6 +189,7 @@ class Engine:
             tier_used_bytes={tier: cache.tier_used_bytes(tier) for tier in Tier},
             tier_capacity_bytes={tier: cache.tier_capacity_bytes(tier) for tier in Tier},
             disk_page_errors=cache.disk_page_errors(),
+            remote_page_errors=cache.remote_page_errors(),
         )
 
     def _finish(

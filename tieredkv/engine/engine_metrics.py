@@ -33,6 +33,7 @@ class StepFigures:
     tier_used_bytes: Mapping[Tier, int]
     tier_capacity_bytes: Mapping[Tier, int]
     disk_page_errors: Mapping[DiskErrorReason, int]
+    remote_page_errors: Mapping[str, int]
 
 
 class EngineRecorder:
@@ -85,5 +86,7 @@ class EngineRecorder:
             figures.tier_capacity_bytes,
             figures.disk_page_errors,
         )
+        for reason, count in figures.remote_page_errors.items():
+            self.metrics.remote_page_errors.set_total(count, reason=reason)
         for tier, tokens in self.hit_tokens.items():
             self.metrics.cache_hit_tokens.set_total(tokens, tier=tier.label)

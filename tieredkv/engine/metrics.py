@@ -19,6 +19,7 @@ PREFIX = "tieredkv_"
 TIER_LABELS = tuple(tier.label for tier in Tier)  # ("device", "host", "disk")
 PROMOTION_SOURCES = ("host", "disk", "remote")
 SUCCESS_REASONS = ("stop", "length", "abort")
+REMOTE_ERROR_REASONS = ("corrupt", "fingerprint", "key", "unavailable")
 
 # 1 ms × 2^k up to 16 s (the last bound is 2^14 ms = 16.384 s)
 PROMOTION_BUCKETS = tuple(0.001 * 2**k for k in range(15))
@@ -101,6 +102,13 @@ class EngineMetrics:
         self.deferred_admissions = self._counter(
             "deferred_admissions_total",
             "Requests that waited for a running request computing a prefix they share (lpm).",
+        )
+        self.remote_page_errors = self._counter(
+            "remote_page_errors_total",
+            "Remote values refused (corrupt, fingerprint, key) and remote calls that failed or "
+            "ran past their budget (unavailable): each a miss, never served.",
+            ("reason",),
+            [(reason,) for reason in REMOTE_ERROR_REASONS],
         )
         self.step_seconds = self._counter(
             "step_seconds_total", "Seconds in engine steps that had work (forward included)."

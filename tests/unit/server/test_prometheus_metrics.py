@@ -40,6 +40,7 @@ CONTRACT = {
 # beyond the contract, each stated in the README
 EXTENSIONS = {
     "tieredkv_deferred_admissions_total": ("counter", ()),
+    "tieredkv_remote_page_errors_total": ("counter", ("reason",)),
     "tieredkv_step_seconds_total": ("counter", ()),
     "tieredkv_scheduler_seconds_total": ("counter", ()),
 }

@@ -149,3 +149,27 @@ def torch_equal(a, b) -> bool:
 def test_remote_tier_needs_no_disk(tmp_path: Path) -> None:
     config = CacheConfig(page_size=4, device_cache_bytes=LAYOUT.page_bytes * 8)
     assert not config.remote_enabled
+
+
+def test_a_corrupt_value_is_a_counted_miss_never_served(replicas, redis_server) -> None:
+    first, second = replicas(), replicas()
+    tokens = list(range(600, 621))
+    compute(first, tokens, NAMESPACE)
+    written(first)
+    handle = second.new_handle(NAMESPACE)
+    handle.look_up(tokens)
+    assert handle.matched_tokens_by_tier[Tier.REMOTE] == 20
+    keys = redis_server.cli("KEYS", "tieredkv:*").split()
+    assert len(keys) == 5
+    for key in keys:
+        redis_server.cli("SET", key, "not a page")
+    assert handle.promote(tokens)
+    deadline = time.monotonic() + 10
+    while handle.promotion_pending and time.monotonic() < deadline:
+        second.wait(0.1)
+    result = handle.take_promotion()
+    assert result is not None and result.num_tokens == 0
+    handle.release()
+    ok(second)
+    assert second.remote_page_errors()["corrupt"] >= 1
+    assert set(second.remote_page_errors()) == {"corrupt", "fingerprint", "key", "unavailable"}
