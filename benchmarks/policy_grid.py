@@ -66,11 +66,12 @@ def grid_summary(runs: list[dict]) -> dict:
     ranked.sort(key=lambda c: (c["ttft_p50_s"], -(c["hit_ratio"] or 0.0)))
     best = ranked[0] if ranked else None
     lines = [
-        "| write policy | page size | TTFT p50 ms | hit | hit device | hit host | hit disk |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| write policy | page size | TTFT p50 ms | hit | hit device | hit host | hit disk "
+        "| hit remote |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in cells:
-        tiers = " | ".join(fmt(c["hit_ratio_by_tier"][t], ".1%") for t in TIERS)
+        tiers = " | ".join(fmt(c["hit_ratio_by_tier"].get(t), ".1%") for t in TIERS)
         lines.append(
             f"| {c['write_policy']} | {c['page_size']} | {fmt(c['ttft_p50_s'], '.0f', 1000)} "
             f"| {fmt(c['hit_ratio'], '.1%')} | {tiers} |"

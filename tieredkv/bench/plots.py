@@ -10,7 +10,7 @@ from tieredkv.bench.records import TIERS
 from tieredkv.config import parse_size
 from tieredkv.errors import TieredKVError
 
-TIER_COLORS = {"device": "#2b6cb0", "host": "#38a169", "disk": "#dd6b20"}
+TIER_COLORS = {"device": "#2b6cb0", "host": "#38a169", "disk": "#dd6b20", "remote": "#805ad5"}
 
 
 def _pyplot():
@@ -54,7 +54,7 @@ def hit_ratio_by_tier(runs: list[dict], path: Path) -> Path:
         values = []
         for run in runs:
             summary = run["summary"]["reuse_rounds"] or run["summary"]["overall"]
-            values.append(summary["hit_ratio_by_tier"][tier])
+            values.append(summary["hit_ratio_by_tier"].get(tier))  # older reports: 3 tiers
         heights = [0.0 if v is None else v for v in values]
         ax.bar(range(len(runs)), heights, bottom=bottoms, color=TIER_COLORS[tier], label=tier)
         for i, value in enumerate(values):
@@ -111,7 +111,7 @@ def capacity_sweep(runs: list[dict], path: Path) -> Path:
     ax.set_yscale("log")
     hits = ax.twinx()
     for tier in TIERS:
-        values = [_nan(s["hit_ratio_by_tier"][tier]) for s in summaries]
+        values = [_nan(s["hit_ratio_by_tier"].get(tier)) for s in summaries]
         hits.plot(budgets, values, "--s", color=TIER_COLORS[tier], label=f"hit {tier}")
     hits.set_ylabel("hit ratio")
     hits.set_ylim(0, 1.05)

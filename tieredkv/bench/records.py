@@ -7,7 +7,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
-TIERS = ("device", "host", "disk")
+TIERS = ("device", "host", "disk", "remote")
 
 
 @dataclasses.dataclass

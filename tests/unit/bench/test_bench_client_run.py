@@ -17,13 +17,13 @@ def test_usage_fields_absent_or_null_stay_unknown() -> None:
     record = RequestRecord(user=0, round_index=0, start_s=0.0)
     parse_usage({"prompt_tokens": 10, "completion_tokens": 2}, record)
     assert (record.prompt_tokens, record.output_tokens, record.cached_tokens) == (10, 2, None)
-    assert record.cached_by_tier == {"device": None, "host": None, "disk": None}
+    assert record.cached_by_tier == {"device": None, "host": None, "disk": None, "remote": None}
     parse_usage({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": None}}, record)
     assert record.cached_tokens is None
     details = {"cached_tokens": 0, "cached_tokens_by_tier": {"device": 0, "host": 0}}
     parse_usage({"prompt_tokens": 10, "prompt_tokens_details": details}, record)
     assert record.cached_tokens == 0
-    assert record.cached_by_tier == {"device": 0, "host": 0, "disk": None}
+    assert record.cached_by_tier == {"device": 0, "host": 0, "disk": None, "remote": None}
 
 
 def test_round_robin_run_against_a_tieredkv_like_server() -> None:
@@ -65,7 +65,12 @@ def test_a_plain_server_reports_unknown_not_zero() -> None:
     reuse = run["summary"]["reuse_rounds"]
     assert reuse["prompt_tokens"] > 0
     assert reuse["hit_ratio"] is None
-    assert reuse["hit_ratio_by_tier"] == {"device": None, "host": None, "disk": None}
+    assert reuse["hit_ratio_by_tier"] == {
+        "device": None,
+        "host": None,
+        "disk": None,
+        "remote": None,
+    }
     assert run["metrics_available"] is False
     assert run["direct_io"] is None
     assert run["promotion"]["disk"]["p50_s"] is None

@@ -12,7 +12,7 @@ def record(user: int, rnd: int, ttft: float, prompt: int | None, cached: int | N
     r.output_tokens = 4
     r.cached_tokens = cached
     if tiers:
-        r.cached_by_tier = {"device": 0, "host": 0, "disk": 0, **tiers}
+        r.cached_by_tier = {"device": 0, "host": 0, "disk": 0, "remote": 0, **tiers}
     return r
 
 
@@ -42,7 +42,7 @@ def test_summary_hit_ratios_per_tier() -> None:
     summary = summarize(records)
     assert summary["hit_ratio"] == pytest.approx(0.3)
     assert summary["hit_ratio_by_tier"] == pytest.approx(
-        {"device": 0.05, "host": 0.1, "disk": 0.15}
+        {"device": 0.05, "host": 0.1, "disk": 0.15, "remote": 0.0}
     )
     assert summary["ttft_s"]["p50"] == pytest.approx(0.2)
     assert summary["output_tokens"] == 8
@@ -53,7 +53,12 @@ def test_summary_hit_ratios_per_tier() -> None:
 def test_unknown_is_not_zero() -> None:
     unknown = summarize([record(0, 1, 0.1, 100, None), record(1, 1, 0.1, 100, None)])
     assert unknown["hit_ratio"] is None
-    assert unknown["hit_ratio_by_tier"] == {"device": None, "host": None, "disk": None}
+    assert unknown["hit_ratio_by_tier"] == {
+        "device": None,
+        "host": None,
+        "disk": None,
+        "remote": None,
+    }
     zero = summarize([record(0, 1, 0.1, 100, 0, device=0, host=0, disk=0)])
     assert zero["hit_ratio"] == 0.0
     assert zero["hit_ratio_by_tier"]["disk"] == 0.0

@@ -46,7 +46,12 @@ def test_report_json_tables_and_pngs(tmp_path: Path) -> None:
     run = loaded["runs"][0]
     assert set(run["summary"]) == {"overall", "reuse_rounds", "by_round"}
     assert len(run["summary"]["by_round"]) == 2
-    assert run["records"][0]["cached_by_tier"] == {"device": 0, "host": 0, "disk": 0}
+    assert run["records"][0]["cached_by_tier"] == {
+        "device": 0,
+        "host": 0,
+        "disk": 0,
+        "remote": None,
+    }
     assert loaded["runs"][1]["summary"]["overall"]["hit_ratio"] is None  # JSON null
     assert loaded["check_equal"]["identical"] is True
     assert "unknown" in text  # the plain server's hit ratios

@@ -32,13 +32,14 @@ def test_load_prefill_cost_of_a_missing_model_is_none(tmp_path) -> None:
 def disk_runs(ttft: float) -> tuple[dict, dict]:
     """One request with 3,200 of 3,264 prompt tokens from disk; recompute took 7.5 s."""
     record = {"user": 0, "round_index": 1, "error": None, "prompt_tokens": 3264,
-              "cached_tokens": 3200, "cached_by_tier": {"device": 0, "host": 0, "disk": 3200},
+              "cached_tokens": 3200,
+              "cached_by_tier": {"device": 0, "host": 0, "disk": 3200, "remote": 0},
               "ttft_s": ttft}  # fmt: skip
     cached = {"records": [record],
               "promotion": {"disk": {"bytes_moved": 3200 * 1000, "bytes_per_promotion": 3.2e6,
                                      "p50_s": 0.003}}}  # fmt: skip
     base = copy.deepcopy(record) | {"cached_tokens": 0, "ttft_s": 7.5}
-    base["cached_by_tier"] = {"device": 0, "host": 0, "disk": 0}
+    base["cached_by_tier"] = {"device": 0, "host": 0, "disk": 0, "remote": 0}
     return cached, {"records": [base]}
 
 
