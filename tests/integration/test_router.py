@@ -8,85 +8,23 @@ the one left, which finds its history in Redis: the same answer, not computed ag
 from __future__ import annotations
 
 import concurrent.futures
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.integration.server_process import ServerProcess, free_port
+from tests.integration.server_process import ServerProcess
 from tests.integration.test_server_e2e import MODEL, document
 from tests.redis_servers import RedisServer, require_redis
+from tests.router_process import RouterProcess, require_router
 
 KEY = "router-test-key"  # the replicas' key: the router passes the client's header through
 REPLICA_ARGS = [
     *("--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "4"),
     *("--device-cache-size", "64MiB", "--host-cache-size", "0"),  # 91 fp32 pages
 ]
-ROUTER_READY_S = 60.0
 REDIS_PASSWORD = "router-test-redis"  # from the environment: never on a command line
-
-
-def require_router() -> None:
-    """Skip when sglang-router (the dev extra) is missing, except on CI."""
-    try:
-        import sglang_router.sglang_router_rs  # noqa: F401 - the Rust router itself
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("sglang-router is not installed; CI must install the dev extra")
-        pytest.skip("sglang-router not installed (pip install -e '.[dev]')")
-
-
-class RouterProcess:
-    """`python -m sglang_router.launch_router` with cache_aware over `worker_urls`; health
-    checks every second, so a replica that stops is out of the rotation within about 1 s."""
-
-    def __init__(self, worker_urls: list[str], log_path: Path) -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        command = [
-            *(sys.executable, "-m", "sglang_router.launch_router"),
-            *("--host", "127.0.0.1", "--port", str(self.port), "--policy", "cache_aware"),
-            *("--worker-urls", *worker_urls),
-            *("--health-check-interval-secs", "1", "--health-failure-threshold", "1"),
-            *("--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())),
-            *("--log-level", "warn"),
-        ]
-        self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def workers(self) -> list[dict]:
-        return httpx.get(self.base_url + "/workers", timeout=5).json()["workers"]
-
-    def wait_for(self, healthy_urls: set[str]) -> list[dict]:
-        """The router's worker list once exactly `healthy_urls` are registered and healthy."""
-        deadline = time.monotonic() + ROUTER_READY_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"router exited:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                workers = self.workers()
-                if {w["url"] for w in workers if w["is_healthy"]} == healthy_urls:
-                    return workers
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)  # test code: waiting for another process's health checks
-        raise RuntimeError(f"router never saw {healthy_urls}:\n{self.log_path.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self._log.close()
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ Evicting a copy from tier T, cheapest first:
      last one, or children would lose theirs) in a tier that has an enabled tier below: then
      wait, as those transfers complete, room opens below.
 Write-through copies new device pages down in the background, so that eviction is case 1.
+The remote tier is not "a lower copy" for these rules while a local tier below can take the
+page: a remote copy alone would send the next hit to Redis instead of host or disk.
 """
 
 from __future__ import annotations
@@ -49,9 +51,19 @@ class Demoter:
                 break
         return pools.num_free(tier) >= count
 
+    def _serves_from_below(self, node: RadixNode, tier: Tier) -> bool:
+        """Has `node` a copy below `tier` that may serve once this one leaves? A local one, or
+        the remote one when no local tier below `tier` takes copies: the remote tier is shared
+        and slower than host or disk, so pages leave the device and host down the local tiers
+        first (a page with only a remote copy below would come back from Redis, not disk)."""
+        below = [t for t in node.copies if t > tier]
+        if any(t is not Tier.REMOTE for t in below):
+            return True
+        return bool(below) and self.pools.lower(tier) in (None, Tier.REMOTE)
+
     def _evict(self, node: RadixNode, tier: Tier) -> bool:
         # a popped node has a copy in `tier`: min and max of its copies' tiers are defined
-        if max(node.copies) > tier and copy_may_leave(node, tier):
+        if self._serves_from_below(node, tier) and copy_may_leave(node, tier):
             self.residency.free_copy(node, tier, count_as=True)
             self._after_free(node)
             return True
@@ -113,9 +125,10 @@ class Demoter:
         """After `node` got a copy in `tier`, start a background copy to the next tier down
         unless one exists or is on its way (write-through policy)."""
         lower = self.pools.lower(tier)
-        if lower is None or not node.attached or lower in node.inflight:
-            return
-        if any(t >= lower for t in node.copies) or any(t >= lower for t in node.inflight):
+        if lower in (None, Tier.REMOTE) or not node.attached or lower in node.inflight:
+            return  # remote copies are written at insert (`TieredCache`), whatever the policy
+        local = [t for t in (*node.copies, *node.inflight) if t is not Tier.REMOTE]
+        if any(t >= lower for t in local):
             return
         self.copy_down(node, lower, frees_source=False)
 

@@ -28,12 +28,12 @@ def replicas(redis_server: RedisServer) -> Iterator[Callable[..., TieredCache]]:
     caches: list[TieredCache] = []
 
     def replica(**fields: object) -> TieredCache:
+        settings: dict = {"host_cache_bytes": 0, **fields}
         config = CacheConfig(
             page_size=LAYOUT.page_size,
             device_cache_bytes=32 * LAYOUT.page_bytes,
-            host_cache_bytes=0,
             remote_cache_url=redis_server.url,
-            **fields,  # type: ignore[arg-type]
+            **settings,
         )
         cache = TieredCache(config, LAYOUT, FINGERPRINT, "cpu")
         caches.append(cache)
@@ -173,3 +173,26 @@ def test_a_corrupt_value_is_a_counted_miss_never_served(replicas, redis_server) 
     ok(second)
     assert second.remote_page_errors()["corrupt"] >= 1
     assert set(second.remote_page_errors()) == {"corrupt", "fingerprint", "key", "unavailable"}
+
+
+def test_pages_leaving_the_device_go_to_the_local_disk_not_only_to_redis(
+    replicas, tmp_path
+) -> None:
+    """A remote copy is no reason to skip the local tiers: the next hit on this replica should
+    come from its disk (faster than Redis here), so eviction demotes to disk first."""
+    from tieredkv.cache.testing import disk_bytes_for
+
+    cache = replicas(
+        host_cache_bytes=32 * LAYOUT.page_bytes,
+        disk_cache_dir=tmp_path / "disk",
+        disk_cache_bytes=disk_bytes_for(LAYOUT, 64),
+    )
+    tokens = list(range(700, 721))
+    compute(cache, tokens, NAMESPACE)
+    written(cache)  # write-through: device -> host -> disk, and device -> remote
+    for tier in (Tier.DEVICE, Tier.HOST):
+        cache.evict(tier, 32)
+        written(cache)
+    handle = cache.new_handle(NAMESPACE)
+    handle.look_up(tokens)
+    assert handle.matched_tokens_by_tier[Tier.DISK] == 20, handle.matched_tokens_by_tier
