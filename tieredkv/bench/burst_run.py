@@ -22,7 +22,7 @@ import httpx
 from tieredkv.bench.burst_workload import BurstConfig, BurstRequest, grouped_order
 from tieredkv.bench.client import ChatClient, scrape_metrics
 from tieredkv.bench.prom_text import counter_delta, parse_samples
-from tieredkv.bench.records import RequestRecord, known_sum, percentile, ratio
+from tieredkv.bench.records import RequestRecord, known_sum, percentile, ratio, summarize
 from tieredkv.errors import TieredKVError
 
 MODES = ("burst", "poisson", "grouped")
@@ -48,23 +48,21 @@ def record_json(record: RequestRecord) -> dict:
 
 
 def run_figures(records: list[RequestRecord]) -> dict:
-    """Hit and prompt tokens, makespan (first send to last byte), throughput and TTFT."""
+    """Hit and prompt tokens, makespan (the shared summary's wall time: first send to last byte
+    of the requests that succeeded), throughput and TTFT."""
+    summary = summarize(records)
     done = [r for r in records if r.ok]
-    prompt = known_sum(r.prompt_tokens for r in done)
-    output = known_sum(r.output_tokens for r in done)
-    makespan = None
-    if done and all(r.latency_s is not None for r in done):
-        makespan = max(r.start_s + r.latency_s for r in done) - min(r.start_s for r in records)
+    makespan = summary["wall_s"]
     return {
-        "requests": len(records),
-        "errors": len(records) - len(done),
+        "requests": summary["requests"],
+        "errors": summary["errors"],
         "hit_tokens": known_sum(r.cached_tokens for r in done),
-        "prompt_tokens": prompt,
-        "output_tokens": output,
+        "prompt_tokens": summary["prompt_tokens"],
+        "output_tokens": summary["output_tokens"],
         "makespan_s": makespan,
-        "requests_per_s": ratio(len(done), makespan),
-        "prompt_tokens_per_s": ratio(prompt, makespan),
-        "output_tokens_per_s": ratio(output, makespan),
+        "requests_per_s": summary["requests_per_s"],
+        "prompt_tokens_per_s": ratio(summary["prompt_tokens"], makespan),
+        "output_tokens_per_s": summary["output_tokens_per_s"],
         "ttft_s": ttft_percentiles([r.ttft_s for r in done if r.ttft_s is not None]),
     }
 

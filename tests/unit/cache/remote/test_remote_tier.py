@@ -53,17 +53,33 @@ def written(cache: TieredCache) -> None:
     ok(cache)
 
 
-def promoted(cache: TieredCache, tokens: list[int], namespace: str = NAMESPACE):
-    handle = cache.new_handle(namespace)
-    handle.look_up(tokens)
-    matched = dict(handle.matched_tokens_by_tier)
+def finish_promotion(cache: TieredCache, handle, tokens: list[int]):
+    """Promote what the handle's look-up found; the done promotion's result."""
     assert handle.promote(tokens)
     deadline = time.monotonic() + 10
     while handle.promotion_pending and time.monotonic() < deadline:
         cache.wait(0.1)
     result = handle.take_promotion()
     assert result is not None
-    return handle, matched, result
+    return result
+
+
+def promoted(cache: TieredCache, tokens: list[int], namespace: str = NAMESPACE):
+    handle = cache.new_handle(namespace)
+    handle.look_up(tokens)
+    matched = dict(handle.matched_tokens_by_tier)
+    return handle, matched, finish_promotion(cache, handle, tokens)
+
+
+def found_on_second(replicas, tokens: list[int]):
+    """The first replica computes `tokens`; the second looks them up: all in Redis."""
+    first, second = replicas(), replicas()
+    compute(first, tokens, NAMESPACE)
+    written(first)
+    handle = second.new_handle(NAMESPACE)
+    handle.look_up(tokens)
+    assert handle.matched_tokens_by_tier[Tier.REMOTE] == len(tokens) // 4 * 4
+    return second, handle
 
 
 def test_a_page_computed_on_one_replica_is_served_on_the_other(replicas) -> None:
@@ -94,20 +110,11 @@ def test_the_lookup_starts_where_the_local_match_ends(replicas) -> None:
 
 
 def test_a_page_gone_from_redis_after_the_lookup_is_a_miss(replicas, redis_server) -> None:
-    first, second = replicas(), replicas()
     tokens = list(range(300, 321))
-    compute(first, tokens, NAMESPACE)
-    written(first)
-    handle = second.new_handle(NAMESPACE)
-    handle.look_up(tokens)
-    assert handle.matched_tokens_by_tier[Tier.REMOTE] == 20
+    second, handle = found_on_second(replicas, tokens)
     redis_server.cli("FLUSHALL")  # the store's LRU took everything meanwhile
-    assert handle.promote(tokens)
-    deadline = time.monotonic() + 10
-    while handle.promotion_pending and time.monotonic() < deadline:
-        second.wait(0.1)
-    result = handle.take_promotion()
-    assert result is not None and result.num_tokens == 0  # computed, never served
+    result = finish_promotion(second, handle, tokens)
+    assert result.num_tokens == 0  # computed, never served
     handle.release()
     ok(second)
     again = second.new_handle(NAMESPACE)
@@ -152,23 +159,14 @@ def test_remote_tier_needs_no_disk(tmp_path: Path) -> None:
 
 
 def test_a_corrupt_value_is_a_counted_miss_never_served(replicas, redis_server) -> None:
-    first, second = replicas(), replicas()
     tokens = list(range(600, 621))
-    compute(first, tokens, NAMESPACE)
-    written(first)
-    handle = second.new_handle(NAMESPACE)
-    handle.look_up(tokens)
-    assert handle.matched_tokens_by_tier[Tier.REMOTE] == 20
+    second, handle = found_on_second(replicas, tokens)
     keys = redis_server.cli("KEYS", "tieredkv:*").split()
     assert len(keys) == 5
     for key in keys:
         redis_server.cli("SET", key, "not a page")
-    assert handle.promote(tokens)
-    deadline = time.monotonic() + 10
-    while handle.promotion_pending and time.monotonic() < deadline:
-        second.wait(0.1)
-    result = handle.take_promotion()
-    assert result is not None and result.num_tokens == 0
+    result = finish_promotion(second, handle, tokens)
+    assert result.num_tokens == 0
     handle.release()
     ok(second)
     assert second.remote_page_errors()["corrupt"] >= 1
