@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 # While requests wait on something no wake-up signals (pages that only a finishing request
 # will free), the step thread re-checks this often.
 _STALLED_RECHECK_SECONDS = 0.05
+FLUSH_SETTLE_S = 5.0  # POST /v1/cache/flush waits this long at most for transfers in flight
 
 
 class AsyncEngine(EngineClient):
@@ -209,7 +210,19 @@ class AsyncEngine(EngineClient):
         return await asyncio.wrap_future(future)
 
     async def flush_cache(self, within: Callable[[str], bool] | None = None) -> int:
-        return await self._on_engine_thread(lambda: self.engine.cache.flush(within))
+        """Drop every unlocked cached page (in the namespaces `within` accepts). Transfers in
+        flight are let finish first, at most `FLUSH_SETTLE_S`: the cache cannot drop a page
+        being copied, and a flush that kept the pages a request just wrote through (to host,
+        disk or Redis) would not be one."""
+
+        def settle_then_flush() -> int:
+            cache = self.engine.cache
+            deadline = time.monotonic() + FLUSH_SETTLE_S
+            while cache.transfers_in_flight() and time.monotonic() < deadline:
+                cache.wait(deadline - time.monotonic())  # write-through may start a next hop
+            return cache.flush(within)
+
+        return await self._on_engine_thread(settle_then_flush)
 
     async def debug_cache(self) -> dict:
         def inspect() -> dict:
