@@ -16,7 +16,7 @@ from tests.integration.test_server_e2e import MODEL, document
 from tests.redis_servers import RedisServer, require_redis
 
 ARGS = ["--dtype", "float32", "--max-model-len", "1024", "--device-cache-size", "64MiB",
-        "--host-cache-size", "0"]  # fmt: skip
+        "--host-cache-size", "0", "--debug-endpoints"]  # fmt: skip
 
 
 @pytest.fixture
@@ -34,6 +34,10 @@ def chat(server: ServerProcess, content: str) -> tuple[str, dict]:
     assert reply.status_code == 200, reply.text
     payload = reply.json()
     return payload["choices"][0]["message"]["content"], payload["usage"]
+
+
+def debug_remote(server: ServerProcess) -> dict:
+    return httpx.get(server.base_url + "/debug/cache", timeout=30).json()["remote_store"]
 
 
 def remote_state(server: ServerProcess) -> str:
@@ -56,6 +60,10 @@ def test_a_prompt_answered_on_one_replica_is_served_from_redis_on_the_other(
         assert by_tier["remote"] > 0.9 * usage["prompt_tokens"] - 16, usage
         assert again == text  # fp32, greedy: the same tokens as computed from scratch
         assert remote_state(first) == remote_state(second) == "healthy"
+        written = debug_remote(first)
+        read = debug_remote(second)
+        assert written["writes"] > 0 and read["hits"] * 16 == by_tier["remote"], (written, read)
+        assert read["refused"] == {"corrupt": 0, "fingerprint": 0, "key": 0}
     finally:
         first.stop()
         second.stop()

@@ -18,6 +18,7 @@ never sees a node. The handle is built on these node-level calls, which the cach
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -353,6 +354,15 @@ class TieredCache:
             return dict.fromkeys(REMOTE_ERROR_REASONS, 0)
         counters = remote.store.counters()
         return {**counters.refused, "unavailable": counters.errors}
+
+    def remote_store_state(self) -> dict | None:
+        """The remote store's counters, health and last error (GET /debug/cache); None
+        without the remote tier."""
+        remote = self.pools.remote
+        if remote is None:
+            return None
+        counters = dataclasses.asdict(remote.store.counters())
+        return {**counters, "degraded": remote.degraded, "last_error": remote.store.last_error}
 
     def disk_direct_io(self) -> bool | None:
         """Whether the disk tier uses O_DIRECT; None without a disk tier."""

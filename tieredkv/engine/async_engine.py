@@ -233,6 +233,7 @@ class AsyncEngine(EngineClient):
                 "problems": list(result.problems),
                 "pages": result.page_counts,
                 "locked_nodes": self.engine.cache.num_locks(),
+                "remote_store": self.engine.cache.remote_store_state(),
                 "requests": {
                     "waiting": len(scheduler.waiting),
                     "promoting": len(scheduler.promoting),
