@@ -41,10 +41,16 @@ RESTART_BEFORE_ROUND = 2
 
 
 def replica_args(args: argparse.Namespace, dtype: str, disk: Path, redis_url: str | None) -> list:
-    out = ["--dtype", dtype, "--max-model-len", "4096", "--device-cache-size", args.device,
+    out = ["--dtype", dtype, "--max-model-len", str(args.max_model_len),
+           "--device-cache-size", args.device,
            "--host-cache-size", args.host, "--disk-cache-dir", str(disk),
            "--disk-cache-size", "4GiB"]  # fmt: skip
     return out + (["--remote-cache-url", redis_url] if redis_url else [])
+
+
+def workload_of(args: argparse.Namespace) -> Workload:
+    return Workload(WorkloadConfig(num_users=args.users, num_rounds=3, system_words=150,
+                                   document_words=args.document_words, max_tokens=32))  # fmt: skip
 
 
 def run_config(
@@ -70,8 +76,7 @@ def run_config(
 
     try:
         router.wait_for({r.base_url for r in replicas})
-        workload = Workload(WorkloadConfig(num_users=args.users, num_rounds=3, system_words=150,
-                                           document_words=2400, max_tokens=32))  # fmt: skip
+        workload = workload_of(args)
         result = run_workload(router.base_url, workload, ArrivalConfig(1), before_round, tag)
     finally:
         router.stop()
@@ -96,8 +101,7 @@ def single_server_run(args: argparse.Namespace, work: Path) -> dict:
     server = ServerProcess(replica_args(args, "float32", work / "disk-single", None),
                            work / "single.log")  # fmt: skip
     try:
-        workload = Workload(WorkloadConfig(num_users=args.users, num_rounds=3, system_words=150,
-                                           document_words=2400, max_tokens=32))  # fmt: skip
+        workload = workload_of(args)
         return run_workload(server.base_url, workload, ArrivalConfig(1), None, "single-fp32")
     finally:
         server.stop()
@@ -125,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     # odd: round_robin then sends a conversation's turns to alternate replicas (with an even
     # number of users, turn k of user u lands on replica (u + k * users) % 2 = u % 2: sticky)
     parser.add_argument("--users", type=int, default=5)
+    parser.add_argument("--document-words", type=int, default=2400)
+    parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--device", default="192MiB")
     parser.add_argument("--host", default="64MiB")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
