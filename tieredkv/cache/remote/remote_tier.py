@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from tieredkv.cache.disk.format import DiskRecord
@@ -82,13 +83,13 @@ class RemoteTier(PagePool):
         no longer has (or refused) on: those are misses, to be computed."""
         assert len(slots) == len(records) == out.shape[0], "one record and page per slot"
         found = self.store.fetch([record.key for record in records])
-        rows = _rows(out)
+        rows = _rows(out).numpy()  # CPU: host pages or the copier's host staging
         page_ok: list[bool] = []
         for index, data in enumerate(found):
             if data is None or (page_ok and not page_ok[-1]):
                 page_ok.append(False)
                 continue
-            rows[index].copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+            rows[index] = np.frombuffer(data, dtype=np.uint8)  # one copy, into the page
             page_ok.append(True)
         return page_ok
 
