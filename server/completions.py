@@ -15,16 +15,19 @@ from tieredkv.engine.protocol import EngineClient, GenerationRequest
 from tieredkv.model.tokenizer import ChatTokenizer
 
 from .body import read_request
-from .responses import ResponseFormatter, finish_error, new_request_id, usage_body
+from .logprobs_format import TokenTexts
+from .responses import Echo, ResponseFormatter, new_request_id, usage_body
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .streaming import (
     ClosingStreamingResponse,
     collect,
     first_output,
+    request_error,
     sse_events,
     unless_disconnected,
 )
 from .translate import (
+    chat_logprobs,
     chat_prompt_ids,
     check_chat_supported,
     check_completion_supported,
@@ -36,6 +39,17 @@ from .translate import (
 
 NAMESPACE_HEADER = "X-Cache-Namespace"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class Choices:
+    """What a request's choices are: `n` returned out of `sequences` generated (best_of), with
+    the top `logprobs` (None: no logprobs), and the prompt echoed before each (completions)."""
+
+    n: int
+    sequences: int
+    logprobs: int | None = None
+    echo: Echo | None = None
 
 
 @dataclass
@@ -68,8 +82,9 @@ class CompletionHandler:
             if body.max_completion_tokens is not None
             else body.max_tokens
         )
+        choices = Choices(body.n or 1, body.n or 1, chat_logprobs(body))
         return await self._generate(
-            request, body, True, prompt_ids, max_tokens, "messages", namespace, arrival
+            request, body, True, prompt_ids, max_tokens, "messages", namespace, arrival, choices
         )
 
     async def completion(self, request: Request, grant: KeyGrant) -> Response:
@@ -86,8 +101,14 @@ class CompletionHandler:
             body.cache_salt, request.headers.get(NAMESPACE_HEADER), grant.tenant
         )
         prompt_ids = await run_in_threadpool(completion_prompt_ids, body, self.tokenizer)
+        n = body.n or 1
+        choices = Choices(n, body.best_of or n, body.logprobs)
+        if body.echo:
+            prompt = body.prompt[0] if isinstance(body.prompt, list) else body.prompt
+            text = prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt_ids)
+            choices.echo = Echo(text, tuple(prompt_ids))
         return await self._generate(
-            request, body, False, prompt_ids, body.max_tokens, "prompt", namespace, arrival
+            request, body, False, prompt_ids, body.max_tokens, "prompt", namespace, arrival, choices
         )
 
     async def _generate(
@@ -100,7 +121,11 @@ class CompletionHandler:
         prompt_param: str,
         namespace: str,
         arrival: float,
+        choices: Choices,
     ) -> Response:
+        # best_of > n ranks its sequences by their logprob: computed even if not reported
+        ranks = choices.sequences > choices.n
+        logprobs = 0 if ranks and choices.logprobs is None else choices.logprobs
         sampling = sampling_params(
             body,
             max_tokens,
@@ -108,8 +133,18 @@ class CompletionHandler:
             self.max_model_len,
             self.tokenizer.vocab_size,
             prompt_param,
+            sequences=choices.sequences,
+            logprobs=logprobs,
+            prompt_logprobs=choices.logprobs if choices.echo else None,
         )
-        formatter = ResponseFormatter(chat, self.model_name, new_request_id(chat))
+        reported = choices.logprobs is not None
+        formatter = ResponseFormatter(
+            chat,
+            self.model_name,
+            new_request_id(chat),
+            text_of=TokenTexts(self.tokenizer) if reported else None,
+            echo=choices.echo,
+        )
         generation = GenerationRequest(
             formatter.request_id, tuple(prompt_ids), sampling, namespace, arrival
         )
@@ -117,15 +152,18 @@ class CompletionHandler:
         first = await unless_disconnected(request, first_output(outputs))
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            events = sse_events(outputs, first, formatter, include_usage, len(prompt_ids))
+            events = sse_events(
+                outputs, first, formatter, include_usage, len(prompt_ids), choices.sequences
+            )
             return ClosingStreamingResponse(
                 events, media_type="text/event-stream", headers=SSE_HEADERS
             )
-        result = await unless_disconnected(request, collect(outputs, first))
-        assert result.last is not None, "collect returns only a finished result"
-        error = finish_error(result.last.finish_reason, result.last.error)
+        results = await unless_disconnected(request, collect(outputs, first, choices.sequences))
+        error = request_error(results)
         if error is not None:
             raise error
-        assert result.last.finish_reason is not None
-        usage = usage_body(result.last.usage, len(prompt_ids), result.num_output_tokens)
-        return JSONResponse(formatter.full(result.text, result.last.finish_reason.value, usage))
+        num_output_tokens = sum(len(result.token_ids) for result in results)
+        usage = usage_body(results[0].usage, len(prompt_ids), num_output_tokens)
+        if ranks:
+            results = sorted(results, key=lambda r: r.cumulative_logprob, reverse=True)
+        return JSONResponse(formatter.full(results[: choices.n], usage))

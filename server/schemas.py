@@ -1,7 +1,7 @@
 """Pydantic models of the request bodies: what `/openapi.json` describes and what requests are
 validated against (strictly: no string-to-number coercion; unknown fields are kept aside and
-ignored). Values the types cannot express (n > 1, tools, context length) are checked in
-`translate.py`.
+ignored). Values the types cannot express (tools, logit_bias keys, context length) are checked
+in `translate.py`.
 """
 
 from __future__ import annotations
@@ -52,13 +52,19 @@ class SamplingFields(_Request):
         None, description="Up to 64 token ids"
     )
     logit_bias: dict[str, float] | None = Field(
-        None, description="Not supported yet: must be absent or empty"
+        None, description="Token id (as a string) -> bias in [-100, 100], added to its logit"
     )
-    presence_penalty: float | None = Field(None, description="Not supported yet: absent or 0")
-    frequency_penalty: float | None = Field(None, description="Not supported yet: absent or 0")
+    presence_penalty: float | None = Field(
+        None, ge=-2, le=2, description="Subtracted once from each token already generated"
+    )
+    frequency_penalty: float | None = Field(
+        None, ge=-2, le=2, description="Subtracted per occurrence of each token generated"
+    )
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, le=INT64_MAX)
-    n: int | None = Field(None, description="Only 1 is supported")
+    n: int | None = Field(
+        None, ge=1, le=128, description="Choices; the prompt is computed once and shared"
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache_salt: str | None = Field(
@@ -76,18 +82,27 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Any] | None = Field(None, description="Not supported: must be absent or empty")
     tool_choice: Any = None
     response_format: ResponseFormat | None = Field(None, description='Only {"type": "text"}')
-    logprobs: bool | None = Field(None, description="Not supported: must be absent or false")
-    top_logprobs: int | None = Field(None, description="Not supported: must be absent")
+    logprobs: bool | None = Field(None, description="Each generated token's logprob")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=20, description="With logprobs: the k most likely tokens at each position"
+    )
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]] = Field(
         description="A string or a list of token ids; a list of several prompts is refused"
     )
-    logprobs: int | None = Field(None, description="Not supported: must be absent")
-    echo: bool = Field(False, description="Not supported: must be false")
+    logprobs: int | None = Field(
+        None, ge=0, le=20, description="Each token's logprob and the k most likely tokens"
+    )
+    echo: bool = Field(False, description="The prompt before the completion (with its logprobs)")
     suffix: str | None = Field(None, description="Not supported: must be absent")
-    best_of: int | None = Field(None, description="Only 1 is supported")
+    best_of: int | None = Field(
+        None,
+        ge=1,
+        le=128,
+        description="Sequences generated (>= n); the n of highest logprob are returned",
+    )
 
 
 class ErrorDetail(BaseModel):

@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 import anyio
@@ -22,7 +21,7 @@ from starlette.types import Send
 from tieredkv.engine.protocol import RequestOutput
 
 from .errors import APIError, ClientGone, from_exception
-from .responses import ResponseFormatter, finish_error, usage_body
+from .responses import Choice, ResponseFormatter, finish_error, usage_body
 
 log = logging.getLogger(__name__)
 
@@ -75,32 +74,47 @@ async def first_output(iterator: AsyncIterator[RequestOutput]) -> RequestOutput:
         raise
 
 
-@dataclass
-class Collected:
-    text: str = ""
-    num_output_tokens: int = 0
-    last: RequestOutput | None = None
-    parts: list[str] = field(default_factory=list)
+def _add_update(choice: Choice, output: RequestOutput) -> None:
+    choice.parts.append(output.new_text)
+    choice.token_ids.extend(output.new_token_ids)
+    choice.logprobs.extend(output.logprobs)
+    if output.prompt_logprobs is not None:
+        choice.prompt_logprobs = output.prompt_logprobs
+    if output.finished:
+        choice.finish_reason = output.finish_reason
+        choice.error = output.error
+        choice.usage = output.usage
 
 
-async def collect(iterator: AsyncIterator[RequestOutput], first: RequestOutput) -> Collected:
-    """Every update until the finished one (the iterator is closed if we stop early)."""
-    result = Collected()
+async def collect(
+    iterator: AsyncIterator[RequestOutput], first: RequestOutput, n: int = 1
+) -> list[Choice]:
+    """Every update of the request's `n` sequences until each has finished (the iterator is
+    closed if we stop early); the choices in index order."""
+    choices = [Choice(index) for index in range(n)]
+    left = n
     output = first
     try:
         while True:
-            result.parts.append(output.new_text)
-            result.num_output_tokens += len(output.new_token_ids)
-            if output.finished:
-                result.last = output
-                result.text = "".join(result.parts)
-                return result
+            _add_update(choices[output.index], output)
+            left -= output.finished
+            if left == 0:
+                return choices
             output = await anext(iterator)
     except StopAsyncIteration:
         raise APIError(500, "the engine ended the request unfinished", "server_error") from None
     finally:
-        if result.last is None:
+        if left:
             await close_quietly(iterator)
+
+
+def request_error(choices: list[Choice]) -> APIError | None:
+    """The error the request failed with, if any sequence did not finish normally."""
+    for choice in choices:
+        error = finish_error(choice.finish_reason, choice.error)
+        if error is not None:
+            return error
+    return None
 
 
 def sse(payload: dict) -> str:
@@ -113,33 +127,59 @@ async def sse_events(
     formatter: ResponseFormatter,
     include_usage: bool,
     num_prompt_tokens: int,
+    n: int = 1,
 ) -> AsyncIterator[str]:
-    """OpenAI's stream: a role chunk (chat), content chunks, a finish chunk, the usage chunk
-    (with include_usage), then [DONE]. An error after the start is one error event + [DONE]."""
+    """OpenAI's stream: per choice (`index`) a role chunk (chat), content chunks and a finish
+    chunk, interleaved as the sequences advance; the usage chunk (with include_usage), then
+    [DONE]. An error after the start is one error event + [DONE]."""
     finished = False
     num_output_tokens = 0
+    usage = None
+    started: set[int] = set()
+    left = n
     try:
         if formatter.chat:
-            yield sse(formatter.chunk("", first=True, with_usage_field=include_usage))
+            for index in range(n):
+                chunk = formatter.chunk("", first=True, with_usage_field=include_usage, index=index)
+                yield sse(chunk)
         output = first
         while True:
             num_output_tokens += len(output.new_token_ids)
-            if output.new_text:
-                yield sse(formatter.chunk(output.new_text, with_usage_field=include_usage))
+            index = output.index
+            first_of_choice = index not in started
+            started.add(index)
+            with_logprobs = formatter.text_of is not None and output.new_token_ids
+            if output.new_text or with_logprobs or (first_of_choice and formatter.echo):
+                chunk = formatter.chunk(
+                    output.new_text,
+                    first=first_of_choice and not formatter.chat,
+                    with_usage_field=include_usage,
+                    index=index,
+                    token_ids=output.new_token_ids,
+                    logprobs=output.logprobs,
+                    prompt_logprobs=output.prompt_logprobs,
+                )
+                yield sse(chunk)
             if output.finished:
-                finished = True
-                break
+                left -= 1
+                error = finish_error(output.finish_reason, output.error)
+                if error is not None:
+                    yield sse(error.payload())
+                    finished = left == 0
+                    break
+                assert output.finish_reason is not None
+                reason = output.finish_reason.value
+                end = formatter.chunk(None, reason, with_usage_field=include_usage, index=index)
+                yield sse(end)
+                if index == 0:
+                    usage = output.usage
+                if left == 0:
+                    finished = True
+                    if include_usage:
+                        body = usage_body(usage, num_prompt_tokens, num_output_tokens)
+                        yield sse(formatter.usage_chunk(body))
+                    break
             output = await anext(iterator)
-        error = finish_error(output.finish_reason, output.error)
-        if error is not None:
-            yield sse(error.payload())
-        else:
-            assert output.finish_reason is not None
-            reason = output.finish_reason.value
-            yield sse(formatter.chunk(None, reason, with_usage_field=include_usage))
-            if include_usage:
-                usage = usage_body(output.usage, num_prompt_tokens, num_output_tokens)
-                yield sse(formatter.usage_chunk(usage))
     except StopAsyncIteration:
         yield sse(APIError(500, "the engine ended the stream early", "server_error").payload())
     except Exception as exc:  # the stream has started: report in-band, never drop silently

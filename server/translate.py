@@ -23,6 +23,7 @@ MAX_NAMESPACE_BYTES = 256
 MAX_STOPS = 4  # OpenAI's limit
 MAX_STOP_CHARS = 256  # text is held back while it could still start a stop string
 MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS_ENTRIES = 1024  # each is work in every sampling step of the request
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
 
@@ -34,38 +35,50 @@ def check_model(requested: str | None, served: str) -> None:
 
 
 def check_chat_supported(req: ChatCompletionRequest) -> None:
-    """400 for known fields whose values we cannot honour."""
-    _check_common(req)
+    """400 for known fields whose values we cannot honour (or that contradict each other)."""
     if req.tools:
         raise bad_request("tools are not supported", "tools")
     if req.response_format is not None and req.response_format.type != "text":
         raise bad_request('only response_format {"type": "text"} is supported', "response_format")
-    if req.logprobs:
-        raise bad_request("logprobs are not supported", "logprobs")
-    if req.top_logprobs:
-        raise bad_request("top_logprobs is not supported", "top_logprobs")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
 
 
 def check_completion_supported(req: CompletionRequest) -> None:
-    _check_common(req)
-    if req.best_of not in (None, 1):
-        raise bad_request("only best_of = 1 is supported", "best_of")
-    if req.logprobs is not None:
-        raise bad_request("logprobs are not supported", "logprobs")
-    if req.echo:
-        raise bad_request("echo is not supported", "echo")
+    if req.best_of is not None:
+        if req.best_of < (req.n or 1):
+            raise bad_request(f"best_of must be >= n ({req.n}), got {req.best_of}", "best_of")
+        if req.stream and req.best_of > (req.n or 1):
+            raise bad_request("best_of > n cannot be streamed", "best_of")
     if req.suffix:
         raise bad_request("suffix is not supported", "suffix")
 
 
-def _check_common(req: SamplingFields) -> None:
-    if req.n is not None and req.n != 1:
-        raise bad_request(f"only n = 1 is supported, got {req.n}", "n")
-    if req.logit_bias:
-        raise bad_request("logit_bias is not supported yet", "logit_bias")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name):
-            raise bad_request(f"{name} is not supported yet", name)
+def chat_logprobs(req: ChatCompletionRequest) -> int | None:
+    """The engine's `logprobs` for a chat request: None, or the top k to report (0: only the
+    sampled token's)."""
+    return (req.top_logprobs or 0) if req.logprobs else None
+
+
+def logit_bias(req: SamplingFields, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias} as (id, bias) pairs; a key that is not a token id of this
+    vocabulary, or a bias outside [-100, 100], is a 400."""
+    if len(req.logit_bias or {}) > MAX_LOGIT_BIAS_ENTRIES:
+        message = f"logit_bias holds at most {MAX_LOGIT_BIAS_ENTRIES} tokens"
+        raise bad_request(message, "logit_bias")
+    pairs = []
+    for key, bias in (req.logit_bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_request(f"logit_bias key {key!r} is not a token id", "logit_bias") from None
+        if not 0 <= token < vocab_size:
+            message = f"logit_bias token id {token} is outside the vocabulary [0, {vocab_size})"
+            raise bad_request(message, "logit_bias")
+        if not -100.0 <= bias <= 100.0:
+            raise bad_request(f"logit_bias values are in [-100, 100], got {bias}", "logit_bias")
+        pairs.append((token, float(bias)))
+    return tuple(pairs)
 
 
 def tenant_namespace(tenant: str, salt: str | None = None) -> str:
@@ -155,6 +168,9 @@ def sampling_params(
     max_model_len: int,
     vocab_size: int,
     prompt_param: str,
+    sequences: int = 1,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     """SamplingParams with max_tokens defaulting to the rest of the context; 400 with code
     `context_length_exceeded` when prompt + max_tokens exceed `max_model_len`."""
@@ -197,6 +213,12 @@ def sampling_params(
             stop_token_ids=stop_ids,
             ignore_eos=req.ignore_eos,
             min_tokens=req.min_tokens,
+            n=sequences,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            logit_bias=logit_bias(req, vocab_size),
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
         )
     except RequestError as exc:
         raise bad_request(str(exc), exc.param, exc.code) from None

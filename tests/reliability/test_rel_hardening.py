@@ -70,8 +70,9 @@ def fake_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),  # 190k stops once slowed every stream
         ({"stop": "x" * 257}, "stop"),  # a long stop held back all streamed text
         ({"stop_token_ids": list(range(65))}, "stop_token_ids"),
-        ({"logit_bias": {"42": 5.0}}, "logit_bias"),  # never silently ignored
-        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"logit_bias": {str(i): 1.0 for i in range(1025)}}, "logit_bias"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"n": 129}, "n"),
     ],
 )
 def test_per_request_work_is_bounded_or_refused(

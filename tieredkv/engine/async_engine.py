@@ -174,13 +174,15 @@ class AsyncEngine(EngineClient):
         if self._dead:  # died between the check and the registration: nobody would answer
             stream.put_nowait(EngineUnavailableError("the engine stopped"))
         finished = False
+        sequences_left = request.sampling.n  # each of the n sequences ends with its own update
         try:
             while not finished:
                 output = await stream.get()
                 if isinstance(output, Exception):  # refused before the first update
                     finished = True
                     raise output
-                finished = output.finished
+                sequences_left -= output.finished
+                finished = sequences_left == 0
                 yield output
         finally:
             with self._streams_lock:

@@ -3,6 +3,13 @@
 `step()` is the hot path: drain, apply transfers, schedule, forward, sample and emit, insert.
 It runs on one thread, the only writer of the cache, the pools, the locks and the requests.
 Other threads talk to it through `call_soon` (a queue of callables drained at the top of a step).
+
+A request with `n` > 1 is prefilled once: the step that computes its prompt samples `n` first
+tokens from the same logits (sequence `i` with its own generator, `seed + i`), and forks
+sequences 1 .. n - 1 off it. A fork shares the prompt's full pages through the tree and gets a
+copy of the partial last page; from then on it is a request of its own (`Request.index`).
+Logprobs are computed from the raw logits of the rows a request samples; prompt logprobs
+(echo) from the logits of every prompt row, which the runner returns for such requests.
 """
 
 from __future__ import annotations
@@ -19,10 +26,12 @@ from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import EngineConfig
 from tieredkv.engine.engine_metrics import EngineRecorder, StepFigures
 from tieredkv.engine.output import OutputProcessor
-from tieredkv.engine.protocol import FinishReason, GenerationRequest, RequestOutput
+from tieredkv.engine.protocol import FinishReason, GenerationRequest, RequestOutput, Usage
 from tieredkv.engine.request import Request, RequestStatus
 from tieredkv.engine.request_pages import RequestPages
 from tieredkv.engine.scheduler import Scheduler, StepPlan
+from tieredkv.model.forward_batch import SequenceChunk
+from tieredkv.model.logprobs import TokenLogprob, token_logprobs
 from tieredkv.model.runner import ModelRunner
 from tieredkv.model.sampler import Sampler
 from tieredkv.model.tokenizer import ChatTokenizer
@@ -74,8 +83,17 @@ class Engine:
         scheduler_s = time.perf_counter() - started
         if plan.chunks:
             forward_started = self.clock()
-            logits = self.runner.forward(plan.chunks)
+            scored = [i for i, r in enumerate(plan.requests) if r.needs_prompt_logits]
+            logits, row_logits = self.runner.forward_with_rows(plan.chunks, scored)
+            for i, rows in row_logits.items():
+                self._score_prompt(plan.requests[i], plan.chunks[i], rows)
             self._sample_and_emit(plan, logits, forward_started)
+            self.recorder.prefilled(
+                sum(
+                    max(0, min(chunk.end, len(request.spec.prompt_ids)) - chunk.start)
+                    for request, chunk in zip(plan.requests, plan.chunks, strict=True)
+                )
+            )
             inserting = time.perf_counter()
             self._insert_full_pages(plan.requests)
             scheduler_s += time.perf_counter() - inserting
@@ -118,19 +136,21 @@ class Engine:
         generator = self.sampler.new_generator(spec.sampling)
         kv = self.cache.new_handle(spec.namespace)
         request = Request(spec, next(self._seq_ids), output, generator, kv)
+        request.unforked = spec.sampling.n - 1
         self.scheduler.add(request)
-        self.requests[spec.request_id] = request
+        self.requests[request.key] = request
         self.recorder.request_arrived(request)
 
     def abort(self, request_id: str) -> None:
-        """Stop a request wherever it is (engine thread); its pages are freed."""
-        request = self.requests.get(request_id)
-        if request is None:
-            return
-        if request.status is RequestStatus.PROMOTING:
-            request.finish_reason = FinishReason.ABORT  # ended when its promotion is done
-            return
-        self._finish(request, FinishReason.ABORT)
+        """Stop a request, every sequence of it, wherever it is (engine thread); its pages are
+        freed. `request_id` may also name one sequence (`id/i`)."""
+        keys = [k for k in self.requests if k == request_id or k.startswith(request_id + "/")]
+        for key in keys:
+            request = self.requests[key]
+            if request.status is RequestStatus.PROMOTING:
+                request.finish_reason = FinishReason.ABORT  # ended when its promotion is done
+            else:
+                self._finish(request, FinishReason.ABORT)
 
     # --- the steps -------------------------------------------------------------------------
 
@@ -138,40 +158,124 @@ class Engine:
         for request in requests:
             self._finish(request, FinishReason.ABORT)
 
+    def _score_prompt(self, request: Request, chunk: SequenceChunk, rows) -> None:
+        """Prompt logprobs of the positions after this chunk's tokens (row j of `rows`, the
+        logits at position start + j, scores the prompt token at start + j + 1)."""
+        assert request.prompt_logprobs is not None
+        prompt = request.spec.prompt_ids
+        targets = prompt[chunk.start + 1 : min(chunk.end + 1, len(prompt))]
+        top = request.spec.sampling.prompt_logprobs or 0
+        scored = token_logprobs(rows[: len(targets)], targets, [top] * len(targets))
+        request.prompt_logprobs[chunk.start + 1 : chunk.start + 1 + len(scored)] = scored
+
     def _sample_and_emit(self, plan: StepPlan, logits, forward_started: float) -> None:
         now = self.clock()
-        rows, sampled = [], []
+        rows: list[int] = []
+        sampled: list[tuple[Request, int]] = []  # (request, fork): fork > 0 is a new sequence
         for row, (request, chunk) in enumerate(zip(plan.requests, plan.chunks, strict=True)):
             request.kv_len = chunk.end
             if request.first_forward_at is None:  # queue_seconds ends where the forward began
                 request.first_forward_at = forward_started
                 self.recorder.first_forward(request)
             if request.num_pending == 0:
-                rows.append(row)
-                sampled.append(request)
+                forks = range(request.index + 1, request.index + 1 + request.unforked)
+                for fork in (0, *forks):
+                    rows.append(row)
+                    sampled.append((request, fork))
         if not sampled:
             return
+        raw = logits[rows]
+        generators = [
+            r.generator if fork == 0 else self.sampler.new_generator(r.spec.sampling, fork)
+            for r, fork in sampled
+        ]
         tokens = self.sampler.sample_isolated(
-            logits[rows],
-            [r.spec.sampling for r in sampled],
-            [r.generator for r in sampled],
-            [r.output.banned_tokens() for r in sampled],
+            raw,
+            [r.spec.sampling for r, _ in sampled],
+            generators,
+            [r.output.banned_tokens() for r, _ in sampled],
+            [r.output_ids for r, _ in sampled],
         )
-        for request, token in zip(sampled, tokens, strict=True):
+        logprobs = self._logprobs(raw, sampled, tokens)
+        # forks first: each copies its parent's pages before the parent's token may end it
+        order = sorted(range(len(sampled)), key=lambda i: sampled[i][1] == 0)
+        for i in order:
+            request, fork = sampled[i]
+            if fork:
+                request.unforked -= 1
+                request = self._fork(request, fork, generators[i])
+            token = tokens[i]
             if isinstance(token, Exception):
-                logger.error("sampling failed for %s: %r", request.request_id, token)
+                logger.error("sampling failed for %s: %r", request.key, token)
                 self._finish(request, FinishReason.ERROR, error=f"sampling failed: {token}")
             else:
-                self._emit_token(request, token, now)
+                self._emit_token(request, token, now, logprobs[i])
 
-    def _emit_token(self, request: Request, token: int, now: float) -> None:
+    def _logprobs(
+        self, raw, sampled: list[tuple[Request, int]], tokens: list
+    ) -> list[TokenLogprob | None]:
+        """The sampled tokens' logprobs, for the rows whose request asked."""
+        wanted = [
+            i
+            for i, (request, _) in enumerate(sampled)
+            if request.spec.sampling.logprobs is not None and not isinstance(tokens[i], Exception)
+        ]
+        result: list[TokenLogprob | None] = [None] * len(sampled)
+        if wanted:
+            top = [sampled[i][0].spec.sampling.logprobs or 0 for i in wanted]
+            scored = token_logprobs(raw[wanted], [tokens[i] for i in wanted], top)
+            for i, logprob in zip(wanted, scored, strict=True):
+                result[i] = logprob
+        return result
+
+    def _fork(self, parent: Request, index: int, generator) -> Request:
+        """Sequence `index` of `parent`'s request, with the parent's prompt KV (shared and
+        copied, not recomputed). With no device page free for it now, it waits in the queue
+        with its first token and computes what it lacks when admitted."""
+        spec = parent.spec
+        output = OutputProcessor(
+            self.tokenizer, spec.prompt_ids, spec.sampling, self.config.max_model_len
+        )
+        kv = self.cache.new_handle(spec.namespace)
+        fork = Request(spec, next(self._seq_ids), output, generator, kv, index=index)
+        fork.prompt_logprobs = parent.prompt_logprobs  # scored once, reported by each
+        fork.admitted_at, fork.first_forward_at = parent.admitted_at, parent.first_forward_at
+        fork.first_token_at = self.clock()  # the request's first token is timed once
+        self.requests[fork.key] = fork
+        if self.pages.share_prompt(parent, fork):
+            fork.status = RequestStatus.RUNNING
+            self.scheduler.running.append(fork)
+        else:
+            self.pages.on_arrival(fork)
+            self.scheduler.waiting.append(fork)
+        return fork
+
+    def _emit_token(
+        self, request: Request, token: int, now: float, logprob: TokenLogprob | None = None
+    ) -> None:
+        first = not request.output_ids
         request.output_ids.append(token)
         text, reason = request.output.append(token)
         self.recorder.token(request, now)
+        logprobs = () if logprob is None else (logprob,)
+        prompt_logprobs = None
+        if first and request.prompt_logprobs is not None:
+            prompt_logprobs = tuple(request.prompt_logprobs)
         if reason is None:
-            self.sink(RequestOutput(request.request_id, (token,), text))
+            self.sink(
+                RequestOutput(
+                    request.request_id,
+                    (token,),
+                    text,
+                    index=request.index,
+                    logprobs=logprobs,
+                    prompt_logprobs=prompt_logprobs,
+                )
+            )
         else:
-            self._finish(request, reason, (token,), text)
+            self._finish(
+                request, reason, (token,), text, logprobs=logprobs, prompt_logprobs=prompt_logprobs
+            )
 
     def _insert_full_pages(self, requests: list[Request]) -> None:
         for request in requests:
@@ -199,14 +303,17 @@ class Engine:
         last_tokens: tuple[int, ...] = (),
         last_text: str = "",
         error: str | None = None,
+        logprobs: tuple[TokenLogprob, ...] = (),
+        prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None,
     ) -> None:
-        """End a request: its computed pages go to the tree (unless it failed), the rest is
-        freed, its lock released, and one final output carries the usage."""
+        """End a sequence: its computed pages go to the tree (unless it failed), the rest is
+        freed, its lock released, and one final output carries the usage. Sequences never
+        forked off it (it ended before its first token) end with it, for the same reason."""
         self.scheduler.remove(request, keep_computed=reason is not FinishReason.ERROR)
         self.runner.release(request.seq_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
-        self.requests.pop(request.request_id, None)
+        self.requests.pop(request.key, None)
         final = RequestOutput(
             request.request_id,
             last_tokens,
@@ -215,9 +322,25 @@ class Engine:
             finish_reason=reason,
             usage=request.usage(),
             error=error,
+            index=request.index,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
         self.sink(final)
-        self.recorder.request_finished(request, reason, self.clock())
+        for index in range(request.index + 1, request.index + 1 + request.unforked):
+            self.sink(
+                RequestOutput(
+                    request.request_id,
+                    finished=True,
+                    finish_reason=reason,
+                    error=error,
+                    index=index,
+                    usage=Usage(0, 0, 0),
+                )
+            )
+        request.unforked = 0
+        if request.index == 0:  # a request counts once; every sequence's tokens count
+            self.recorder.request_finished(request, reason, self.clock())
 
     def fail_all(self, message: str) -> None:
         """An unexpected error in a step: every request ends with `message` (generic: never

@@ -64,6 +64,10 @@ class EngineRecorder:
             self.metrics.on_first_token(now - request.spec.arrival_time)
         request.last_token_at = now
 
+    def prefilled(self, num_tokens: int) -> None:
+        """Prompt tokens forwarded in a step."""
+        self.metrics.prefill_tokens.inc(num_tokens)
+
     def preempted(self) -> None:
         self.metrics.on_preemption()
 

@@ -110,6 +110,11 @@ class EngineMetrics:
             ("reason",),
             [(reason,) for reason in REMOTE_ERROR_REASONS],
         )
+        self.prefill_tokens = self._counter(
+            "prefill_tokens_total",
+            "Prompt tokens the model computed (the rest of the prompts came from the cache, or "
+            "from the sequence a fork shares its prompt with).",
+        )
         self.step_seconds = self._counter(
             "step_seconds_total", "Seconds in engine steps that had work (forward included)."
         )

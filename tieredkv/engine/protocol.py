@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from tieredkv.errors import TieredKVError
+from tieredkv.model.logprobs import TokenLogprob
 from tieredkv.model.sampler import SamplingParams
 
 DEFAULT_NAMESPACE = ""  # the shared namespace of requests that name none
@@ -47,15 +48,21 @@ class Usage:
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """One update of a request: the tokens and text produced since the previous update."""
+    """One update of one of a request's sequences (`index`: 0 .. n - 1; a request with `n`
+    sequences ends after each has sent its update with finished=True): the tokens and text
+    produced since the previous update."""
 
     request_id: str
     new_token_ids: tuple[int, ...] = ()
     new_text: str = ""
     finished: bool = False
     finish_reason: FinishReason | None = None
-    usage: Usage | None = None  # set on the final update
+    usage: Usage | None = None  # set on the final update; the prompt counted by index 0 only
     error: str | None = None  # set when finish_reason is ERROR
+    index: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked
+    # one per prompt token (None for the first), on the sequence's first update, when asked
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 class QueueFullError(TieredKVError):

@@ -9,6 +9,10 @@ Cache: `kv` is the request's handle on the tiered cache (its queued match, promo
 page table, where `page_table[i]` is the device page of the sequence's i-th page); the request
 never sees the tree's nodes.
 
+Forks: a request with `n` > 1 is one sequence (index 0) until its prompt is computed; the step
+that samples its first token forks it into `n` sequences (`index` 1 .. n - 1 are requests of
+their own from then on, sharing the prompt's pages; see `Engine`).
+
 Tokens: `tokens` is the sequence as ids; `packed_tokens` the same sequence packed (what the
 tree compares), kept incrementally: the prompt is packed once at arrival, generated tokens are
 appended as they show up in `output_ids`.
@@ -26,6 +30,7 @@ from tieredkv.cache.index.token_run import PackedTokens, TokenPacker
 from tieredkv.cache.tier import Tier
 from tieredkv.engine.output import OutputProcessor
 from tieredkv.engine.protocol import FinishReason, GenerationRequest, Usage
+from tieredkv.model.logprobs import TokenLogprob
 
 
 class RequestStatus(enum.Enum):
@@ -60,14 +65,31 @@ class Request:
     deferred_s: float = 0.0
     deferred_at: float | None = None
     prompt_page_hashes: list[int] | None = None  # admission's chained page hashes, once
+    index: int = 0  # which of the request's n sequences this is
+    unforked: int = 0  # sequences still to fork from this one (n - 1 until its first token)
+    # echo: the logprob of each prompt token given the ones before it (None: not yet known)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     _packer: TokenPacker = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._packer = TokenPacker(self.spec.prompt_ids)  # packed once, at arrival
+        if self.spec.sampling.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None] * len(self.spec.prompt_ids)
 
     @property
     def request_id(self) -> str:
         return self.spec.request_id
+
+    @property
+    def key(self) -> str:
+        """The sequence's own name in the engine: the request id, then `id/1` .. `id/n-1`."""
+        return self.request_id if self.index == 0 else f"{self.request_id}/{self.index}"
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Echo with logprobs: prompt positions still to score. The cache keeps K/V, not
+        logits, so until they are scored the prompt is computed, not taken from the cache."""
+        return self.prompt_logprobs is not None and self.kv_len < len(self.spec.prompt_ids)
 
     @property
     def tokens(self) -> list[int]:

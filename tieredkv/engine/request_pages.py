@@ -35,8 +35,35 @@ class RequestPages:
         request.kv.prefetch()
 
     def admit(self, request: Request) -> bool:
-        """Start bringing the request's cached prefix to the device; False: no room now."""
-        return not self.reuse or request.kv.promote(request.packed_tokens)
+        """Start bringing the request's cached prefix to the device; False: no room now. A
+        request that must score its prompt (echo with logprobs) computes it all instead."""
+        if not self.reuse or request.needs_prompt_logits:
+            return True
+        return request.kv.promote(request.packed_tokens)
+
+    def share_prompt(self, parent: Request, fork: Request) -> bool:
+        """Give `fork` the KV of `parent`'s prompt, computed once: the full pages the tree
+        holds are shared (the fork locks them as a cache hit would), the rest (the partial
+        last page) copied into pages of its own. False when a page it needs is not on the
+        device or not free now; the fork then holds nothing."""
+        prompt_len = len(parent.spec.prompt_ids)
+        shared = 0
+        if self.reuse:
+            self.insert_computed(parent)  # the prompt's full pages, locked by the parent
+            match = self.cache.match(fork.packed_tokens, fork.spec.namespace)
+            if any(n for tier, n in match.tokens_by_tier().items() if tier is not Tier.DEVICE):
+                return False
+            if not fork.kv.promote(fork.packed_tokens):
+                return False
+            result = fork.kv.take_promotion()  # resident pages: done at once
+            shared = 0 if result is None else result.num_tokens
+        if not fork.kv.reserve(prompt_len):
+            fork.kv.release()
+            return False
+        first, end = shared // self.page_size, -(-prompt_len // self.page_size)
+        self.cache.device_pool.copy_pages(parent.page_table[first:end], fork.page_table[first:end])
+        fork.kv_len = prompt_len
+        return True
 
     def apply_transfers(self, promoting: list[Request]) -> list[Request]:
         """Apply finished transfers; return the promoting requests whose pages are ready,

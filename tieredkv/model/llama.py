@@ -2,8 +2,9 @@
 
 Plain PyTorch: embedding, RMSNorm, RoPE, GQA attention through an `AttentionBackend`, SwiGLU MLP,
 head. q/k/v and gate/up projections are fused into one matmul each; the head runs only on each
-sequence's last new token. Numerics follow Hugging Face transformers (RMSNorm in fp32, RoPE in
-the model dtype) so fp32 greedy outputs match it token for token.
+sequence's last new token (on every token of the chunks whose prompt logprobs are asked for).
+Numerics follow Hugging Face transformers (RMSNorm in fp32, RoPE in the model dtype) so fp32
+greedy outputs match it token for token.
 """
 
 from __future__ import annotations
@@ -88,6 +89,16 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Forward the batch's new tokens; returns fp32 logits (B, vocab) of each chunk's last."""
+        return self.head(self.hidden(batch)[batch.logits_indices])
+
+    @torch.inference_mode()
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head: hidden states (R, hidden) -> fp32 logits (R, vocab)."""
+        return self.lm_head(rms_norm(x, self.final_norm, self.config.rms_norm_eps)).float()
+
+    @torch.inference_mode()
+    def hidden(self, batch: ForwardBatch) -> torch.Tensor:
+        """Every new token's hidden state after the last layer (T, hidden)."""
         cfg = self.config
         num_tokens = batch.num_tokens
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -108,5 +119,4 @@ class LlamaModel:
             x = w.o.add_to(x, attn.reshape(num_tokens, q_size))
             h = ops.rms_norm(x, w.post_norm, cfg.rms_norm_eps)
             x = w.down.add_to(x, ops.silu_and_mul(w.gate_up(h)))  # gate_up: (T, 2 * inter)
-        last = rms_norm(x[batch.logits_indices], self.final_norm, cfg.rms_norm_eps)  # (B, hidden)
-        return self.lm_head(last).float()  # (B, vocab)
+        return x

@@ -78,6 +78,19 @@ class ModelRunner:
         batch = ForwardBatch.build(chunks, self.page_size, self.pool.device)
         return self.model.forward(batch)
 
+    def forward_with_rows(
+        self, chunks: Sequence[SequenceChunk], every_row: Sequence[int] = ()
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """`forward`, plus the logits (num_new, vocab) fp32 of every token of the chunks whose
+        indexes `every_row` lists (prompt logprobs)."""
+        if not every_row:
+            return self.forward(chunks), {}
+        batch = ForwardBatch.build(chunks, self.page_size, self.pool.device)
+        x = self.model.hidden(batch)
+        offsets = batch.query_start.tolist()
+        rows = {i: self.model.head(x[offsets[i] : offsets[i + 1]]) for i in every_row}
+        return self.model.head(x[batch.logits_indices]), rows
+
     def release(self, seq_id: int) -> None:
         self.attention.release(seq_id)
 

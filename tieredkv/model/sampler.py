@@ -1,7 +1,10 @@
-"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, seeded.
+"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, seeded, after the
+request's own logit changes (`logits_processing`: logit_bias, penalties, banned tokens).
 
 Greedy rows of a batch take one argmax together; sampled rows each draw from their own
-generator, so a seeded request yields the same tokens whatever else shares its batch.
+generator, so a seeded request yields the same tokens whatever else shares its batch. The
+sequences of a request with `n` > 1 are its forks: fork `i` draws from a generator seeded with
+`seed + i`, so each equals a request of its own with that seed.
 """
 
 from __future__ import annotations
@@ -12,6 +15,12 @@ from dataclasses import dataclass, field
 import torch
 
 from tieredkv.errors import RequestError
+from tieredkv.model.logits_processing import processed_logits
+from tieredkv.model.logprobs import MAX_TOP_LOGPROBS
+
+MAX_N = 128  # sequences of one request (OpenAI's limit for n)
+MAX_LOGIT_BIAS = 100.0  # |bias|, OpenAI's range
+MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty|, OpenAI's range
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,12 @@ class SamplingParams:
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
     ignore_eos: bool = False
     min_tokens: int = 0
+    n: int = 1  # sequences sampled from the one prompt (forks sharing its pages)
+    logprobs: int | None = None  # None: none; k: each sampled token's logprob and the top k
+    prompt_logprobs: int | None = None  # the same for each prompt token (echo)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -44,6 +59,20 @@ class SamplingParams:
                 f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}",
                 "min_tokens",
             )
+        if not 1 <= self.n <= MAX_N:
+            raise RequestError(f"n must be in [1, {MAX_N}], got {self.n}", "n")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_TOP_LOGPROBS:
+                raise RequestError(f"{name} must be in [0, {MAX_TOP_LOGPROBS}], got {value}", name)
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
+                message = f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}]"
+                raise RequestError(f"{message}, got {getattr(self, name)}", name)
+        for token, bias in self.logit_bias:
+            if token < 0 or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                message = f"logit_bias maps token ids >= 0 to values in [-100, 100], got {token}"
+                raise RequestError(f"{message}: {bias}", "logit_bias")
 
     @property
     def greedy(self) -> bool:
@@ -60,12 +89,13 @@ class Sampler:
         else:
             self._unseeded.seed()
 
-    def new_generator(self, params: SamplingParams) -> torch.Generator | None:
-        """A request's own generator (seeded) or None to share the sampler's unseeded one."""
+    def new_generator(self, params: SamplingParams, fork: int = 0) -> torch.Generator | None:
+        """A sequence's own generator (seeded with `seed + fork`), or None to share the
+        sampler's unseeded one."""
         if params.greedy or params.seed is None:
             return None
         generator = torch.Generator()
-        generator.manual_seed(params.seed)
+        generator.manual_seed((params.seed + fork) % 2**64)  # manual_seed takes [0, 2**64)
         return generator
 
     def sample(
@@ -74,13 +104,11 @@ class Sampler:
         params: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
         banned: Sequence[frozenset[int]] | None = None,
+        outputs: Sequence[Sequence[int]] | None = None,
     ) -> list[int]:
-        """One token per row. `banned[i]` token ids get no probability (min_tokens)."""
-        logits = logits.float()
-        if banned is not None:
-            for row, ids in enumerate(banned):
-                if ids:
-                    logits[row, list(ids)] = float("-inf")
+        """One token per row. `banned[i]` token ids get no probability (min_tokens);
+        `outputs[i]`, the row's tokens so far, drive its penalties."""
+        logits = processed_logits(logits.float(), params, banned, outputs)
         tokens = logits.argmax(dim=-1).tolist()
         for row, p in enumerate(params):
             if not p.greedy:
@@ -93,18 +121,23 @@ class Sampler:
         params: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
         banned: Sequence[frozenset[int]],
+        outputs: Sequence[Sequence[int]],
     ) -> list[int | Exception]:
         """`sample`, but a row that fails yields its exception instead of failing the batch
         (one request's parameters must not end the others in its step)."""
         try:
-            return list(self.sample(logits, params, generators, banned))
+            return list(self.sample(logits, params, generators, banned, outputs))
         except Exception:  # retried row by row below, to find the culprit
             pass
         results: list[int | Exception] = []
         for row in range(logits.shape[0]):
             try:
                 one = self.sample(
-                    logits[row : row + 1], [params[row]], [generators[row]], [banned[row]]
+                    logits[row : row + 1],
+                    [params[row]],
+                    [generators[row]],
+                    [banned[row]],
+                    [outputs[row]],
                 )
                 results.append(one[0])
             except Exception as error:  # reported to that request alone

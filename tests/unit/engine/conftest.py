@@ -51,8 +51,16 @@ class Harness:
     outputs: dict[str, list[RequestOutput]] = field(default_factory=lambda: defaultdict(list))
     auto_complete: bool = True  # finish every transfer right after each step
 
-    def submit(self, request_id: str, prompt: Iterable[int], max_tokens: int = 8, **kw) -> None:
-        sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    def submit(
+        self,
+        request_id: str,
+        prompt: Iterable[int],
+        max_tokens: int = 8,
+        sampling: SamplingParams | None = None,
+        **kw,
+    ) -> None:
+        if sampling is None:
+            sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         spec = GenerationRequest(
             request_id, tuple(prompt), sampling, arrival_time=self.clock(), **kw
         )

@@ -215,10 +215,10 @@ def test_a_sampling_error_ends_only_its_own_request(make_harness, monkeypatch) -
     sampler = harness.engine.sampler
     real_sample = sampler.sample
 
-    def failing_for_seven(logits, params, generators, banned=None):
+    def failing_for_seven(logits, params, generators, banned=None, outputs=None):
         if any(p.max_tokens == 7 for p in params):
             raise ValueError("bad sampling parameters")
-        return real_sample(logits, params, generators, banned)
+        return real_sample(logits, params, generators, banned, outputs)
 
     monkeypatch.setattr(sampler, "sample", failing_for_seven)
     harness.submit("good", prompts["good"], max_tokens=6)

@@ -41,6 +41,7 @@ CONTRACT = {
 EXTENSIONS = {
     "tieredkv_deferred_admissions_total": ("counter", ()),
     "tieredkv_remote_page_errors_total": ("counter", ("reason",)),
+    "tieredkv_prefill_tokens_total": ("counter", ()),
     "tieredkv_step_seconds_total": ("counter", ()),
     "tieredkv_scheduler_seconds_total": ("counter", ()),
 }

@@ -50,3 +50,12 @@ class DevicePool(PagePool):
         cls, layout: PageLayout, capacity_bytes: int, device: torch.device | str
     ) -> DevicePool:
         return cls(layout, capacity_bytes // layout.page_bytes, device)
+
+    def copy_pages(self, sources: list[int], targets: list[int]) -> None:
+        """Copy whole pages, every layer, K and V: `targets[i]` becomes a copy of `sources[i]`
+        (a fork's partial last page of the prompt)."""
+        if not sources:
+            return
+        index = torch.tensor(sources, dtype=torch.int64, device=self.device)
+        into = torch.tensor(targets, dtype=torch.int64, device=self.device)
+        self.kv.index_copy_(2, into, self.kv.index_select(2, index))
