@@ -4,7 +4,7 @@ flush and (optionally) the cache debug view, all errors in OpenAI's shape."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -20,7 +20,8 @@ from .completions import CompletionHandler
 from .connections import SendStallLimit
 from .errors import install_error_handlers
 from .openapi import body_spec, error_responses, install_openapi
-from .schemas import ChatCompletionRequest, CompletionRequest
+from .pins import PinHandler
+from .schemas import ChatCompletionRequest, CompletionRequest, PinRequest
 from .translate import check_model, in_tenant
 from .worker_info import install_worker_info
 
@@ -34,14 +35,24 @@ def create_app(
     model_name: str,
     max_model_len: int,
     clock: Callable[[], float] = time.monotonic,
+    pins_at_start: Sequence[PinRequest] = (),
 ) -> FastAPI:
     """The app serving `engine` as the model `model_name`. `clock` stamps each request's
     arrival_time and must be the engine's clock. /health, /metrics and the router's worker
     endpoints (`worker_info`) are never guarded; /v1/*, /debug/* and /openapi.json need a
-    Bearer key when keys are configured (`auth`)."""
+    Bearer key when keys are configured (`auth`). Once serving, it pins again what an earlier
+    run pinned, then `pins_at_start` (`--pin-file`), in the background."""
+    pins = PinHandler(engine, tokenizer, server_config, model_name, max_model_len)
+
     app = FastAPI(
-        title="tieredkv", version=__version__, docs_url=None, redoc_url=None, openapi_url=None
+        title="tieredkv",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
     )
+    # started by the runner once it serves (`runner.GracefulServer`)
+    app.state.at_start = [lambda: pins.pin_at_start(list(pins_at_start))]
     install_error_handlers(app)
     authenticated = Depends(key_checker(server_config))  # the caller's KeyGrant
     handler = CompletionHandler(engine, tokenizer, server_config, model_name, max_model_len, clock)
@@ -100,6 +111,25 @@ def create_app(
         if caller.admin or tenant is None:
             return {"flushed_pages": await engine.flush_cache()}
         return {"flushed_pages": await engine.flush_cache(lambda name: in_tenant(name, tenant))}
+
+    @app.post(
+        "/v1/cache/pin",
+        openapi_extra=body_spec(PinRequest),
+        responses=error_responses(400, 401, 404, 413, 503),
+    )
+    async def pin(request: Request, caller: KeyGrant = authenticated) -> dict:
+        """Compute a prompt's pages and keep them at least on host until unpinned."""
+        _require_ready(engine)
+        return await pins.pin(request, caller)
+
+    @app.delete(
+        "/v1/cache/pin",
+        openapi_extra=body_spec(PinRequest),
+        responses=error_responses(400, 401, 404, 413, 503),
+    )
+    async def unpin(request: Request, caller: KeyGrant = authenticated) -> dict:
+        _require_ready(engine)
+        return await pins.unpin(request, caller)
 
     install_worker_info(app, engine, model_name, max_model_len)
 

@@ -38,6 +38,7 @@ from .translate import (
 )
 
 NAMESPACE_HEADER = "X-Cache-Namespace"
+SESSION_HEADER = "X-Session-ID"  # or the body's `user`: the conversation kept warm
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -145,8 +146,9 @@ class CompletionHandler:
             text_of=TokenTexts(self.tokenizer) if reported else None,
             echo=choices.echo,
         )
+        session = request.headers.get(SESSION_HEADER) or body.user
         generation = GenerationRequest(
-            formatter.request_id, tuple(prompt_ids), sampling, namespace, arrival
+            formatter.request_id, tuple(prompt_ids), sampling, namespace, arrival, session
         )
         outputs = self.engine.generate(generation)
         first = await unless_disconnected(request, first_output(outputs))

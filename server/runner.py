@@ -61,10 +61,18 @@ class GracefulServer(uvicorn.Server):
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         watch = asyncio.ensure_future(self._watch_engine())
+        # the app's background work once serving (pins made at start: `app.create_app`)
+        at_start = [asyncio.ensure_future(start()) for start in self._at_start()]
         try:
             await super().serve(sockets)
         finally:
             watch.cancel()
+            for task in at_start:
+                task.cancel()
+
+    def _at_start(self) -> list:
+        state = getattr(self.config.app, "state", None)
+        return list(getattr(state, "at_start", []))
 
     async def _watch_engine(self) -> None:
         while not self.should_exit:

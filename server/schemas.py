@@ -105,6 +105,16 @@ class CompletionRequest(SamplingFields):
     )
 
 
+class PinRequest(_Request):
+    """`POST` / `DELETE /v1/cache/pin`: a prompt (text or token ids) or chat messages (the
+    template applied without the generation prompt: a prefix of every later turn)."""
+
+    prompt: str | list[int] | None = Field(None, description="Text or token ids")
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    model: str | None = None
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -119,5 +129,6 @@ class ErrorResponse(BaseModel):
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     ChatCompletionRequest,
     CompletionRequest,
+    PinRequest,
     ErrorResponse,
 )

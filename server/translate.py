@@ -15,7 +15,7 @@ from tieredkv.model.sampler import SamplingParams
 from tieredkv.model.tokenizer import ChatTokenizer
 
 from .errors import APIError, bad_request
-from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .schemas import ChatCompletionRequest, CompletionRequest, PinRequest, SamplingFields
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,11 @@ def resolve_namespace(cache_salt: str | None, header: str | None, tenant: str | 
     return DEFAULT_NAMESPACE if namespace is None else namespace
 
 
-def chat_prompt_ids(req: ChatCompletionRequest, tokenizer: ChatTokenizer) -> list[int]:
+def chat_prompt_ids(
+    req: ChatCompletionRequest | PinRequest,
+    tokenizer: ChatTokenizer,
+    add_generation_prompt: bool = True,
+) -> list[int]:
     """The chat template applied to the messages (RequestError when it refuses them)."""
     if not req.messages:
         raise bad_request("messages must not be empty", "messages")
@@ -131,7 +135,7 @@ def chat_prompt_ids(req: ChatCompletionRequest, tokenizer: ChatTokenizer) -> lis
             content = [{"type": "text", "text": part.text} for part in content]
         messages.append({"role": message.role, "content": content})
     try:
-        return tokenizer.apply_chat_template(messages)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt)
     except RequestError as exc:
         raise bad_request(str(exc), exc.param or "messages") from None
     except Exception as exc:  # a template is user-controlled code; its failures are 400s
@@ -141,7 +145,9 @@ def chat_prompt_ids(req: ChatCompletionRequest, tokenizer: ChatTokenizer) -> lis
         ) from None
 
 
-def completion_prompt_ids(req: CompletionRequest, tokenizer: ChatTokenizer) -> list[int]:
+def completion_prompt_ids(
+    req: CompletionRequest | PinRequest, tokenizer: ChatTokenizer
+) -> list[int]:
     """A string is tokenized (with the tokenizer's BOS); a token id list is used as is."""
     prompt: Any = req.prompt
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):

@@ -84,6 +84,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="codec of remote values (default none: lz4 does not shrink KV pages)")  # fmt: skip
     add("--remote-password-file", type=Path, default=None, metavar="PATH",
         help="the Redis password's file (mode 600); or $TIEREDKV_REDIS_PASSWORD")  # fmt: skip
+    add(
+        "--pin-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="prompts to pin at start: JSON lines of {prompt | messages[, cache_salt]}",
+    )
+    add(
+        "--pin-budget",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="host bytes each namespace may pin (default: a quarter of the host tier)",
+    )
+    add(
+        "--session-think-time",
+        type=float,
+        default=EngineConfig.session_think_time_s,
+        metavar="SECONDS",
+        help="a named conversation's pages stay on host this long (0: off)",
+    )
     add("--write-policy", choices=[p.value for p in WritePolicy], default=None)
     add("--schedule-policy", choices=[p.value for p in SchedulePolicy], default="lpm")
     add("--max-batch-tokens", type=_positive_int, default=EngineConfig.max_batch_tokens)
@@ -116,6 +137,7 @@ class ServeSettings:
     server: ServerConfig
     cache: CacheConfig
     engine: EngineConfig
+    pin_file: Path | None = None
 
 
 def serve_settings(args: argparse.Namespace) -> ServeSettings:
@@ -142,6 +164,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         enable_prefix_reuse=not args.no_cache,
         remote_cache_url=args.remote_cache_url,
         remote_compression=args.remote_compression,
+        pin_budget_bytes=args.pin_budget,
         remote_password=(
             password_from_env_or_file(args.remote_password_file) if args.remote_cache_url else None
         ),
@@ -153,11 +176,12 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         max_num_seqs=args.max_num_seqs,
         max_queue=args.max_queue,
         schedule_policy=SchedulePolicy(args.schedule_policy),
+        session_think_time_s=args.session_think_time,
         dtype=args.dtype,
         **engine_fields,
     )
     return ServeSettings(
-        args.model, args.served_model_name, args.max_model_len, server, cache, engine
+        args.model, args.served_model_name, args.max_model_len, server, cache, engine, args.pin_file
     )
 
 
@@ -183,13 +207,24 @@ def run_serve(settings: ServeSettings) -> int:
     engine_config = dataclasses.replace(
         settings.engine, max_model_len=settings.max_model_len or model_len
     )
+    pins = []
+    if settings.pin_file is not None:
+        from tieredkv.server.pins import read_pin_file
+
+        pins = read_pin_file(settings.pin_file)
     print("starting the engine (warm-up, disk index) ...", flush=True)
     engine = AsyncEngine.start(
         loaded, settings.cache, engine_config, EngineMetrics(), device=device
     )
     name = settings.served_model_name or loaded.name
     app = create_app(
-        engine, loaded.tokenizer, settings.server, name, engine.max_model_len, clock=engine.clock
+        engine,
+        loaded.tokenizer,
+        settings.server,
+        name,
+        engine.max_model_len,
+        clock=engine.clock,
+        pins_at_start=pins,
     )
     print(f"serving {name} on http://{settings.server.host}:{settings.server.port}", flush=True)
     return serve(app, engine, settings.server)

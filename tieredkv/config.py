@@ -134,6 +134,8 @@ class CacheConfig:
     remote_cache_url: str | None = None
     remote_compression: str = "none"
     remote_password: str | None = field(default=None, repr=False)
+    # pinned prefixes: pages each namespace may pin on host (None: a quarter of the host tier)
+    pin_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
         _check_power_of_two("CacheConfig.page_size", self.page_size)
@@ -162,6 +164,8 @@ class EngineConfig:
 
     max_model_len: int = 8192
     max_batch_tokens: int = 2048  # tokens forwarded per step (prefill chunks + decodes)
+    # a named conversation's pages stay on host this long after each turn (0: off)
+    session_think_time_s: float = 60.0
     max_num_seqs: int = 16
     max_queue: int = 256
     schedule_policy: SchedulePolicy = SchedulePolicy.LPM
@@ -172,6 +176,9 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"EngineConfig.{name} must be a positive int, got {value!r}")
+        if not self.session_think_time_s >= 0:
+            message = f"must be >= 0, got {self.session_think_time_s!r}"
+            raise ConfigError(f"EngineConfig.session_think_time_s {message}")
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ConfigError(
                 f"EngineConfig.dtype must be auto|bfloat16|float32, got {self.dtype!r}"

@@ -2,7 +2,7 @@
 
 import importlib
 
-BENCHMARKS = ("multiturn", "tiers", "burst")
+BENCHMARKS = ("multiturn", "tiers", "burst", "forks")
 
 
 def run(name: str, argv: list[str]) -> int:

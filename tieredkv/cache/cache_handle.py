@@ -65,6 +65,23 @@ class NodeCache(Protocol):
 
     def prefetch(self, match: MatchResult) -> list[TransferTicket]: ...
 
+    def hold_warm(self, node: RadixNode, delta: int) -> None: ...
+
+
+class WarmHold:
+    """A finished request's pages kept on host (see `CacheHandle.hold_warm`)."""
+
+    def __init__(self, cache: NodeCache, node: RadixNode) -> None:
+        self._cache = cache
+        self._node: RadixNode | None = node
+        cache.hold_warm(node, +1)
+
+    def release(self) -> None:
+        """End the hold (again: nothing)."""
+        if self._node is not None:
+            self._cache.hold_warm(self._node, -1)
+            self._node = None
+
 
 @dataclass(frozen=True)
 class PromotionResult:
@@ -94,6 +111,13 @@ class CacheHandle:
     def page_table(self) -> list[int]:
         """The device page of each page of the sequence (read it; only the handle writes it)."""
         return self._page_table
+
+    def hold_warm(self) -> WarmHold | None:
+        """Keep the tree's pages of the page table on host, as a pin does, until the hold is
+        released (a conversation's think time); None when the request holds none."""
+        if self._locked is None:
+            return None
+        return WarmHold(self._cache, self._locked)
 
     @property
     def num_tree_pages(self) -> int:

@@ -37,6 +37,7 @@ from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.index.token_run import TokenSequence, packed_bytes
 from tieredkv.cache.integrity import IntegrityResult, check_integrity
 from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.pins import Pin, PinError, PinRegistry
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.pools.tier_pools import TierPools
@@ -138,6 +139,12 @@ class TieredCache:
         )
         if disk is not None:
             rebuild_from_disk(self.tree, disk, self.residency)
+        budget = config.pin_budget_bytes
+        if budget is None:  # a quarter of the host tier
+            budget = config.host_cache_bytes // 4
+        self.pins = PinRegistry(
+            budget // layout.page_bytes, config.disk_cache_dir if disk is not None else None
+        )
 
     def new_handle(self, namespace: str = DEFAULT_NAMESPACE) -> CacheHandle:
         """A request's hold on the cache in `namespace`, holding nothing yet."""
@@ -303,6 +310,64 @@ class TieredCache:
         names = self.tree.names
         return self.demoter.flush([self.tree.roots[key] for key in names if within(names[key])])
 
+    # --- pinned prefixes (see `pins`) -------------------------------------------------------
+
+    def pin(self, token_ids: Sequence[int], namespace: str = DEFAULT_NAMESPACE) -> Pin | None:
+        """Pin the full pages of `token_ids`: from now on at least on host (and copied to disk
+        when there is one). None when the tree does not hold them all on the device or host
+        (compute the prompt first); PinError when it may not be pinned."""
+        pin = self.pins.get(namespace, token_ids)
+        if pin is not None and pin.node is not None:
+            return pin  # pinned already
+        if not self.config.host_enabled:
+            raise PinError("pinning needs a host tier (--host-cache-size)", "prompt", "no_host")
+        num_pages = len(token_ids) // self.page_size
+        if num_pages == 0:
+            message = f"a pinned prompt needs at least one full page ({self.page_size} tokens)"
+            raise PinError(message, "prompt", "prompt_too_short")
+        used = self.pins.pages_in(namespace, besides=pin)
+        if used + num_pages > self.pins.budget_pages:
+            message = (
+                f"pinning {num_pages} pages would exceed this namespace's pin budget "
+                f"({used} of {self.pins.budget_pages} pages pinned)"
+            )
+            raise PinError(message, "prompt", "pin_budget_exceeded")
+        node = self.index.full_path(token_ids, namespace)
+        if node is None or any(
+            Tier.DEVICE not in n.copies and Tier.HOST not in n.copies for n in node.path()
+        ):
+            return None
+        self.index.pin(node, +1)
+        for path_node in node.path():  # parents first
+            for tier in (Tier.HOST, Tier.DISK):
+                if not self.tier_enabled(tier) or tier in path_node.copies:
+                    continue
+                if tier in path_node.inflight:
+                    continue
+                if not self.demoter.copy_down(path_node, tier, frees_source=False):
+                    self.index.pin(node, -1)
+                    message = f"the {tier.label} tier has no room for this prefix"
+                    raise PinError(message, "prompt", "tier_full")
+        pin = pin or Pin(namespace, tuple(token_ids), num_pages)
+        pin.node = node
+        self.pins.add(pin)
+        return pin
+
+    def unpin(self, token_ids: Sequence[int], namespace: str = DEFAULT_NAMESPACE) -> bool:
+        """Release a pin; False when `token_ids` were not pinned in `namespace`."""
+        pin = self.pins.get(namespace, token_ids)
+        if pin is None:
+            return False
+        if pin.node is not None:
+            self.index.pin(pin.node, -1)
+        self.pins.remove(pin)
+        return True
+
+    def hold_warm(self, node: RadixNode, delta: int) -> None:
+        """Keep (+1) or stop keeping (-1) the path to `node` on host as a pin does, without a
+        registry entry or budget: a conversation's pages during its think time."""
+        self.index.pin(node, delta)
+
     def _write_remote_path(self, node: RadixNode) -> None:
         """Every page computed here is written for the other replicas (whatever the write
         policy): the path's device pages that have no remote copy yet start towards it."""
@@ -326,6 +391,10 @@ class TieredCache:
     def check_integrity(self) -> IntegrityResult:
         """Reconcile page ownership, lock counts and the closure invariants (engine thread)."""
         return check_integrity(self.index, self.pools, list(self.mover.in_flight.values()))
+
+    @property
+    def tier_enabled_host(self) -> bool:
+        return self.tier_enabled(Tier.HOST)
 
     def tier_enabled(self, tier: Tier) -> bool:
         return self.pools.enabled(tier)

@@ -18,12 +18,14 @@ import dataclasses
 import logging
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import torch
 
 from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.pins import PinError
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig, EngineConfig
@@ -33,6 +35,7 @@ from tieredkv.engine.metrics import EngineMetrics
 from tieredkv.engine.protocol import (
     EngineClient,
     EngineUnavailableError,
+    FinishReason,
     GenerationRequest,
     QueueFullError,
     RequestOutput,
@@ -41,12 +44,14 @@ from tieredkv.engine.warmup import check_device_capacity, warm_up
 from tieredkv.model.fingerprint import model_fingerprint
 from tieredkv.model.loader import LoadedModel
 from tieredkv.model.runner import ModelRunner
+from tieredkv.model.sampler import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 # While requests wait on something no wake-up signals (pages that only a finishing request
 # will free), the step thread re-checks this often.
 _STALLED_RECHECK_SECONDS = 0.05
+PIN_ATTEMPTS = 3  # a pin's prompt is computed again if its pages left before the pin
 FLUSH_SETTLE_S = 5.0  # POST /v1/cache/flush waits this long at most for transfers in flight
 
 
@@ -226,6 +231,35 @@ class AsyncEngine(EngineClient):
 
         return await self._on_engine_thread(settle_then_flush)
 
+    async def pin(self, namespace: str, prompt_ids: tuple[int, ...]) -> dict:
+        """Compute the prompt (a one-token greedy request: its pages go into the tree, from
+        the cache where they are there already) and pin its full pages. Tried again when they
+        left the device and host between the two (a busy server)."""
+        cache = self.engine.cache
+        for _ in range(PIN_ATTEMPTS):
+            sampling = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+            request = GenerationRequest(f"pin-{uuid.uuid4().hex}", prompt_ids, sampling, namespace)
+            last = None
+            async for output in self.generate(request):
+                last = output
+            if last is None or last.finish_reason in (FinishReason.ABORT, FinishReason.ERROR):
+                raise EngineUnavailableError("the engine did not compute the prompt to pin")
+            pin = await self._on_engine_thread(lambda: cache.pin(prompt_ids, namespace))
+            if pin is not None:
+                return {
+                    "pinned_tokens": pin.num_pages * cache.page_size,
+                    "pinned_pages": pin.num_pages,
+                    "namespace_pinned_pages": cache.pins.pages_in(namespace),
+                    "budget_pages": cache.pins.budget_pages,
+                }
+        raise PinError("the prompt's pages left the cache before they could be pinned", "prompt")
+
+    async def unpin(self, namespace: str, prompt_ids: tuple[int, ...]) -> bool:
+        return await self._on_engine_thread(lambda: self.engine.cache.unpin(prompt_ids, namespace))
+
+    def pins_to_restore(self) -> list[tuple[str, tuple[int, ...]]]:
+        return [(pin.namespace, pin.token_ids) for pin in self.engine.cache.pins.waiting()]
+
     async def debug_cache(self) -> dict:
         def inspect() -> dict:
             result = self.engine.cache.check_integrity()
@@ -235,6 +269,8 @@ class AsyncEngine(EngineClient):
                 "problems": list(result.problems),
                 "pages": result.page_counts,
                 "locked_nodes": self.engine.cache.num_locks(),
+                "pins": len(self.engine.cache.pins) - len(self.engine.cache.pins.waiting()),
+                "pins_waiting": len(self.engine.cache.pins.waiting()),
                 "remote_store": self.engine.cache.remote_store_state(),
                 "requests": {
                     "waiting": len(scheduler.waiting),

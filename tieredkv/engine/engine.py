@@ -30,6 +30,7 @@ from tieredkv.engine.protocol import FinishReason, GenerationRequest, RequestOut
 from tieredkv.engine.request import Request, RequestStatus
 from tieredkv.engine.request_pages import RequestPages
 from tieredkv.engine.scheduler import Scheduler, StepPlan
+from tieredkv.engine.sessions import SessionWarmth
 from tieredkv.model.forward_batch import SequenceChunk
 from tieredkv.model.logprobs import TokenLogprob, token_logprobs
 from tieredkv.model.runner import ModelRunner
@@ -66,6 +67,7 @@ class Engine:
         self.pages = RequestPages(cache, runner.page_size, reuse_prefixes)
         self.scheduler = Scheduler(config, self.pages, recorder, runner.release, clock)
         self.sampler = Sampler()
+        self.sessions = SessionWarmth(cache, config.session_think_time_s)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -77,6 +79,7 @@ class Engine:
     def step(self) -> bool:
         """One step; False when there was nothing to forward."""
         self._drain_inbox()
+        self.sessions.expire(self.clock())
         started = time.perf_counter()
         self._end_aborted(self.scheduler.apply_transfers())
         plan = self.scheduler.schedule()
@@ -309,7 +312,12 @@ class Engine:
         """End a sequence: its computed pages go to the tree (unless it failed), the rest is
         freed, its lock released, and one final output carries the usage. Sequences never
         forked off it (it ended before its first token) end with it, for the same reason."""
-        self.scheduler.remove(request, keep_computed=reason is not FinishReason.ERROR)
+        kept = reason is not FinishReason.ERROR
+        warm = kept and request.spec.session is not None and self.sessions.enabled
+        hold = self.scheduler.remove(request, keep_computed=kept, keep_warm=warm)
+        if hold is not None:
+            session = f"{request.spec.namespace}\0{request.spec.session}"  # per namespace
+            self.sessions.keep(session, hold, self.clock())
         self.runner.release(request.seq_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason

@@ -32,6 +32,7 @@ class GenerationRequest:
     sampling: SamplingParams
     namespace: str = DEFAULT_NAMESPACE
     arrival_time: float = 0.0  # the engine clock's time when the server received it
+    session: str | None = None  # the conversation it continues (kept warm: `sessions`)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,20 @@ class EngineClient(ABC):
     async def flush_cache(self, within: Callable[[str], bool] | None = None) -> int:
         """Drop every cached page in every tier (with `within`: in the namespaces it accepts);
         returns the number of pages dropped."""
+
+    @abstractmethod
+    async def pin(self, namespace: str, prompt_ids: tuple[int, ...]) -> dict:
+        """Compute the prompt if need be and pin its full pages (at least on host from now
+        on): {"pinned_tokens", "pinned_pages", "namespace_pinned_pages", "budget_pages"}.
+        PinError (a RequestError) when it may not be pinned."""
+
+    @abstractmethod
+    async def unpin(self, namespace: str, prompt_ids: tuple[int, ...]) -> bool:
+        """Release a pin; False when the prompt was not pinned in `namespace`."""
+
+    @abstractmethod
+    def pins_to_restore(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Pins saved by an earlier run that are not pinned again yet (namespace, prompt)."""
 
     @abstractmethod
     async def debug_cache(self) -> dict:

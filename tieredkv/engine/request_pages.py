@@ -7,6 +7,7 @@ the same calls only allocate and free private device pages: nothing is matched o
 
 from __future__ import annotations
 
+from tieredkv.cache.cache_handle import WarmHold
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.engine.request import Request
@@ -100,10 +101,15 @@ class RequestPages:
             return  # checked before packing: most steps complete no page
         request.kv.insert(request.packed_tokens[: full_pages * self.page_size])
 
-    def release(self, request: Request, keep_computed: bool) -> None:
+    def release(
+        self, request: Request, keep_computed: bool, keep_warm: bool = False
+    ) -> WarmHold | None:
         """Free the request's private pages and its lock (its computed pages go to the tree
-        first when `keep_computed`). The request holds no pages afterwards."""
+        first when `keep_computed`). The request holds no pages afterwards. With `keep_warm`,
+        returns a hold that keeps its tree pages on host until released."""
         if keep_computed:
             self.insert_computed(request)
+        hold = request.kv.hold_warm() if keep_warm else None
         request.kv.release()
         request.kv_len = 0
+        return hold

@@ -34,6 +34,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from tieredkv.cache.cache_handle import WarmHold
 from tieredkv.cache.tier import Tier
 from tieredkv.config import EngineConfig, SchedulePolicy
 from tieredkv.engine.admission import DeviceRoom, prefix_being_computed
@@ -142,13 +143,16 @@ class Scheduler:
         self.pages.on_arrival(request)
         self.waiting.append(request)
 
-    def remove(self, request: Request, keep_computed: bool) -> None:
+    def remove(
+        self, request: Request, keep_computed: bool, keep_warm: bool = False
+    ) -> WarmHold | None:
         """Take an ending request out of its queue and free its pages (its computed pages go
-        into the tree first when `keep_computed`). Not while its promotion is in flight."""
+        into the tree first when `keep_computed`). Not while its promotion is in flight.
+        With `keep_warm`, returns the hold that keeps its tree pages on host."""
         for queue in (self.waiting, self.running):
             if request in queue:
                 queue.remove(request)
-        self.pages.release(request, keep_computed)
+        return self.pages.release(request, keep_computed, keep_warm)
 
     def apply_transfers(self) -> list[Request]:
         """Apply finished transfers: requests whose promotion is done start running. Returns

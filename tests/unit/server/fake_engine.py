@@ -42,6 +42,7 @@ class FakeEngine(EngineClient):
     closed_early: list[str] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     flushes: int = 0
+    pins: dict[tuple[str, tuple[int, ...]], int] = field(default_factory=dict)
     closed: bool = True  # nothing to close: a runner's shutdown never waits for it
     flush_scopes: list[Callable[[str], bool] | None] = field(default_factory=list)
     closed_event: threading.Event = field(default_factory=threading.Event)
@@ -97,6 +98,18 @@ class FakeEngine(EngineClient):
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
+
+    async def pin(self, namespace: str, prompt_ids: tuple[int, ...]) -> dict:
+        self.pins[(namespace, prompt_ids)] = len(prompt_ids) // 16
+        pages = len(prompt_ids) // 16
+        return {"pinned_tokens": pages * 16, "pinned_pages": pages,
+                "namespace_pinned_pages": pages, "budget_pages": 1000}  # fmt: skip
+
+    async def unpin(self, namespace: str, prompt_ids: tuple[int, ...]) -> bool:
+        return self.pins.pop((namespace, prompt_ids), None) is not None
+
+    def pins_to_restore(self) -> list[tuple[str, tuple[int, ...]]]:
+        return []
 
     async def flush_cache(self, within: Callable[[str], bool] | None = None) -> int:
         self.flushes += 1

@@ -211,6 +211,27 @@ class RadixIndex:
             private.update(pages)  # as it was: every page was lent
             raise AssertionError(f"device pages {list(pages)} name a page twice")
 
+    # --- pins ------------------------------------------------------------------------------
+
+    def full_path(self, tokens: TokenSequence, namespace: str) -> RadixNode | None:
+        """The node ending `tokens`' last full page when the tree holds all of their full
+        pages (a node is split there if it runs on), else None. Touches nothing."""
+        query = packed_bytes(tokens)
+        num_pages = len(query) // self.tree.page_bytes
+        key = namespace_root_key(self.fingerprint, namespace)
+        root = self.tree.root(key, create=False, name=namespace)
+        if root is None or num_pages == 0 or not self.prefix_reuse:
+            return None
+        walked = self.tree.walk(root, query, num_pages, 0)
+        if sum(count for _, count in walked) < num_pages:
+            return None
+        return self._walk_exact(root, query, num_pages)[-1]
+
+    def pin(self, node: RadixNode, delta: int) -> None:
+        """Pin (+1) or unpin (-1) the prefix that ends at `node`."""
+        for changed in self.tree.pin_path(node, delta):
+            self.events.refresh(changed)
+
     # --- locks -----------------------------------------------------------------------------
 
     def lock(self, node: RadixNode) -> None:

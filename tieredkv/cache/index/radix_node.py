@@ -44,6 +44,7 @@ class RadixNode:
         "num_pages",
         "packed",
         "parent",
+        "pin_count",
         "root_key",
         "stamps",
     )
@@ -67,6 +68,7 @@ class RadixNode:
         self.copies: dict[Tier, list[int]] = {}  # committed copies: page ids per tier
         self.inflight: dict[Tier, PendingCopy] = {}  # copies on their way, by destination tier
         self.lock_count = 0
+        self.pin_count = 0  # pinned prefixes through this node: its host and disk copies stay
         self.last_access = 0
         self.stamps = [0] * len(Tier)  # per-tier heap entry versions (lazy deletion)
         self.attached = True

@@ -125,6 +125,7 @@ class RadixTree:
         node.copies = {tier: pages[num_pages:] for tier, pages in node.copies.items()}
         head.inflight = {t: part.split_head(num_pages, head) for t, part in node.inflight.items()}
         head.lock_count = node.lock_count
+        head.pin_count = node.pin_count
         head.last_access = node.last_access
         node.parent.children[head.packed[:step]] = head
         node.packed = node.packed[cut:]
@@ -146,6 +147,7 @@ class RadixTree:
         child = next(iter(node.children.values()))
         return (
             node.copies.keys() == child.copies.keys()
+            and node.pin_count == child.pin_count
             and node.last_access <= child.last_access
             and not (node.lock_count or child.lock_count or node.inflight or child.inflight)
         )
@@ -198,6 +200,20 @@ class RadixTree:
             current.lock_count += delta
             assert current.lock_count >= 0, f"lock count below zero on {current}"
             if current.lock_count == (1 if delta > 0 else 0):
+                changed.append(current)
+            current = current.parent
+        return changed
+
+    def pin_path(self, node: RadixNode, delta: int) -> list[RadixNode]:
+        """Add `delta` (+1/-1) to the pin count of `node` and its ancestors (a pinned prefix).
+
+        Returns the nodes whose count crossed zero (their evictability changed)."""
+        changed = []
+        current: RadixNode | None = node
+        while current is not None and current.parent is not None:
+            current.pin_count += delta
+            assert current.pin_count >= 0, f"pin count below zero on {current}"
+            if current.pin_count == (1 if delta > 0 else 0):
                 changed.append(current)
             current = current.parent
         return changed

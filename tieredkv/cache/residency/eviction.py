@@ -1,6 +1,7 @@
 """Which copies may leave a tier, and in what order: one lazy LRU heap per tier.
 
-A copy in tier T is evictable when its node is unlocked, has nothing in flight, and removing
+A copy in tier T is evictable when its node is unlocked, has nothing in flight, is not a pinned
+prefix's copy on host or disk (`tieredkv.cache.pins`), and removing
 the copy keeps the closure invariants (`copy_may_leave`):
   - T = disk: no child has a disk copy (disk copies are closed under "parent of");
   - the node keeps a faster copy (this one is a clean lower copy): always;
@@ -26,6 +27,7 @@ from tieredkv.cache.index.radix_tree import RadixNode
 from tieredkv.cache.tier import Tier
 
 Priority = tuple[int, int]
+PINNED_TIERS = (Tier.HOST, Tier.DISK)  # where a pinned node's copies never leave
 _MIN_COMPACT_LEN = 1024
 
 
@@ -65,6 +67,8 @@ class LruEvictionPolicy:
             return False
         if node.lock_count or node.inflight:
             return False
+        if node.pin_count and tier in PINNED_TIERS:
+            return False  # a pinned prefix stays on host (and on disk, to outlive a restart)
         return copy_may_move_down(node, tier)
 
     @staticmethod

@@ -321,12 +321,12 @@ class Residency:
             self.refresh(child)
 
     def remove_if_empty(self, node: RadixNode, cascade: bool = True, merge: bool = True) -> bool:
-        """Detach a node left with no copy, no transfer, no child and no lock; then try its
+        """Detach a node left with no copy, no transfer, no child, no lock and no pin; then try its
         parent (which may now be empty too, or mergeable with its last child). True if `node`
         left the tree (its parent, or the run it merged into, is refreshed)."""
         removed = False
         while node.attached and node.parent is not None:
-            if node.copies or node.inflight or node.children or node.lock_count:
+            if node.copies or node.inflight or node.children or node.lock_count or node.pin_count:
                 break
             parent = node.parent
             self.tree.remove(node)
