@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from tieredkv.bench import burst_summary
+from tieredkv.bench import burst_summary, fill_preset
 from tieredkv.bench.burst_run import run_burst
 from tieredkv.bench.burst_workload import KINDS, BurstConfig, arrival_order
 from tieredkv.bench.client import ChatClient, served_model
@@ -80,9 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """Parsed flags, unset ones from the preset, lists split and checked (parser.error if not)."""
     args = parser.parse_args(argv)
-    for key, value in PRESETS["quick" if args.quick else "default"].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    fill_preset(args, PRESETS)
     args.workloads = args.workloads.split(",")
     if not set(args.workloads) <= set(KINDS):
         parser.error(f"--workloads: expected some of {', '.join(KINDS)}, got {args.workloads}")

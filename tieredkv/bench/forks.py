@@ -38,6 +38,7 @@ from pathlib import Path
 
 import httpx
 
+from tieredkv.bench import fill_preset
 from tieredkv.bench.client import scrape_metrics
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.prom_text import parse_samples, select
@@ -83,9 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
-    for key, value in PRESETS["quick" if args.quick else "default"].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    fill_preset(args, PRESETS)
     return args
 
 

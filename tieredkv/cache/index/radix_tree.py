@@ -194,29 +194,13 @@ class RadixTree:
         """Add `delta` (+1/-1) to the lock count of `node` and its ancestors.
 
         Returns the nodes whose count crossed zero (their evictability changed)."""
-        changed = []
-        current: RadixNode | None = node
-        while current is not None and current.parent is not None:
-            current.lock_count += delta
-            assert current.lock_count >= 0, f"lock count below zero on {current}"
-            if current.lock_count == (1 if delta > 0 else 0):
-                changed.append(current)
-            current = current.parent
-        return changed
+        return _count_along_path(node, "lock_count", delta)
 
     def pin_path(self, node: RadixNode, delta: int) -> list[RadixNode]:
         """Add `delta` (+1/-1) to the pin count of `node` and its ancestors (a pinned prefix).
 
         Returns the nodes whose count crossed zero (their evictability changed)."""
-        changed = []
-        current: RadixNode | None = node
-        while current is not None and current.parent is not None:
-            current.pin_count += delta
-            assert current.pin_count >= 0, f"pin count below zero on {current}"
-            if current.pin_count == (1 if delta > 0 else 0):
-                changed.append(current)
-            current = current.parent
-        return changed
+        return _count_along_path(node, "pin_count", delta)
 
     def iter_nodes(self) -> Iterator[RadixNode]:
         """Every node below the namespace roots, parents before children (integrity checks)."""
@@ -242,3 +226,18 @@ def _equal_pages(query: bytes, pos: int, end: int, run: bytes, step: int) -> int
         else:
             high = mid
     return low
+
+
+def _count_along_path(node: RadixNode, count: str, delta: int) -> list[RadixNode]:
+    """Add `delta` to the `count` attribute of `node` and its ancestors; the nodes whose
+    count crossed zero."""
+    changed = []
+    current: RadixNode | None = node
+    while current is not None and current.parent is not None:
+        value = getattr(current, count) + delta
+        assert value >= 0, f"{count} below zero on {current}"
+        setattr(current, count, value)
+        if value == (1 if delta > 0 else 0):
+            changed.append(current)
+        current = current.parent
+    return changed
