@@ -94,11 +94,15 @@ def prefill_total(text: str | None) -> float | None:
 
 
 async def stream_completion(
-    http: httpx.AsyncClient, url: str, body: dict, start: float, firsts: dict[int, float]
+    http: httpx.AsyncClient,
+    url: str,
+    body: dict,
+    offset: int,
+    start: float,
+    firsts: dict[int, float],
 ) -> int:
     """Stream one completion; note each choice's first token (seconds since `start`, keyed by
-    `body`'s own choice index offset); returns the completion tokens usage reports."""
-    offset = body.pop("_index_offset", 0)
+    `offset` + its index: the sample it is); returns the completion tokens usage reports."""
     tokens = 0
     async with http.stream("POST", url, json=body) as response:
         response.raise_for_status()
@@ -117,6 +121,7 @@ async def stream_completion(
 
 
 def bodies(way: str, prompt: list[int], args: argparse.Namespace, rep: int) -> list[dict]:
+    """The requests of one way; request i's choices are samples i, i + 1, ..."""
     common = {
         "prompt": prompt,
         "max_tokens": args.max_tokens,
@@ -132,7 +137,6 @@ def bodies(way: str, prompt: list[int], args: argparse.Namespace, rep: int) -> l
             **common,
             "seed": SEED + i,
             "cache_salt": f"shared-{rep}" if way == "shared" else f"apart-{rep}-{i}",
-            "_index_offset": i,
         }
         for i in range(args.n)
     ]
@@ -150,8 +154,8 @@ async def run_way(
     url = base_url + "/v1/completions"
     tokens = await asyncio.gather(
         *(
-            stream_completion(http, url, body, start, firsts)
-            for body in bodies(way, prompt, args, rep)
+            stream_completion(http, url, body, offset, start, firsts)
+            for offset, body in enumerate(bodies(way, prompt, args, rep))
         )
     )
     makespan = time.perf_counter() - start

@@ -392,10 +392,6 @@ class TieredCache:
         """Reconcile page ownership, lock counts and the closure invariants (engine thread)."""
         return check_integrity(self.index, self.pools, list(self.mover.in_flight.values()))
 
-    @property
-    def tier_enabled_host(self) -> bool:
-        return self.tier_enabled(Tier.HOST)
-
     def tier_enabled(self, tier: Tier) -> bool:
         return self.pools.enabled(tier)
 

@@ -13,6 +13,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from tieredkv.cache.cache_handle import WarmHold
+from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 
 DEFAULT_THINK_TIME_S = 60.0
@@ -34,7 +35,7 @@ class SessionWarmth:
 
     @property
     def enabled(self) -> bool:
-        return self.think_time_s > 0 and self.cache.tier_enabled_host
+        return self.think_time_s > 0 and self.cache.tier_enabled(Tier.HOST)
 
     def keep(self, session: str, pages: WarmHold, now: float) -> None:
         """A turn of `session` ended: its pages stay on host for the think time."""
