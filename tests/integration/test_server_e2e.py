@@ -229,8 +229,8 @@ def test_concurrent_streams_equal_sequential_runs(server: ServerProcess) -> None
 
     seen_running, done = [], threading.Event()
 
-    def watch() -> None:
-        while not done.is_set():
+    def watch() -> None:  # every 50 ms: a tight loop of scrapes would take a core from the server
+        while not done.wait(0.05):
             seen_running.append(running_gauge(server))
 
     watcher = threading.Thread(target=watch)

@@ -10,11 +10,16 @@ from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig
 from tieredkv.errors import ConfigError
 from tieredkv.model.forward_batch import SequenceChunk
+from tieredkv.model.pointwise import FusedPointwise
 from tieredkv.model.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
 _WARMUP_TOKENS = 256  # past FUSED_MIN_TOKENS (the fused ops compile here) and the split path
+# eager ops on a CPU compile nothing and create no per-shape kernels: a short prefill, a chunk
+# after it and a decode create the thread pools and the allocator's first blocks (3 s -> 0.3
+# s of every fp32 start on a 2-core machine)
+_EAGER_CPU_WARMUP_TOKENS = 32
 
 
 def check_device_capacity(config: CacheConfig, layout: PageLayout, max_model_len: int) -> None:
@@ -33,7 +38,10 @@ def warm_up(runner: ModelRunner, cache: TieredCache) -> None:
     """Run a prefill, a chunk after it and a decode step, so that first requests do not pay
     for lazy initialisation."""
     start = time.perf_counter()
-    length = max(1, min(_WARMUP_TOKENS, (runner.max_model_len - 1) // 2))  # the device holds it
+    model = runner.model
+    eager_cpu = model.device.type == "cpu" and not isinstance(model.pointwise, FusedPointwise)
+    wanted = _EAGER_CPU_WARMUP_TOKENS if eager_cpu else _WARMUP_TOKENS
+    length = max(1, min(wanted, (runner.max_model_len - 1) // 2))  # the device holds it
     num_pages = -(-(2 * length + 1) // runner.page_size)
     pages = cache.allocate(num_pages)
     if pages is None:
