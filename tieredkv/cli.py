@@ -60,6 +60,19 @@ def _port(text: str) -> int:
     return value
 
 
+def _namespace_share(text: str) -> float | None:
+    """`equal` (None: an equal part among the namespaces holding pages) or a fraction."""
+    if text == "equal":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected `equal` or a fraction, got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tieredkv", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,bench}")
@@ -97,6 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SIZE",
         help="host bytes each namespace may pin (default: a quarter of the host tier)",
+    )
+    add(
+        "--namespace-share",
+        type=_namespace_share,
+        default=None,
+        metavar="FRACTION",
+        help="each namespace's share of the device and host tiers: above it, its pages leave "
+        "first (default `equal`: an equal part among the namespaces holding pages; 1: plain LRU)",
     )
     add(
         "--session-think-time",
@@ -165,6 +186,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         remote_cache_url=args.remote_cache_url,
         remote_compression=args.remote_compression,
         pin_budget_bytes=args.pin_budget,
+        namespace_share=args.namespace_share,
         remote_password=(
             password_from_env_or_file(args.remote_password_file) if args.remote_cache_url else None
         ),

@@ -136,9 +136,16 @@ class CacheConfig:
     remote_password: str | None = field(default=None, repr=False)
     # pinned prefixes: pages each namespace may pin on host (None: a quarter of the host tier)
     pin_budget_bytes: int | None = None
+    # fair tenants: the fraction of the device and host tiers each namespace may hold before
+    # its pages leave first when the tier makes room (None: an equal part among the namespaces
+    # holding pages there; 1.0: plain LRU across namespaces)
+    namespace_share: float | None = None
 
     def __post_init__(self) -> None:
         _check_power_of_two("CacheConfig.page_size", self.page_size)
+        share = self.namespace_share
+        if share is not None and not 0 < share <= 1:
+            raise ConfigError(f"CacheConfig.namespace_share must be in (0, 1], got {share}")
         for name in ("device_cache_bytes", "host_cache_bytes", "disk_cache_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"CacheConfig.{name} must be >= 0, got {getattr(self, name)}")

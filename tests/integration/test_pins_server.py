@@ -135,7 +135,9 @@ def chat_turns(server: ServerProcess, salt: str, user: str | None) -> dict[str, 
 
 
 def test_a_named_conversation_stays_on_host_between_turns(tmp_path: Path) -> None:
-    server = start(tmp_path, tmp_path / "kv", "sessions.log")
+    # plain LRU across namespaces: fair shares alone would keep both chats on host, since the
+    # flood (in the default namespace) is above its share; here only the session may keep one
+    server = start(tmp_path, tmp_path / "kv", "sessions.log", "--namespace-share", "1")
     try:
         warm = chat_turns(server, "named", user="alice")
         assert warm["disk"] == 0 and warm["device"] + warm["host"] > 0, warm

@@ -85,19 +85,28 @@ class TieredCacheMachine(RuleBasedStateMachine):
         host_pages=st.sampled_from([0, 4, 8]),
         disk_pages=st.sampled_from([0, 6, 12]),
         policy=st.sampled_from(list(WritePolicy)),
+        share=st.sampled_from([None, 0.25, 1.0]),  # fair shares: equal, fixed, off
     )
-    def start(self, device_pages: int, host_pages: int, disk_pages: int, policy: WritePolicy):
+    def start(
+        self,
+        device_pages: int,
+        host_pages: int,
+        disk_pages: int,
+        policy: WritePolicy,
+        share: float | None,
+    ):
         self.directory = Path(tempfile.mkdtemp(prefix="tkv-prop-"))
-        self.sizes = (device_pages, host_pages, disk_pages, policy)
+        self.sizes = (device_pages, host_pages, disk_pages, policy, share)
         self.corrupted: set[int] = set()  # disk slots overwritten on purpose
         self.reference: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
         self._open()
 
     def _open(self) -> None:
-        device_pages, host_pages, disk_pages, policy = self.sizes
+        device_pages, host_pages, disk_pages, policy, share = self.sizes
         self.cache, self.executor = make_cache(
-            LAYOUT, device_pages, host_pages, disk_pages, self.directory, policy
-        )
+            LAYOUT, device_pages, host_pages, disk_pages, self.directory, policy,
+            namespace_share=share,
+        )  # fmt: skip
         self.held: list[Held] = []
         self.running: list[Running] = []
         if not hasattr(self, "inserted"):

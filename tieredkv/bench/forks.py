@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 
-from tieredkv.bench import fill_preset
+from tieredkv.bench import add_server_options, parse_with_preset
 from tieredkv.bench.client import scrape_metrics
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.prom_text import parse_samples, select
@@ -73,19 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--prompt-tokens", type=int)
     add("--max-tokens", type=int, help="tokens per sample (ignore_eos: every sample this long)")
     add("--reps", type=int)
-    add("--dtype", default="auto")
-    add("--max-model-len", type=int)
-    add("--device-cache-size", dest="device_cache")
-    add("--threads", type=int, help="OMP_NUM_THREADS of the server")
-    add("--out", type=Path)
-    add("--quick", action="store_true", help="tiny sizes for tests; figures meaningless")
+    add_server_options(p, dtype="auto")
     return p
-
-
-def resolve(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    args = parser.parse_args(argv)
-    fill_preset(args, PRESETS)
-    return args
 
 
 def prefill_total(text: str | None) -> float | None:
@@ -213,7 +202,7 @@ def summary(runs: list[WayRun], args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = resolve(build_parser(), argv)
+    args = parse_with_preset(build_parser(), argv, PRESETS)
     if args.n < 2 or args.prompt_tokens < 2 or args.reps < 1:
         print("tieredkv bench forks: error: --n >= 2, --prompt-tokens >= 2, --reps >= 1",
               file=sys.stderr)  # fmt: skip

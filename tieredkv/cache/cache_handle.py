@@ -9,7 +9,7 @@ same ones the cache's own tests drive.
 A request's life through its handle (engine thread only):
   handle = cache.new_handle(namespace)
   handle.look_up(tokens)              # at arrival (the remote store asked once): the queue's order
-  handle.prefetch()                   # while it waits: its disk pages towards host, once
+  handle.prefetch()                   # while it waits: its disk/remote pages to host, once
   handle.promote(tokens)              # at admission; False: no device room now, retry later
   ... cache.poll() until not handle.promotion_pending
   handle.take_promotion()             # the promoted prefix starts the page table
@@ -143,9 +143,12 @@ class CacheHandle:
         return self._matched_by_tier
 
     def prefetch(self) -> None:
-        """Start moving the last look-up's disk pages towards host, once per look-up."""
+        """Start moving the last look-up's disk and remote pages towards host, once per
+        look-up."""
         match = self._queued_match
-        if self._prefetched or match is None or not match.disk.num_pages:
+        if self._prefetched or match is None:
+            return
+        if not (match.disk.num_pages or match.remote.num_pages):
             return
         self._prefetched = True
         self._cache.prefetch(match)

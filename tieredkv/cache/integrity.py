@@ -9,7 +9,9 @@
     page first needs one) equal the chain from the namespace root, recomputed here from the
     token ids the packed run decodes to;
   - a transfer's source copy stays committed until its bytes arrive, and an arrived copy is
-    committed as soon as its parent's copy allows.
+    committed as soon as its parent's copy allows;
+  - each namespace's page counts per tier (`RadixNode.usage`, what fair eviction reads) equal
+    the pages of its nodes' copies.
 It walks the whole tree: for tests and the debug endpoint, never the hot path.
 """
 
@@ -137,10 +139,18 @@ def check_integrity(
     ledger = _Ledger()
     problems = ledger.problems
     chain_ends: dict[RadixNode, bytes] = {}
+    usage = {key: [0] * len(Tier) for key in index.tree.roots}
     for node in index.tree.iter_nodes():
         _check_node(index, node, chain_ends, problems)
         for tier, pages in node.copies.items():
             ledger.claim(tier, pages, "node", node)
+            usage.setdefault(node.root_key, [0] * len(Tier))[tier] += len(pages)
+        if node.usage is not index.tree.roots.get(node.root_key, node).usage:
+            problems.append(f"{node}: counts its pages apart from its namespace")
+    for key, counted in usage.items():
+        root = index.tree.roots.get(key)
+        if root is not None and root.usage != counted:
+            problems.append(f"namespace pages per tier {root.usage}, its copies hold {counted}")
     ledger.claim(Tier.DEVICE, sorted(index.private_pages), "request", "private")
     for part in _live_parts(index, transfers):
         ledger.claim(part.dst_tier, part.dst_pages, "ticket", part.ticket)

@@ -44,6 +44,7 @@ def make_cache(
     write_policy: WritePolicy = WritePolicy.WRITE_BACK,
     disk_io: DiskIOBackend | None = None,
     executor: ManualTransferExecutor | None = None,
+    namespace_share: float | None = None,
 ) -> tuple[TieredCache, ManualTransferExecutor]:
     """A cache whose transfers run only when the test completes their tickets."""
     executor = executor or ManualTransferExecutor()
@@ -54,6 +55,7 @@ def make_cache(
         disk_cache_dir=disk_dir if disk_pages else None,
         disk_cache_bytes=disk_bytes_for(layout, disk_pages),
         write_policy=write_policy,
+        namespace_share=namespace_share,
     )
     cache = TieredCache(
         config,

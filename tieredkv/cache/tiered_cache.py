@@ -7,7 +7,7 @@ The engine holds one `CacheHandle` per request (`new_handle`; its life in `cache
 never sees a node. The handle is built on these node-level calls, which the cache's tests drive:
   match = cache.match(prompt, namespace)          # device, host, disk segments + the miss
   cache.lock(match.last_node)                     # keep the path while queued
-  cache.prefetch(match)                           # disk -> host in the background (bounded)
+  cache.prefetch(match)                           # disk/remote -> host in the background
   promo = cache.promote(match)                    # at admission; None: no room now, retry
   ... cache.poll() until promo.done; use promo.device_pages (promo.ready_len tokens)
   pages = cache.allocate(n)                       # private device pages for the suffix
@@ -130,7 +130,13 @@ class TieredCache:
         )
         self.copier = PageCopier(self.pools.device, self.pools.host, disk, remote=remote)
         self.residency = Residency(
-            self.tree, self.pools, self.copier, self.mover, self.counters, clock
+            self.tree,
+            self.pools,
+            self.copier,
+            self.mover,
+            self.counters,
+            clock,
+            namespace_share=config.namespace_share,
         )
         self.index = RadixIndex(self.tree, fingerprint, config.enable_prefix_reuse, self.residency)
         self.demoter = Demoter(self.pools, self.residency)
@@ -262,7 +268,8 @@ class TieredCache:
     def prefetch(
         self, match: MatchResult, max_pages: int = DEFAULT_PREFETCH_PAGES
     ) -> list[TransferTicket]:
-        """Start moving up to `max_pages` of the match's disk pages to host (no wait)."""
+        """Start moving up to `max_pages` of the match's disk or remote pages to host (no
+        wait)."""
         return self.promoter.prefetch(match, max_pages)
 
     def poll(self) -> list[PromotionTicket]:
@@ -419,6 +426,17 @@ class TieredCache:
             return dict.fromkeys(REMOTE_ERROR_REASONS, 0)
         counters = remote.store.counters()
         return {**counters.refused, "unavailable": counters.errors}
+
+    def namespace_pages(self) -> dict[str, dict[str, int]]:
+        """Each namespace's cached pages per enabled tier: what fair eviction weighs against its
+        share (GET /debug/cache). A namespace known only from disk records at restart, by no
+        name yet, is shown by the start of its root key."""
+        return {
+            self.tree.names.get(key, f"key:{key.hex()[:16]}"): {
+                tier.label: root.usage[tier] for tier in self.pools
+            }
+            for key, root in self.tree.roots.items()
+        }
 
     def remote_store_state(self) -> dict | None:
         """The remote store's counters, health and last error (GET /debug/cache); None

@@ -271,6 +271,7 @@ class AsyncEngine(EngineClient):
                 "locked_nodes": self.engine.cache.num_locks(),
                 "pins": len(self.engine.cache.pins) - len(self.engine.cache.pins.waiting()),
                 "pins_waiting": len(self.engine.cache.pins.waiting()),
+                "namespaces": self.engine.cache.namespace_pages(),
                 "remote_store": self.engine.cache.remote_store_state(),
                 "requests": {
                     "waiting": len(scheduler.waiting),

@@ -29,6 +29,7 @@ def test_defaults_fit_a_small_machine():
     assert s.server.max_request_bytes == 1 << 20 and not s.server.debug_endpoints
     assert s.engine.schedule_policy is SchedulePolicy.LPM and s.engine.dtype == "auto"
     assert s.model is None and s.max_model_len is None and s.served_model_name is None
+    assert s.cache.namespace_share is None  # fair tenants: an equal part of device and host
 
 
 def test_every_flag_reaches_its_config(tmp_path):
@@ -40,7 +41,7 @@ def test_every_flag_reaches_its_config(tmp_path):
         "--write-policy", "write_back", "--schedule-policy", "fcfs",
         "--max-batch-tokens", "1024", "--max-num-seqs", "8", "--max-queue", "5",
         "--max-request-bytes", "64KiB", "--api-key", "k", "--no-cache", "--debug-endpoints",
-        "--max-connections", "40",
+        "--max-connections", "40", "--namespace-share", "0.25",
     )  # fmt: skip
     assert (s.model, s.served_model_name, s.max_model_len) == ("/m", "chat", 4096)
     assert (s.server.host, s.server.port, s.server.api_key) == ("0.0.0.0", 9000, "k")
@@ -53,6 +54,8 @@ def test_every_flag_reaches_its_config(tmp_path):
     assert s.engine.schedule_policy is SchedulePolicy.FCFS and s.engine.dtype == "float32"
     assert (s.engine.max_batch_tokens, s.engine.max_num_seqs, s.engine.max_queue) == (1024, 8, 5)
     assert s.engine.max_model_len == 4096
+    assert s.cache.namespace_share == 0.25
+    assert settings("--namespace-share", "equal").cache.namespace_share is None
 
 
 @pytest.mark.parametrize(
@@ -67,6 +70,8 @@ def test_every_flag_reaches_its_config(tmp_path):
         (["--device-cache-size", "0"], "device_cache_bytes"),
         (["--max-request-bytes", "0"], "max_request_bytes"),
         (["--max-connections", "0"], "must be > 0"),
+        (["--namespace-share", "0"], "(0, 1]"),
+        (["--namespace-share", "half"], "`equal` or a fraction"),
         (["--bogus"], "unrecognized arguments"),
     ],
 )

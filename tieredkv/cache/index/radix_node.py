@@ -5,7 +5,9 @@ chained keys of its pages once a page first needs one (`keys`, filled by `RadixT
 and, per tier, the page ids of its copy there (`copies`) and the transfer in flight towards a
 tier (`inflight`). Copies and
 transfers change only through `set_copy`/`pop_copy`/`set_inflight`/`pop_inflight`, which keep
-the parent's per-rank child counts, so evictability checks are O(1) whatever the fan-out.
+the parent's per-rank child counts, so evictability checks are O(1) whatever the fan-out, and
+the namespace's pages per tier (`usage`, one list shared by every node of a namespace, which
+fair eviction reads: `tieredkv.cache.residency.fair_share`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class RadixNode:
         "pin_count",
         "root_key",
         "stamps",
+        "usage",
     )
 
     def __init__(
@@ -71,6 +74,9 @@ class RadixNode:
         self.pin_count = 0  # pinned prefixes through this node: its host and disk copies stay
         self.last_access = 0
         self.stamps = [0] * len(Tier)  # per-tier heap entry versions (lazy deletion)
+        # the namespace's committed pages per tier: the root's list, shared by all its nodes
+        # (a split or a merge moves pages between two nodes of one namespace: no change)
+        self.usage: list[int] = parent.usage if parent is not None else [0] * len(Tier)
         self.attached = True
         # children per closure rank (their fastest tier, copies in flight counted; NO_COPY)
         # and children with a disk copy: evictability is O(1), whatever the fan-out
@@ -106,12 +112,14 @@ class RadixNode:
 
     def set_copy(self, tier: Tier, pages: list[int]) -> None:
         before = self.rank()
+        self.usage[tier] += len(pages) - len(self.copies.get(tier, ()))
         self.copies[tier] = pages
         self._ranked(before)
 
     def pop_copy(self, tier: Tier) -> list[int]:
         before = self.rank()
         pages = self.copies.pop(tier)
+        self.usage[tier] -= len(pages)
         self._ranked(before)
         return pages
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.pools.tier_pools import TierPools
 from tieredkv.cache.residency.eviction import copy_may_leave
+from tieredkv.cache.residency.fair_share import Claim
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.tier import Tier
 
@@ -34,14 +35,16 @@ class Demoter:
         self.pools = pools
         self.residency = residency
 
-    def make_room(self, tier: Tier, count: int) -> bool:
-        """Try to have `count` free pages in `tier` now.
+    def make_room(self, tier: Tier, count: int, claimant: bytes | None = None) -> bool:
+        """Try to have `count` free pages in `tier` now; `claimant`: the namespace root key of
+        an optional copy the room is for (fair shares may then refuse it, see `fair_share`).
 
         Copies that can leave at once do; copies that must first move down start moving (they
         free their pages when applied, see `TieredCache.poll`). True if `count` are free now."""
         pools, residency = self.pools, self.residency
+        claim = Claim(claimant, count) if claimant is not None else None
         while (needed := count - pools.num_free(tier) - residency.pending_free(tier)) > 0:
-            node = residency.pop_evictable(tier)
+            node = residency.pop_evictable(tier, claim)
             if node is None:
                 break
             if node.num_pages > needed:
@@ -114,7 +117,7 @@ class Demoter:
         num_pages = sum(n.num_pages for n in chain)
         if num_pages > self.pools.num_free(lower):
             with self.residency.pinned(node):  # the chain's own lower copies must stay
-                if not self.make_room(lower, num_pages):
+                if not self.make_room(lower, num_pages, claimant=node.root_key):
                     return False
         if len(chain) > 1:
             self.residency.start_copy(chain[:-1], lower, frees_source=False)

@@ -100,21 +100,32 @@ class TierHeap:
         if len(self._entries) > self._compact_at:
             self._compact()
 
-    def pop(self, evictable: Callable[[RadixNode, Tier], bool]) -> RadixNode | None:
-        """Remove and return the first live entry whose node is still evictable; an entry
-        older than its node's current priority (the node was used since) goes back in first."""
+    def peek(self, evictable: Callable[[RadixNode, Tier], bool]) -> Priority | None:
+        """The priority of the first live entry whose node is still evictable (None if none),
+        left in place. Entries passed on the way are dropped (stale, or their node no longer
+        evictable: it is pushed again when it becomes so); an entry older than its node's
+        current priority (the node was used since) goes back in with it."""
         tier = self.tier
-        while self._entries:
-            priority, _, stamp, node = heapq.heappop(self._entries)
+        while self._entries:  # not aliased: a push may compact the list into a new one
+            priority, _, stamp, node = self._entries[0]
             if stamp != node.stamps[tier] or not evictable(node, tier):
+                heapq.heappop(self._entries)
                 continue
             current = self._priority(node, tier)
             if current > priority:
+                heapq.heappop(self._entries)
                 self.push(node, current)  # where an eager push at its last use put it
                 continue
-            node.stamps[tier] += 1  # popped: no live entry remains
-            return node
+            return priority
         return None
+
+    def pop(self, evictable: Callable[[RadixNode, Tier], bool]) -> RadixNode | None:
+        """Remove and return the node of the first live, evictable entry (see `peek`)."""
+        if self.peek(evictable) is None:
+            return None
+        node = heapq.heappop(self._entries)[3]
+        node.stamps[self.tier] += 1  # popped: no live entry remains
+        return node
 
     def _compact(self) -> None:
         """Drop stale entries; amortised O(1) per push since the size at least halves."""

@@ -167,10 +167,11 @@ class Promoter:
             self.locks.unlock(ticket.match.last_node)
 
     def prefetch(self, match: MatchResult, max_pages: int) -> list[TransferTicket]:
-        """Start copying up to `max_pages` leading disk-only pages of the match to host.
+        """Start copying up to `max_pages` leading pages of the match that only a store (disk,
+        else the remote tier) holds to host.
 
         Nothing when the host tier is disabled or has no room now; the copies keep their
-        disk pages, and the next `promote` reads them from host."""
+        store pages, and the next `promote` reads them from host."""
         if not self.pools.enabled(Tier.HOST):
             return []
         chosen: list[RadixNode] = []
@@ -178,7 +179,7 @@ class Promoter:
         for node in match_path(match):
             if node.in_closure(Tier.HOST):
                 continue
-            if not budget or Tier.DISK not in node.copies:
+            if not budget or not any(tier.is_store for tier in node.copies):
                 break
             if node.num_pages > budget:
                 node = self.residency.split(node, budget)  # take the head only
@@ -189,7 +190,8 @@ class Promoter:
         assert match.last_node is not None
         self.locks.lock(match.last_node)  # making room must not take the path's own host copies
         try:
-            if not self.demoter.make_room(Tier.HOST, sum(n.num_pages for n in chosen)):
+            num_pages, claimant = sum(n.num_pages for n in chosen), chosen[0].root_key
+            if not self.demoter.make_room(Tier.HOST, num_pages, claimant):
                 return []
             return self.residency.start_copy(chosen, Tier.HOST, frees_source=False)
         finally:

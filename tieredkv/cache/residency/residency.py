@@ -19,13 +19,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.disk.format import DiskRecord
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.pools.tier_pools import TierPools
-from tieredkv.cache.residency.eviction import LruEvictionPolicy, TierHeap, copy_may_leave
+from tieredkv.cache.residency.eviction import LruEvictionPolicy, copy_may_leave
+from tieredkv.cache.residency.fair_share import Claim, FairTierHeap, tier_heap
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.transfer.mover import (
     Mover,
@@ -69,7 +71,10 @@ class Residency:
         mover: Mover,
         counters: CacheCounters,
         clock: Callable[[], float],
+        namespace_share: float | None = None,
     ) -> None:
+        """`namespace_share`: each namespace's share of the device and host tiers when they
+        make room (`fair_share`; None: an equal part among the namespaces holding pages)."""
         self.tree = tree
         self.pools = pools
         self.copier = copier
@@ -77,7 +82,10 @@ class Residency:
         self.counters = counters
         self.clock = clock
         self._policy = LruEvictionPolicy()
-        self._heaps = {tier: TierHeap(tier) for tier in Tier}
+        self._heaps = {
+            tier: tier_heap(tier, tree.roots, partial(pools.num_pages, tier), namespace_share)
+            for tier in Tier
+        }
         self._pending_free = dict.fromkeys(Tier, 0)  # source pages in-flight demotions free
         self._commits: list[Commit] = []  # since the last `apply`
 
@@ -109,9 +117,13 @@ class Residency:
         """May `node`'s copy in `tier` leave it now, by demotion at least (see `eviction`)?"""
         return self._policy.evictable(node, tier)
 
-    def pop_evictable(self, tier: Tier) -> RadixNode | None:
-        """The cheapest copy to evict from `tier` now (see `eviction`), or None."""
-        return self._heaps[tier].pop(self._policy.evictable)
+    def pop_evictable(self, tier: Tier, claim: Claim | None = None) -> RadixNode | None:
+        """The cheapest copy to evict from `tier` now (see `eviction` and `fair_share`: a
+        `claim` for a namespace's optional copy may find none), or None."""
+        heap = self._heaps[tier]
+        if isinstance(heap, FairTierHeap):
+            return heap.pop(self._policy.evictable, claim)
+        return heap.pop(self._policy.evictable)
 
     def refresh(self, node: RadixNode | None) -> None:
         """Push `node` into the heap of every tier where it is evictable now."""

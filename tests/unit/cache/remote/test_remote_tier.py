@@ -109,6 +109,31 @@ def test_the_lookup_starts_where_the_local_match_ends(replicas) -> None:
     assert result.num_tokens == 32
 
 
+def test_a_waiting_request_prefetches_its_remote_pages_to_host(replicas) -> None:
+    first = replicas()
+    second = replicas(host_cache_bytes=32 * LAYOUT.page_bytes)
+    tokens = list(range(400, 421))  # 5 full pages
+    compute(first, tokens, NAMESPACE)
+    written(first)
+    handle = second.new_handle(NAMESPACE)
+    handle.look_up(tokens)
+    assert handle.matched_tokens_by_tier[Tier.REMOTE] == 20
+    handle.prefetch()  # queued: its history comes towards host before it is scheduled
+    deadline = time.monotonic() + 10
+    while second.transfers_in_flight() and time.monotonic() < deadline:
+        second.wait(0.1)
+    ok(second)
+    handle.release()
+    again, matched, result = promoted(second, tokens)
+    assert (matched[Tier.HOST], matched[Tier.REMOTE]) == (20, 0)
+    assert result.tokens_by_tier[Tier.HOST] == 20
+    expected = expected_pages(tokens, NAMESPACE, LAYOUT)
+    for page, contents in zip(again.page_table, expected, strict=True):
+        assert torch_equal(device_page(second, page), contents)
+    again.release()
+    ok(second)
+
+
 def test_a_page_gone_from_redis_after_the_lookup_is_a_miss(replicas, redis_server) -> None:
     tokens = list(range(300, 321))
     second, handle = found_on_second(replicas, tokens)
