@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the remote tier: a Redis, or any Redis Cluster node (no password)")  # fmt: skip
     add("--remote-compression", choices=("none", "lz4"), default="none",
         help="codec of remote values (default none: lz4 does not shrink KV pages)")  # fmt: skip
+    add("--remote-budget-scale", type=float, default=1.0, metavar="FACTOR",
+        help="times the remote lookup and fetch budgets (20 ms; 50 ms + 5 ms/MiB)")  # fmt: skip
     add("--remote-password-file", type=Path, default=None, metavar="PATH",
         help="the Redis password's file (mode 600); or $TIEREDKV_REDIS_PASSWORD")  # fmt: skip
     add(
@@ -185,6 +187,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         enable_prefix_reuse=not args.no_cache,
         remote_cache_url=args.remote_cache_url,
         remote_compression=args.remote_compression,
+        remote_budget_scale=args.remote_budget_scale,
         pin_budget_bytes=args.pin_budget,
         namespace_share=args.namespace_share,
         remote_password=(

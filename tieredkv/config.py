@@ -134,6 +134,9 @@ class CacheConfig:
     remote_cache_url: str | None = None
     remote_compression: str = "none"
     remote_password: str | None = field(default=None, repr=False)
+    # the remote tier's lookup and fetch budgets times this (`RemoteTimeouts`: 20 ms a lookup,
+    # 50 ms + 5 ms/MiB a fetch): past its budget a call is a miss and the tier turns degraded
+    remote_budget_scale: float = 1.0
     # pinned prefixes: pages each namespace may pin on host (None: a quarter of the host tier)
     pin_budget_bytes: int | None = None
     # fair tenants: the fraction of the device and host tiers each namespace may hold before
@@ -143,6 +146,10 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         _check_power_of_two("CacheConfig.page_size", self.page_size)
+        if not self.remote_budget_scale > 0:
+            raise ConfigError(
+                f"CacheConfig.remote_budget_scale must be > 0, got {self.remote_budget_scale}"
+            )
         share = self.namespace_share
         if share is not None and not 0 < share <= 1:
             raise ConfigError(f"CacheConfig.namespace_share must be in (0, 1], got {share}")

@@ -41,6 +41,7 @@ from tieredkv.cache.pins import Pin, PinError, PinRegistry
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.pools.tier_pools import TierPools
+from tieredkv.cache.remote.connection import RemoteTimeouts
 from tieredkv.cache.remote.record import RefusalReason
 from tieredkv.cache.remote.remote_tier import RemoteTier
 from tieredkv.cache.remote.store import RemoteStore
@@ -113,6 +114,7 @@ class TieredCache:
                 layout.page_bytes,
                 config.remote_compression,
                 config.remote_password,
+                timeouts=RemoteTimeouts().scaled(config.remote_budget_scale),
             )
             remote = RemoteTier(store, layout)
         self.pools = TierPools(

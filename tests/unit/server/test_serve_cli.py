@@ -41,7 +41,7 @@ def test_every_flag_reaches_its_config(tmp_path):
         "--write-policy", "write_back", "--schedule-policy", "fcfs",
         "--max-batch-tokens", "1024", "--max-num-seqs", "8", "--max-queue", "5",
         "--max-request-bytes", "64KiB", "--api-key", "k", "--no-cache", "--debug-endpoints",
-        "--max-connections", "40", "--namespace-share", "0.25",
+        "--max-connections", "40", "--namespace-share", "0.25", "--remote-budget-scale", "3",
     )  # fmt: skip
     assert (s.model, s.served_model_name, s.max_model_len) == ("/m", "chat", 4096)
     assert (s.server.host, s.server.port, s.server.api_key) == ("0.0.0.0", 9000, "k")
@@ -54,7 +54,7 @@ def test_every_flag_reaches_its_config(tmp_path):
     assert s.engine.schedule_policy is SchedulePolicy.FCFS and s.engine.dtype == "float32"
     assert (s.engine.max_batch_tokens, s.engine.max_num_seqs, s.engine.max_queue) == (1024, 8, 5)
     assert s.engine.max_model_len == 4096
-    assert s.cache.namespace_share == 0.25
+    assert s.cache.namespace_share == 0.25 and s.cache.remote_budget_scale == 3.0
     assert settings("--namespace-share", "equal").cache.namespace_share is None
 
 
@@ -71,6 +71,7 @@ def test_every_flag_reaches_its_config(tmp_path):
         (["--max-request-bytes", "0"], "max_request_bytes"),
         (["--max-connections", "0"], "must be > 0"),
         (["--namespace-share", "0"], "(0, 1]"),
+        (["--remote-budget-scale", "0"], "remote_budget_scale"),
         (["--namespace-share", "half"], "`equal` or a fraction"),
         (["--bogus"], "unrecognized arguments"),
     ],

@@ -10,7 +10,7 @@ and the store reconnects in the background instead.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -42,6 +42,15 @@ class RemoteTimeouts:
                 f"remote timeout backoff_max_s={self.backoff_max_s} < "
                 f"backoff_min_s={self.backoff_min_s}"
             )
+
+    def scaled(self, factor: float) -> RemoteTimeouts:
+        """The lookup and fetch budgets times `factor` (a slow link, or a loaded host)."""
+        return replace(
+            self,
+            lookup_s=self.lookup_s * factor,
+            fetch_s=self.fetch_s * factor,
+            fetch_per_mib_s=self.fetch_per_mib_s * factor,
+        )
 
     def fetch_budget_s(self, num_bytes: int) -> float:
         return self.fetch_s + self.fetch_per_mib_s * num_bytes / (1 << 20)
