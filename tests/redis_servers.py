@@ -17,6 +17,7 @@ import pytest
 
 READY_S = 10.0  # a server or a cluster that is not up by then is a failed fixture
 CLUSTER_BUS_OFFSET = 10000  # Redis Cluster's bus listens on port + 10000
+CLUSTER_NODE_TIMEOUT_MS = 2000  # a master unreachable this long is marked failed
 
 
 def require_redis() -> None:
@@ -48,11 +49,11 @@ def free_port() -> int:
     raise RuntimeError("no free loopback port found")
 
 
-def _wait_for(check: object, what: str) -> None:
-    deadline = time.monotonic() + READY_S
+def _wait_for(check: object, what: str, timeout_s: float = READY_S) -> None:
+    deadline = time.monotonic() + timeout_s
     while not check():  # type: ignore[operator]
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} not ready after {READY_S} s")
+            raise RuntimeError(f"{what} not ready after {timeout_s} s")
         time.sleep(0.02)
 
 
@@ -94,6 +95,17 @@ class RedisServer:
             raise RuntimeError(f"redis-server exited with {self.process.returncode}")
         return "PONG" in self.cli("PING")
 
+    def client(self):
+        """A plain redis-py client on this node alone (tests that steer a cluster by hand)."""
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password)
+
+    def wait_for_cluster_state(self, state: str, timeout_s: float = READY_S) -> None:
+        """Wait until this cluster node reports `cluster_state:<state>` (ok or fail)."""
+        wanted = f"cluster_state:{state}"
+        _wait_for(lambda: wanted in self.cli("CLUSTER", "INFO"), wanted, timeout_s)
+
     def kill(self) -> None:
         """SIGKILL: the server vanishes mid-run, as in a crash."""
         if self.process is not None and self.process.poll() is None:
@@ -124,6 +136,9 @@ class RedisCluster:
     """Three masters, no replicas, built with `redis-cli --cluster create`."""
 
     nodes: list[RedisServer]
+    node_args: tuple[str, ...] = (
+        "--cluster-enabled", "yes", "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS),
+    )  # fmt: skip
 
     @property
     def url(self) -> str:
@@ -138,20 +153,57 @@ class RedisCluster:
             node.stop()
 
 
+def wait_cluster_ok(cluster: RedisCluster, timeout_s: float = 2 * READY_S) -> None:
+    """Wait until every node of `cluster` reports cluster_state:ok."""
+    for node in cluster.nodes:
+        node.wait_for_cluster_state("ok", timeout_s)
+
+
 def start_cluster(directory: Path, num_masters: int = 3) -> RedisCluster:
-    cluster_args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
-    nodes = []
+    cluster = RedisCluster([])
     for index in range(num_masters):
-        node = RedisServer(directory / f"node{index}", extra_args=cluster_args)
-        nodes.append(node)
+        node = RedisServer(directory / f"node{index}", extra_args=cluster.node_args)
+        cluster.nodes.append(node)
         node.start()
-    cluster = RedisCluster(nodes)
+    nodes = cluster.nodes
     addresses = [f"127.0.0.1:{node.port}" for node in nodes]
     create = ["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", "0"]
     done = subprocess.run([*create, "--cluster-yes"], capture_output=True)
     if done.returncode != 0:
         cluster.stop()
         raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout.decode()[-500:]}")
-    for node in nodes:
-        _wait_for(lambda n=node: "cluster_state:ok" in n.cli("CLUSTER", "INFO"), "cluster")
+    wait_cluster_ok(cluster, READY_S)
     return cluster
+
+
+def node_id(node: RedisServer) -> str:
+    return node.cli("CLUSTER", "MYID").strip()
+
+
+def slots_holding_keys(node: RedisServer) -> list[int]:
+    """The hash slots of every key `node` holds."""
+    client = node.client()
+    try:
+        return sorted({client.cluster("keyslot", key) for key in client.scan_iter(count=1000)})
+    finally:
+        client.close()
+
+
+def move_slots(cluster: RedisCluster, source: RedisServer, target: RedisServer, slots: list[int]):
+    """Migrate `slots` and their keys from `source` to `target` as `redis-cli --cluster
+    reshard` does (IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE on every master), but only these
+    slots: clients meet ASK while a slot moves and MOVED after."""
+    source_id, target_id = node_id(source), node_id(target)
+    clients = {node.port: node.client() for node in cluster.nodes}
+    try:
+        src, dst = clients[source.port], clients[target.port]
+        for slot in slots:
+            dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+            while keys := src.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+            for client in clients.values():
+                client.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+    finally:
+        for client in clients.values():
+            client.close()

@@ -3,8 +3,11 @@
 Single or cluster is asked of the server: the store connects to the URL's node, reads
 `INFO cluster`, and opens a cluster client (`redis.cluster.RedisCluster`, which discovers the
 other nodes from that one) when `cluster_enabled:1`, a plain client otherwise. The same URL
-works for both. redis-py's own retries are off: the store's caller gives up within its budget
-and the store reconnects in the background instead.
+works for both. A cluster counts as reachable only while that node reports `cluster_state:ok`:
+with a master down, its nodes still answer PING but refuse every key (CLUSTERDOWN); a cluster
+client warms one connection to every master before it is used. redis-py's own retries are off:
+the store's caller gives up within its budget and the store reconnects in the background
+instead. Slots that move between masters are followed by redis-py (ASK, MOVED).
 """
 
 from __future__ import annotations
@@ -96,13 +99,19 @@ def open_client(url: str, password: str | None, timeouts: RemoteTimeouts) -> Any
     probe = redis.Redis.from_url(url, **options)
     try:
         cluster = probe.info("cluster").get("cluster_enabled") == 1
+        if cluster:  # a node answers PING while its cluster is down: ask the cluster itself
+            state = probe.cluster("info").get("cluster_state")
+            if state != "ok":
+                raise redis.exceptions.ClusterDownError(f"cluster_state is {state}")
     finally:
         probe.close()
     if cluster:
         client = redis.cluster.RedisCluster.from_url(url, **options)
+        # one connection to every master now, not inside the first lookup's budget
+        client.ping(target_nodes=redis.cluster.RedisCluster.ALL_NODES)
     else:
         client = redis.Redis.from_url(url, **options)
-    client.ping()
+        client.ping()
     log.info("remote store: connected to %s (%s)", url, "cluster" if cluster else "single")
     return client
 
