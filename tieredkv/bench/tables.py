@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from tieredkv.bench.records import TIERS, fmt, fmt_times, ratio
 
+HIT_COLUMNS = tuple(f"hit {tier}" for tier in TIERS)  # one per tier, remote included
+
 
 def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
@@ -30,9 +32,9 @@ def speedup(run: dict, baseline: dict | None) -> float | None:
 def runs_table(runs: list[dict], baseline: dict | None) -> str:
     """One row per run: TTFT percentiles, speed-up vs recompute, hit ratio per tier, promotion
     latency per source tier (bucket estimates), output throughput."""
-    header = ["run", "TTFT p50 ms", "p90 ms", "p99 ms", "vs recompute", "hit", "hit device",
-              "hit host", "hit disk", "promo host p50/p99 ms", "promo disk p50/p99 ms",
-              "out tok/s", "O_DIRECT"]  # fmt: skip
+    header = ["run", "TTFT p50 ms", "p90 ms", "p99 ms", "vs recompute", "hit", *HIT_COLUMNS,
+              "promo host p50/p99 ms", "promo disk p50/p99 ms", "out tok/s",
+              "O_DIRECT"]  # fmt: skip
     rows = []
     for run in runs:
         summary = _reuse(run)
@@ -62,7 +64,7 @@ def _promo(stats: dict | None) -> str:
 
 def rounds_table(run: dict) -> str:
     header = ["round", "requests", "prompt tok/req", "TTFT p50 ms", "p90 ms", "p99 ms",
-              "hit device", "hit host", "hit disk"]  # fmt: skip
+              *HIT_COLUMNS]  # fmt: skip
     rows = []
     for index, summary in enumerate(run["summary"]["by_round"]):
         rows.append(
@@ -79,8 +81,7 @@ def rounds_table(run: dict) -> str:
 
 def sweep_table(runs: list[dict], baseline: dict | None) -> str:
     """Capacity sweep: TTFT p50 and hit ratio per tier against the device + host budget."""
-    header = ["device", "host", "TTFT p50 ms", "vs recompute", "hit device", "hit host",
-              "hit disk"]  # fmt: skip
+    header = ["device", "host", "TTFT p50 ms", "vs recompute", *HIT_COLUMNS]
     rows = []
     for run in runs:
         summary = _reuse(run)
