@@ -13,7 +13,8 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table: the header, its rule, one line per row."""
     lines = [_row(header), _row(["---"] * len(header))]
     return "\n".join([*lines, *(_row(r) for r in rows)])
 
@@ -53,7 +54,7 @@ def runs_table(runs: list[dict], baseline: dict | None) -> str:
                 {True: "on", False: "off"}.get(run.get("direct_io"), "unknown"),
             ]
         )
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def _promo(stats: dict | None) -> str:
@@ -76,7 +77,7 @@ def rounds_table(run: dict) -> str:
                 *(fmt(summary["hit_ratio_by_tier"][t], ".1%") for t in TIERS),
             ]
         )
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def sweep_table(runs: list[dict], baseline: dict | None) -> str:
@@ -94,4 +95,4 @@ def sweep_table(runs: list[dict], baseline: dict | None) -> str:
                 *(fmt(summary["hit_ratio_by_tier"][t], ".1%") for t in TIERS),
             ]
         )
-    return _table(header, rows)
+    return markdown_table(header, rows)
