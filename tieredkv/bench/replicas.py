@@ -114,11 +114,10 @@ def replicas_config(args: argparse.Namespace) -> ReplicasConfig | None:
     """The replicas run the flags ask for, None without `--replicas`; ConfigError names a bad
     or conflicting flag."""
     if args.replicas is None:
-        flags = ("remote", "router_policies", "restart_at")
-        given = [flag for flag in flags if getattr(args, flag) is not None]
+        only_with = ("remote", "router_policies", "restart_at")
+        given = ["--" + f.replace("_", "-") for f in only_with if getattr(args, f) is not None]
         if given:
-            flags = ", ".join("--" + f.replace("_", "-") for f in given)
-            raise ConfigError(f"{flags}: only with --replicas N")
+            raise ConfigError(f"{', '.join(given)}: only with --replicas N")
         return None
     for flag in ("base_url", "sweep", "peer_url"):
         if getattr(args, flag):
