@@ -5,9 +5,10 @@ replicas share; off) × router policy, in one run.
 Each configuration starts from nothing: a fresh Redis (remote on), N fresh replicas with the
 managed runs' flags (each its own disk store) and the router. The workload goes through the
 router; before the turn of user `users // 2` in round `--restart-at`, replica 0 is stopped
-(SIGTERM) and started again on its port with its flags and its disk store (a warm restart),
-and the run goes on once the router holds it healthy. The disk stores are dropped from the page
-cache before every round, as in the single-server runs.
+(SIGTERM); once the router routes around it the run goes on, its turns landing on the other
+replicas, while replica 0 starts again on its port with its flags and its disk store (a warm
+restart). The next round starts once the router holds it healthy again. The disk stores are
+dropped from the page cache before every round, as in the single-server runs.
 """
 
 from __future__ import annotations
@@ -182,19 +183,25 @@ def run_configuration(
             disk_dir.mkdir()
         replicas = running.enter_context(ReplicaSet(args, log_dir, config.policy, suite.threads))
 
+        def finish_restart() -> None:
+            if (restart := replicas.finish_restart()) is not None:
+                round_index, user = plan.restart_turn  # type: ignore[misc]
+                restarts.append({"round": round_index, "before_user": user, **restart})
+
         def before_round(_round: int) -> None:
+            finish_restart()  # a round starts with every replica back
             if spec.disk_cache != "0":
                 dropped.append(sum(drop_page_cache(d) for d in disk_dirs))
 
         def before_turn(round_index: int, user: int) -> None:
             if (round_index, user) == plan.restart_turn:
-                restart = replicas.restart(0)
-                restarts.append({"round": round_index, "before_user": user, **restart})
+                replicas.begin_restart(0)  # the round goes on while replica 0 is away
 
         result = run_workload(
             replicas.base_url, workload, arrival, before_round, config.label, None,
             suite.extra_body, before_turn=before_turn,
         )  # fmt: skip
+        finish_restart()
         if result["direct_io"] is None:  # the router has no /health of its own: a replica's log
             result["direct_io"] = replicas.servers[0].direct_io
     result["server"] = "tieredkv"
