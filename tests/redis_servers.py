@@ -1,5 +1,6 @@
 """Real Redis servers for tests: a single server or a three-master cluster, each on loopback
-ports of its own with a temporary directory and no persistence. No fake Redis anywhere."""
+ports of its own with a temporary directory and no persistence. No fake Redis anywhere. The
+server itself is the benchmark's (`tieredkv.bench.redis_server`), with test-only controls."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tieredkv.bench import redis_server as bench_redis
 
 READY_S = 10.0  # a server or a cluster that is not up by then is a failed fixture
 CLUSTER_BUS_OFFSET = 10000  # Redis Cluster's bus listens on port + 10000
@@ -57,30 +60,22 @@ def _wait_for(check: object, what: str, timeout_s: float = READY_S) -> None:
         time.sleep(0.02)
 
 
-@dataclass
-class RedisServer:
-    """One redis-server process; stop, kill and start it again on the same port."""
+class RedisServer(bench_redis.RedisServer):
+    """The benchmark's redis-server (start, stop, kill, start again on the same port), on a
+    port whose cluster bus port is free too, with an optional password, redis-cli, a plain
+    client, and SIGSTOP / SIGCONT."""
 
-    directory: Path
-    port: int = field(default_factory=free_port)
-    extra_args: tuple[str, ...] = ()
-    password: str | None = None
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
-        args += ["--dir", str(self.directory), "--save", "", "--appendonly", "no"]
-        args += ["--logfile", str(self.directory / "redis.log"), *self.extra_args]
-        if self.password is not None:
-            args += ["--requirepass", self.password]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL)
-        _wait_for(self._answers, f"redis-server on port {self.port}")
-        return self
+    def __init__(
+        self,
+        directory: Path,
+        port: int | None = None,
+        extra_args: tuple[str, ...] = (),
+        password: str | None = None,
+    ) -> None:
+        self.password = password
+        if password is not None:
+            extra_args = (*extra_args, "--requirepass", password)
+        super().__init__(directory, port or free_port(), extra_args)
 
     def cli(self, *command: str) -> str:
         """Run one redis-cli command against this server; its output."""
@@ -88,12 +83,6 @@ class RedisServer:
         env = dict(os.environ, REDISCLI_AUTH=self.password) if self.password else None
         done = subprocess.run([*args, *command], capture_output=True, text=True, env=env)
         return done.stdout
-
-    def _answers(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise RuntimeError(f"redis-server exited with {self.process.returncode}")
-        return "PONG" in self.cli("PING")
 
     def client(self):
         """A plain redis-py client on this node alone (tests that steer a cluster by hand)."""
@@ -106,12 +95,6 @@ class RedisServer:
         wanted = f"cluster_state:{state}"
         _wait_for(lambda: wanted in self.cli("CLUSTER", "INFO"), wanted, timeout_s)
 
-    def kill(self) -> None:
-        """SIGKILL: the server vanishes mid-run, as in a crash."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
-
     def pause(self) -> None:
         """SIGSTOP: the server is there but answers nothing (a slow or hung store)."""
         assert self.process is not None
@@ -122,13 +105,9 @@ class RedisServer:
         self.process.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.resume()
-            self.process.terminate()
-            try:
-                self.process.wait(READY_S)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.running():
+            self.resume()  # a paused server cannot act on SIGTERM
+        super().stop()
 
 
 @dataclass

@@ -6,6 +6,11 @@ Round-robin runs round by round: round r+1 starts when round r is done, and `bef
 runs in between (the benchmark drops the disk store from the page cache there). With Poisson
 arrivals, request i is released at its arrival time but also waits for its own conversation's
 previous answer; its TTFT is measured from when it is sent.
+
+`before_turn(round, user)` runs before every turn, once the turn holds its place among the
+`concurrency` in flight (with one in flight, every earlier turn is done), on a worker thread:
+turns already in flight carry on while it runs (`--replicas` restarts a replica there), and
+the turn's TTFT is measured from when it is sent, after the hook.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class WorkloadDriver:
         label: str = "",
         scrape: Callable[[], Awaitable[str | None]] | None = None,
         first_scrape: str | None = None,
+        before_turn: Callable[[int, int], None] | None = None,
     ) -> None:
         """`scrape` reads the server's /metrics; with one request in flight at a time, each
         record then gets the server's own queue time and TTFT (`first_scrape`: the last one
@@ -59,6 +65,7 @@ class WorkloadDriver:
         self.client = client
         self.arrival = arrival
         self.before_round = before_round or (lambda _round: None)
+        self.before_turn = before_turn
         self.label = label
         cfg = workload.config
         self.answers: list[list[str]] = [[] for _ in range(cfg.num_users)]
@@ -113,6 +120,8 @@ class WorkloadDriver:
     async def _turn(self, user: int, round_index: int) -> None:
         messages = self.workload.messages(user, self.answers[user])
         async with self._slots:
+            if self.before_turn is not None:
+                await asyncio.to_thread(self.before_turn, round_index, user)
             record = await self.client.chat(
                 messages, self.workload.config.max_tokens, user, round_index
             )

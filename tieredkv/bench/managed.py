@@ -37,11 +37,15 @@ def free_port() -> int:
 
 
 class ManagedServer:
-    """A running `tieredkv serve ARGS` (the port is chosen here); use as a context manager."""
+    """A running `tieredkv serve ARGS` on `port` (a free one when not given; a restarted
+    replica keeps its own); use as a context manager."""
 
-    def __init__(self, args: list[str], log_path: Path, threads: int | None = None) -> None:
+    def __init__(
+        self, args: list[str], log_path: Path, threads: int | None = None, port: int | None = None
+    ) -> None:
         self.args = list(args)
-        self.port = free_port()
+        self.threads = threads
+        self.port = port if port is not None else free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.direct_io: bool | None = None  # None: the server did not say (no disk tier)

@@ -4,7 +4,9 @@ With `--base-url URL` it only drives that server (any OpenAI-compatible one; `--
 adds a recompute server to compare with). Without it, the benchmark starts tieredkv itself:
 one configuration or a capacity sweep (`--sweep DEVICE:HOST,...`), the recompute baseline
 (`--no-cache`, same binary) unless `--no-baseline`, optionally `--check-equal` and a peer
-server (`--peer-url`, e.g. vLLM's CPU build started by benchmarks/vllm_cpu.sh). Writes
+server (`--peer-url`, e.g. vLLM's CPU build started by benchmarks/vllm_cpu.sh). With
+`--replicas N`, each configuration (remote tier on/off × router policy) is N replicas behind
+SGLang's router, replica 0 restarted mid-round (tieredkv/bench/replicas.py). Writes
 report.json, summary.md and PNG plots to `--out`. Presets: `--preset quick` (1-2 minutes) and
 `--preset default` (a few minutes on a 2-core machine); explicit flags override a preset.
 (benchmarks/policy_grid.py runs the write-policy x page-size grid on the same workload.)
@@ -27,6 +29,13 @@ from tieredkv.bench.disk_check import disk_read_bandwidth, drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.equality import compare_runs
 from tieredkv.bench.prefill_cost import load_prefill_cost
+from tieredkv.bench.replica_report import analyze
+from tieredkv.bench.replicas import (
+    ReplicasConfig,
+    add_replica_options,
+    replicas_config,
+    run_replica_configs,
+)
 from tieredkv.bench.suite import ServerSpec, SuiteConfig, measure_disk, run_all, run_server
 from tieredkv.bench.targets import evaluate
 from tieredkv.bench.workload import Workload, WorkloadConfig
@@ -92,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     managed.add_argument("--peer-name", default="peer")
     managed.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of servers")
     managed.add_argument("--work-dir", type=Path, help="logs and disk stores (default: a temp dir)")
+    add_replica_options(p)
     return p
 
 
@@ -126,17 +136,23 @@ def main(argv: list[str]) -> int:
         )  # fmt: skip
         arrival = ArrivalConfig(args.concurrency, args.rate)
         sweep = parse_sweep(args.sweep) if args.sweep else None
+        replicas = replicas_config(args)
     except ValueError as exc:
         parser.error(str(exc))
     if args.check_equal and (args.no_baseline if not args.base_url else not args.baseline_url):
         parser.error("--check-equal needs a baseline (drop --no-baseline, or give --baseline-url)")
+    if replicas is not None and replicas.round_robin_sticky and args.rate is None:
+        print(f"note: with {args.users} users on {args.replicas} replicas, round_robin keeps "
+              "each conversation on one replica (until the restart); a user count that "
+              f"{args.replicas} does not divide sends turns to the other replicas",
+              file=sys.stderr)  # fmt: skip
     out = args.out or Path("bench-results") / time.strftime("multiturn-%Y%m%d-%H%M%S")
     report = reports.new_report(list(argv), workload, arrival)
     try:
         if args.base_url:
             run_client(args, Workload(workload), arrival, report)
         else:
-            run_managed(args, Workload(workload), arrival, report, sweep)
+            run_managed(args, Workload(workload), arrival, report, sweep, replicas)
     except (TieredKVError, OSError, httpx.HTTPError) as exc:
         print(f"tieredkv bench multiturn: error: {exc}", file=sys.stderr)
         if report["runs"]:
@@ -186,6 +202,7 @@ def run_managed(
     arrival: ArrivalConfig,
     report: dict,
     sweep: list[tuple[str, str]] | None,
+    replicas: ReplicasConfig | None = None,
 ) -> None:
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="tieredkv-bench-"))
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -199,16 +216,21 @@ def run_managed(
     report["disk"] = measure_disk(suite)
     base_spec = ServerSpec("tieredkv", args.device_cache, args.host_cache, args.disk_cache,
                       args.page_size, args.write_policy)  # fmt: skip
-    specs = [base_spec]
-    if sweep:
-        specs = [
-            dataclasses.replace(base_spec, label=f"tieredkv {d}+{h}", device_cache=d, host_cache=h)
-            for d, h in sweep
-        ]
-    runs = run_all(specs, suite, workload, arrival)
-    for run in runs:
-        run["sweep"] = bool(args.sweep)
-    report["runs"].extend(runs)
+    if replicas is not None:
+        on_result = report["runs"].append  # a partial report keeps the finished configurations
+        runs = run_replica_configs(replicas, base_spec, suite, workload, arrival, on_result)
+    else:
+        specs = [base_spec]
+        if sweep:
+            specs = [
+                dataclasses.replace(base_spec, label=f"tieredkv {d}+{h}", device_cache=d,
+                                    host_cache=h)
+                for d, h in sweep
+            ]  # fmt: skip
+        runs = run_all(specs, suite, workload, arrival)
+        for run in runs:
+            run["sweep"] = bool(args.sweep)
+        report["runs"].extend(runs)
     baseline = None
     if not args.no_baseline:
         spec = dataclasses.replace(base_spec, label="recompute", no_cache=True)
@@ -221,6 +243,8 @@ def run_managed(
         report["runs"].append(peer)
         report["vs_peer"] = {run["label"]: tables.speedup(run, peer) for run in runs}
     finish_analysis(args, report, runs, baseline)
+    if replicas is not None:
+        report["replicas"] = analyze(runs, baseline)
 
 
 def finish_analysis(

@@ -3,10 +3,12 @@
 
 Report shape (version 2): {"version", "command", "workload", "arrival", "machine", "disk",
 "runs": [run...], "baseline_label", "tables", "check_equal", "targets" (first run),
-"targets_by_run", "vs_peer", "work_dir", "plots"}; each run:
+"targets_by_run", "vs_peer", "replicas" (`--replicas`: replica_report.analyze), "work_dir",
+"plots"}; each run:
 {"label", "base_url", "model", "metrics_available", "summary": {"overall", "reuse_rounds",
-"by_round"}, "promotion", "transfer_bytes", "evicted_pages", "records", ...}. None is unknown
-(JSON null)."""
+"by_round"}, "promotion", "transfer_bytes", "evicted_pages", "records", ...} (a replicas run
+adds "replicas": its count, remote tier, router policy and restarts). None is unknown (JSON
+null)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from tieredkv.bench import plots, tables
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.equality import describe
 from tieredkv.bench.records import fmt_times
+from tieredkv.bench.replica_report import replicas_tables
 from tieredkv.bench.targets import targets_table
 from tieredkv.bench.workload import WorkloadConfig
 
@@ -48,6 +51,7 @@ def new_report(argv: list[str], workload: WorkloadConfig, arrival: ArrivalConfig
         "targets": None,
         "targets_by_run": None,
         "vs_peer": None,
+        "replicas": None,
         "work_dir": None,
         "plots": [],
     }
@@ -68,6 +72,9 @@ def finish(report: dict, out_dir: Path, make_plots: bool = True) -> str:
     sweep = [r for r in runs if r.get("sweep")]
     if sweep:
         report["tables"]["sweep"] = tables.sweep_table(sweep, baseline)
+    if report.get("replicas"):
+        replica_runs = [r for r in runs if "replicas" in r]
+        report["tables"]["replicas"] = replicas_tables(replica_runs, report["replicas"])
     if make_plots and runs:
         report["plots"] = [
             str(plots.ttft_by_round(runs, out_dir / "ttft_by_round.png")),
@@ -95,6 +102,9 @@ def summary_text(report: dict) -> str:
     parts.append(report["tables"]["runs"] + "\n")
     if "sweep" in report["tables"]:
         parts.append("## Capacity sweep\n\n" + report["tables"]["sweep"] + "\n")
+    if "replicas" in report["tables"]:
+        parts.append("## Replicas behind SGLang's router (reuse rounds)\n\n"
+                     + report["tables"]["replicas"] + "\n")  # fmt: skip
     if report.get("vs_peer"):
         parts.append(
             "TTFT p50 speed-up against the peer (peer p50 / ours): "

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from tieredkv.bench.records import TIERS, fmt, fmt_times, ratio
 
+HIT_COLUMNS = tuple(f"hit {tier}" for tier in TIERS)  # one per tier, remote included
+
 
 def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table: the header, its rule, one line per row."""
     lines = [_row(header), _row(["---"] * len(header))]
     return "\n".join([*lines, *(_row(r) for r in rows)])
 
@@ -30,9 +33,9 @@ def speedup(run: dict, baseline: dict | None) -> float | None:
 def runs_table(runs: list[dict], baseline: dict | None) -> str:
     """One row per run: TTFT percentiles, speed-up vs recompute, hit ratio per tier, promotion
     latency per source tier (bucket estimates), output throughput."""
-    header = ["run", "TTFT p50 ms", "p90 ms", "p99 ms", "vs recompute", "hit", "hit device",
-              "hit host", "hit disk", "promo host p50/p99 ms", "promo disk p50/p99 ms",
-              "out tok/s", "O_DIRECT"]  # fmt: skip
+    header = ["run", "TTFT p50 ms", "p90 ms", "p99 ms", "vs recompute", "hit", *HIT_COLUMNS,
+              "promo host p50/p99 ms", "promo disk p50/p99 ms", "out tok/s",
+              "O_DIRECT"]  # fmt: skip
     rows = []
     for run in runs:
         summary = _reuse(run)
@@ -51,7 +54,7 @@ def runs_table(runs: list[dict], baseline: dict | None) -> str:
                 {True: "on", False: "off"}.get(run.get("direct_io"), "unknown"),
             ]
         )
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def _promo(stats: dict | None) -> str:
@@ -62,7 +65,7 @@ def _promo(stats: dict | None) -> str:
 
 def rounds_table(run: dict) -> str:
     header = ["round", "requests", "prompt tok/req", "TTFT p50 ms", "p90 ms", "p99 ms",
-              "hit device", "hit host", "hit disk"]  # fmt: skip
+              *HIT_COLUMNS]  # fmt: skip
     rows = []
     for index, summary in enumerate(run["summary"]["by_round"]):
         rows.append(
@@ -74,13 +77,12 @@ def rounds_table(run: dict) -> str:
                 *(fmt(summary["hit_ratio_by_tier"][t], ".1%") for t in TIERS),
             ]
         )
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def sweep_table(runs: list[dict], baseline: dict | None) -> str:
     """Capacity sweep: TTFT p50 and hit ratio per tier against the device + host budget."""
-    header = ["device", "host", "TTFT p50 ms", "vs recompute", "hit device", "hit host",
-              "hit disk"]  # fmt: skip
+    header = ["device", "host", "TTFT p50 ms", "vs recompute", *HIT_COLUMNS]
     rows = []
     for run in runs:
         summary = _reuse(run)
@@ -93,4 +95,4 @@ def sweep_table(runs: list[dict], baseline: dict | None) -> str:
                 *(fmt(summary["hit_ratio_by_tier"][t], ".1%") for t in TIERS),
             ]
         )
-    return _table(header, rows)
+    return markdown_table(header, rows)

@@ -58,6 +58,7 @@ async def _run(
     model: str | None,
     extra_body: dict | None,
     transport: httpx.AsyncBaseTransport | None,
+    before_turn: Callable[[int, int], None] | None,
 ) -> dict:
     limits = httpx.Limits(max_connections=arrival.concurrency + 4)
     async with httpx.AsyncClient(
@@ -75,6 +76,7 @@ async def _run(
             label,
             scrape=lambda: scrape_metrics(http, base_url),
             first_scrape=before,
+            before_turn=before_turn,
         )
         records = await driver.run()
         after = await scrape_metrics(http, base_url)
@@ -102,9 +104,11 @@ def run_workload(
     model: str | None = None,
     extra_body: dict | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    before_turn: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Run `workload` against the server at `base_url`; the run's JSON-ready result.
-    `transport` replaces the network (tests)."""
-    return asyncio.run(
-        _run(base_url, workload, arrival, before_round, label, model, extra_body, transport)
+    `transport` replaces the network (tests); `before_turn(round, user)`: see the driver."""
+    run = _run(
+        base_url, workload, arrival, before_round, label, model, extra_body, transport, before_turn
     )
+    return asyncio.run(run)

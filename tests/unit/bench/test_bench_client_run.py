@@ -99,6 +99,21 @@ def test_before_round_hook_runs_once_per_round() -> None:
     assert calls == [0, 1, 2]
 
 
+def test_before_turn_hook_runs_before_each_turn_with_the_earlier_turns_done() -> None:
+    server = FakeServer(True)
+    calls: list[tuple[int, int, int]] = []  # (round, user, requests the server had seen)
+
+    def before_turn(round_index: int, user: int) -> None:
+        calls.append((round_index, user, len(server.bodies)))
+
+    run = run_workload("http://fake", Workload(SMALL), ArrivalConfig(1), label="hooked",
+                       transport=server.transport(), before_turn=before_turn)  # fmt: skip
+    users = SMALL.num_users
+    assert [(r, u) for r, u, _ in calls] == [(r, u) for r in range(3) for u in range(users)]
+    assert [seen for _, _, seen in calls] == list(range(3 * users))
+    assert run["summary"]["overall"]["errors"] == 0
+
+
 def test_bad_arrival_settings_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="concurrency"):
         ArrivalConfig(0)

@@ -107,3 +107,15 @@ def test_one_request_at_a_time_records_the_servers_own_timings() -> None:
                               transport=FakeServer(True).transport())  # fmt: skip
     # two requests in flight: a scrape cannot tell them apart, so nothing is claimed
     assert all(r["server_queue_s"] is None for r in concurrent["records"])
+
+
+def test_every_table_row_has_as_many_cells_as_its_header() -> None:
+    from tieredkv.bench import tables
+
+    cached, baseline = two_runs()
+    cached["spec"] = {"device_cache": "64MiB", "host_cache": "32MiB"}
+    for text in (tables.runs_table([cached, baseline], baseline), tables.rounds_table(cached),
+                 tables.sweep_table([cached], baseline)):  # fmt: skip
+        widths = {line.count("|") for line in text.splitlines()}
+        assert len(widths) == 1, text
+        assert "hit remote" in text

@@ -1,0 +1,215 @@
+"""`tieredkv bench multiturn --replicas N`: the multi-turn workload through SGLang's router over
+N tieredkv replicas, for every configuration of remote tier (on: a fresh `redis-server` the
+replicas share; off) × router policy, in one run.
+
+Each configuration starts from nothing: a fresh Redis (remote on), N fresh replicas with the
+managed runs' flags (each its own disk store) and the router. The workload goes through the
+router; before the turn of user `users // 2` in round `--restart-at`, replica 0 is stopped
+(SIGTERM); once the router routes around it the run goes on, its turns landing on the other
+replicas, while replica 0 starts again on its port with its flags and its disk store (a warm
+restart). The next round starts once the router holds it healthy again. The disk stores are
+dropped from the page cache before every round, as in the single-server runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from tieredkv.bench.disk_check import drop_page_cache
+from tieredkv.bench.driver import ArrivalConfig
+from tieredkv.bench.redis_server import RedisServer, require_redis_server
+from tieredkv.bench.replica_set import ReplicaSet
+from tieredkv.bench.router import ROUTER_POLICIES, require_router
+from tieredkv.bench.suite import ServerSpec, SuiteConfig
+from tieredkv.bench.workload import Workload
+from tieredkv.bench.workload_run import run_workload
+from tieredkv.errors import ConfigError
+
+REMOTE_WORDS = {"on": True, "off": False}
+DEFAULT_RESTART_ROUND = 2  # when there are rounds after it to see what the restart cost
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaConfig:
+    """One configuration: the remote tier on or off, and the router's policy."""
+
+    remote: bool
+    policy: str
+
+    @property
+    def label(self) -> str:
+        return f"{'remote' if self.remote else 'local'} + {self.policy}"
+
+    @property
+    def tag(self) -> str:  # for file names
+        return f"{'remote' if self.remote else 'local'}-{self.policy}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicasConfig:
+    """The replicas run: `remote` × `policies` configurations of `num_replicas` replicas;
+    replica 0 restarted before the turn of user `num_users // 2` in round `restart_at`
+    (0: never)."""
+
+    num_replicas: int
+    remote: tuple[bool, ...]
+    policies: tuple[str, ...]
+    restart_at: int
+    num_rounds: int
+    num_users: int
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 2:
+            raise ConfigError(f"--replicas must be >= 2, got {self.num_replicas}")
+        if not self.remote or len(set(self.remote)) != len(self.remote):
+            raise ConfigError(f"--remote: on and/or off, each once, got {self.remote}")
+        unknown = [p for p in self.policies if p not in ROUTER_POLICIES]
+        if not self.policies or unknown or len(set(self.policies)) != len(self.policies):
+            known = ", ".join(ROUTER_POLICIES)
+            raise ConfigError(f"--router-policies: each once, of {known}; got {self.policies}")
+        if not 0 <= self.restart_at < self.num_rounds:
+            raise ConfigError(
+                f"--restart-at must be a round, 1..{self.num_rounds - 1} (or 0: none), "
+                f"got {self.restart_at} with --rounds {self.num_rounds}"
+            )
+
+    @property
+    def configurations(self) -> list[ReplicaConfig]:
+        return [ReplicaConfig(remote, policy) for remote in self.remote for policy in self.policies]
+
+    @property
+    def round_robin_sticky(self) -> bool:
+        """Whether `round_robin` keeps every conversation on one replica: with one request in
+        flight, user u's turn k is request u + k * users, so replica (u + k * users) % N is
+        u's own whenever N divides users."""
+        return "round_robin" in self.policies and self.num_users % self.num_replicas == 0
+
+    @property
+    def restart_turn(self) -> tuple[int, int] | None:
+        """(round, user) of the turn the restart comes before; None: no restart."""
+        return (self.restart_at, self.num_users // 2) if self.restart_at else None
+
+
+def add_replica_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("replicas behind SGLang's router (managed runs)")
+    add = group.add_argument
+    add("--replicas", type=int, help="N >= 2 tieredkv replicas behind SGLang's router")
+    add("--remote", help="remote tier per configuration: on,off (default both; on: a fresh "
+        "redis-server the replicas share)")  # fmt: skip
+    add("--router-policies", help="router policy per configuration (default "
+        "cache_aware,round_robin)")  # fmt: skip
+    add("--restart-at", type=int, help="restart replica 0 before the turn of user users//2 in "
+        "this round (default 2 when --rounds >= 3; 0: none)")  # fmt: skip
+
+
+def _words(text: str) -> list[str]:
+    return [word.strip() for word in text.split(",") if word.strip()]
+
+
+def replicas_config(args: argparse.Namespace) -> ReplicasConfig | None:
+    """The replicas run the flags ask for, None without `--replicas`; ConfigError names a bad
+    or conflicting flag."""
+    if args.replicas is None:
+        only_with = ("remote", "router_policies", "restart_at")
+        given = ["--" + f.replace("_", "-") for f in only_with if getattr(args, f) is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only with --replicas N")
+        return None
+    for flag in ("base_url", "sweep", "peer_url"):
+        if getattr(args, flag):
+            raise ConfigError(f"--replicas does not go with --{flag.replace('_', '-')}")
+    remote_words = _words(args.remote or "on,off")
+    if unknown := [w for w in remote_words if w not in REMOTE_WORDS]:
+        raise ConfigError(f"--remote: on and/or off, got {unknown}")
+    restart_at = args.restart_at
+    if restart_at is None:
+        restart_at = DEFAULT_RESTART_ROUND if args.rounds > DEFAULT_RESTART_ROUND else 0
+    return ReplicasConfig(
+        num_replicas=args.replicas,
+        remote=tuple(REMOTE_WORDS[w] for w in remote_words),
+        policies=tuple(_words(args.router_policies or "cache_aware,round_robin")),
+        restart_at=restart_at,
+        num_rounds=args.rounds,
+        num_users=args.users,
+    )
+
+
+def run_replica_configs(
+    plan: ReplicasConfig,
+    spec: ServerSpec,
+    suite: SuiteConfig,
+    workload: Workload,
+    arrival: ArrivalConfig,
+    on_result: Callable[[dict], None],
+) -> list[dict]:
+    """Every configuration of `plan` in order; `on_result` sees each run as it finishes."""
+    require_router()
+    if any(plan.remote):
+        require_redis_server()
+    runs = []
+    for config in plan.configurations:
+        runs.append(run_configuration(config, plan, spec, suite, workload, arrival))
+        on_result(runs[-1])
+    return runs
+
+
+def run_configuration(
+    config: ReplicaConfig,
+    plan: ReplicasConfig,
+    spec: ServerSpec,
+    suite: SuiteConfig,
+    workload: Workload,
+    arrival: ArrivalConfig,
+) -> dict:
+    log_dir = suite.work_dir / config.tag
+    restarts: list[dict] = []
+    dropped: list[int] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="kv-", dir=suite.work_dir) as stores_text,
+        contextlib.ExitStack() as running,
+    ):
+        disk_dirs = [Path(stores_text) / f"replica{i}" for i in range(plan.num_replicas)]
+        remote_args = []
+        if config.remote:
+            redis = running.enter_context(RedisServer(log_dir / "redis"))
+            remote_args = ["--remote-cache-url", redis.url]
+        args = [[*spec.args(suite.common_args, d), *remote_args] for d in disk_dirs]
+        for disk_dir in disk_dirs:
+            disk_dir.mkdir()
+        replicas = running.enter_context(ReplicaSet(args, log_dir, config.policy, suite.threads))
+
+        def finish_restart() -> None:
+            if (restart := replicas.finish_restart()) is not None:
+                round_index, user = plan.restart_turn  # type: ignore[misc]
+                restarts.append({"round": round_index, "before_user": user, **restart})
+
+        def before_round(_round: int) -> None:
+            finish_restart()  # a round starts with every replica back
+            if spec.disk_cache != "0":
+                dropped.append(sum(drop_page_cache(d) for d in disk_dirs))
+
+        def before_turn(round_index: int, user: int) -> None:
+            if (round_index, user) == plan.restart_turn:
+                replicas.begin_restart(0)  # the round goes on while replica 0 is away
+
+        result = run_workload(
+            replicas.base_url, workload, arrival, before_round, config.label, None,
+            suite.extra_body, before_turn=before_turn,
+        )  # fmt: skip
+        finish_restart()
+        if result["direct_io"] is None:  # the router has no /health of its own: a replica's log
+            result["direct_io"] = replicas.servers[0].direct_io
+    result["server"] = "tieredkv"
+    result["replicas"] = {"count": plan.num_replicas, "remote": config.remote,
+                          "router_policy": config.policy, "restarts": restarts,
+                          "restart_turn": plan.restart_turn}  # fmt: skip
+    result["spec"] = dataclasses.asdict(spec)
+    result["server_args"] = args[0]
+    result["page_cache_dropped_bytes"] = dropped
+    result["log"] = str(log_dir)
+    return result
