@@ -36,10 +36,10 @@ from pathlib import Path
 import httpx
 import redis
 
-from tests.redis_servers import RedisServer, require_redis
 from tieredkv.bench.disk_check import drop_page_cache
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.prom_text import counter_delta, parse_samples
+from tieredkv.bench.redis_server import RedisServer, require_redis_server
 
 QUESTION_TOKENS = 64
 VOCAB = range(1000, 40000)
@@ -84,7 +84,7 @@ def spread(values: list[float]) -> dict:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict:
-    require_redis()
+    require_redis_server()
     rng = random.Random(args.seed)
     histories = [[rng.choice(VOCAB) for _ in range(args.history_tokens)]
                  for _ in range(args.conversations)]  # fmt: skip

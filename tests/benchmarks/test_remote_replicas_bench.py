@@ -7,9 +7,11 @@ import argparse
 from pathlib import Path
 
 from benchmarks.remote_replicas import run
+from tests.redis_servers import require_redis
 
 
 def test_each_row_comes_from_the_tier_it_measures(tmp_path: Path) -> None:
+    require_redis()
     args = argparse.Namespace(conversations=3, history_tokens=160, dtype="float32",
                               small_device="16MiB", get_batch=8, seed=0, json=None)  # fmt: skip
     report = run(args, tmp_path)
