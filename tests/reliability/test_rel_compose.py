@@ -82,3 +82,33 @@ def test_router_is_cache_aware_over_both_replicas_and_prometheus_scrapes_both() 
     for name, service in services.items():
         for mapping in service.get("ports", []):
             assert mapping.rsplit(":", 2)[0] == "${TIEREDKV_BIND:-127.0.0.1}", (name, mapping)
+
+
+BASE_ARGS = {
+    "PYTHON_IMAGE": "${TIEREDKV_PYTHON_IMAGE:-python:3.11-slim}",
+    "DEBIAN_IMAGE": "${TIEREDKV_DEBIAN_IMAGE:-debian:bookworm-slim}",
+}
+
+
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda path: path.name)
+def test_every_image_builds_on_a_base_the_environment_can_name(path: Path) -> None:
+    """Where no registry is reachable, deploy/base/build.sh makes the two bases and the
+    TIEREDKV_*_IMAGE variables point every build at them: no service pulls an image."""
+    for name, service in yaml.safe_load(path.read_text())["services"].items():
+        assert "image" not in service, name
+        build = service["build"]
+        dockerfile = path.parent / build["context"] / build.get("dockerfile", "Dockerfile")
+        (arg,) = build["args"]
+        assert build["args"][arg] == BASE_ARGS[arg], name
+        lines = dockerfile.read_text().splitlines()
+        assert f"ARG {arg}=" in "\n".join(lines) and f"FROM ${{{arg}}}" in lines, dockerfile
+
+
+def test_the_offline_python_base_installs_torchs_cpu_build() -> None:
+    base = REPO / "deploy" / "base"
+    dockerfile = (base / "python.Dockerfile").read_text()
+    assert "FROM ${DEBIAN_IMAGE}" in dockerfile and '"torch==2.13.0+cpu"' in dockerfile
+    script = (base / "build.sh").read_text()
+    assert "debootstrap --variant=minbase bookworm" in script and "docker import" in script
+    # the tieredkv image's pinned torch is then already satisfied: nothing more is fetched
+    assert "torch==2.13.0 " in (REPO / "Dockerfile").read_text()
