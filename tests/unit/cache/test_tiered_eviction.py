@@ -7,6 +7,7 @@ from tieredkv.cache.index.page_key import token_bytes
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, TierHeap
 from tieredkv.cache.testing import (
+    device_page,
     expected_pages,
     make_cache,
     tiny_layout,
@@ -105,6 +106,66 @@ def test_prefetch_moves_a_bounded_disk_prefix_to_host(tmp_path: Path) -> None:
     ):
         assert torch.equal(cache.host_pool.kv[page], want)
     assert cache.counters.transfer_bytes[Tier.DISK, Tier.HOST] == 2 * LAYOUT.page_bytes
+
+
+def disk_only(tmp_path: Path, tokens: list[int]):
+    """A cache whose only copy of `tokens`' 4 full pages is on disk."""
+    cache, executor = make_cache(
+        LAYOUT, device_pages=4, host_pages=4, disk_pages=16, disk_dir=tmp_path
+    )
+    compute(cache, tokens)
+    for tier in (Tier.DEVICE, Tier.HOST):
+        cache.evict(tier, 4)
+        settle(cache, executor)
+    assert cache.match(tokens).disk.num_pages == 4
+    return cache, executor
+
+
+def reads(cache, src: Tier, dst: Tier) -> int:
+    return cache.counters.transfer_bytes[src, dst] // LAYOUT.page_bytes
+
+
+def test_a_promotion_waits_for_its_prefetch_instead_of_reading_the_disk_again(
+    tmp_path: Path,
+) -> None:
+    tokens = list(range(17))
+    cache, executor = disk_only(tmp_path, tokens)
+    (prefetch,) = cache.prefetch(cache.match(tokens), max_pages=2)  # still reading
+    ticket = cache.promote(cache.match(tokens))  # admitted meanwhile
+    assert ticket is not None
+    direct = [t for t in executor.pending() if t is not prefetch]
+    assert [(t.src_tier, t.dst_tier, t.num_pages) for t in direct] == [
+        (Tier.DISK, Tier.DEVICE, 2)  # only the pages no prefetch is reading
+    ]
+    settle(cache, executor)
+    assert ticket.done and ticket.num_ready_pages == 4
+    assert (reads(cache, Tier.DISK, Tier.HOST), reads(cache, Tier.DISK, Tier.DEVICE)) == (2, 2)
+    assert reads(cache, Tier.HOST, Tier.DEVICE) == 2  # the second stage
+    assert ticket.tokens_by_tier[Tier.DISK] == 16  # credited to where the pages were
+    for page, want in zip(
+        ticket.device_pages, expected_pages(tokens, "default", LAYOUT), strict=True
+    ):
+        assert torch.equal(device_page(cache, page), want)
+
+
+def test_a_promotion_whose_prefetch_failed_reads_the_store_itself(
+    tmp_path: Path,
+) -> None:
+    tokens = list(range(17))
+    cache, executor = disk_only(tmp_path, tokens)
+    (prefetch,) = cache.prefetch(cache.match(tokens), max_pages=4)
+    ticket = cache.promote(cache.match(tokens))
+    assert ticket is not None and not ticket.done
+    assert [t for t in executor.pending() if t is not prefetch] == []  # nothing read twice
+    executor.fail(prefetch, OSError("EIO"))
+    cache.poll()  # the failed read is applied: the disk copies stay, the second stage reads them
+    second = [(t.src_tier, t.dst_tier, t.num_pages) for t in executor.pending()]
+    assert second == [(Tier.DISK, Tier.DEVICE, 4)]
+    settle(cache, executor)
+    assert ticket.done and ticket.num_ready_pages == 4
+    want = expected_pages(tokens, "default", LAYOUT)
+    for page, expected in zip(ticket.device_pages, want, strict=True):
+        assert torch.equal(device_page(cache, page), expected)
 
 
 def test_flush_drops_everything_unlocked(tmp_path: Path) -> None:

@@ -1,10 +1,14 @@
 """Promotion: bringing a match's host and disk pages to the device, and prefetching disk pages
 towards host while a request waits.
 
-A promotion locks its match for its lifetime (the path cannot be evicted or demoted), allocates
-all the device pages it needs at once or none, shares transfers already on their way to the
-device (two requests needing the same pages wait on one copy), and is done when every transfer
-it waits for was applied. A read that fails shortens the ready prefix; it is never an error.
+A promotion locks its match for its lifetime (the path cannot be evicted or demoted), makes
+room for all the device pages it needs at once or starts nothing, shares transfers already on
+their way to the device (two requests needing the same pages wait on one copy), and is done when
+every transfer it waits for was applied. A read that fails shortens the ready prefix; it is
+never an error.
+
+Pages a prefetch is still reading towards host are not read from the store a second time: the
+promotion waits for that read, then copies them host -> device (its second stage).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class PromotionTicket:
     device_pages: tuple[int, ...] = ()
     tokens_by_tier: dict[Tier, int] = field(default_factory=lambda: dict.fromkeys(Tier, 0))
     waiting_on: set[int] = field(default_factory=set)  # transfer ticket ids not yet applied
+    staged: bool = False  # waits on prefetches to host; then copies their pages to the device
     hold_lock: bool = False  # when done, lock `ready_node` for the caller
     ready_node: RadixNode | None = None  # deepest ready node; locked for the caller if hold_lock
 
@@ -71,6 +76,46 @@ def match_path(match: MatchResult) -> list[RadixNode]:
     if node is None or not node.attached:
         return []
     return node.path()
+
+
+@dataclass
+class CopyPlan:
+    """What bringing a path to the device takes: nodes to copy now (`needed`), transfers to
+    the device already under way (`shared`), and nodes whose host copy a prefetch is reading
+    (`staged`, waiting on `prefetches`); `source_tiers` credits each page to its tier."""
+
+    needed: list[RadixNode] = field(default_factory=list)
+    shared: dict[int, TransferTicket] = field(default_factory=dict)
+    staged: list[RadixNode] = field(default_factory=list)
+    prefetches: dict[int, TransferTicket] = field(default_factory=dict)
+    source_tiers: list[Tier] = field(default_factory=list)
+
+
+def _plan_copies(path: list[RadixNode], stage_prefetched: bool) -> CopyPlan:
+    """Classify the path's nodes, root first, up to the first that holds nothing (its read
+    failed: the rest is a miss). With `stage_prefetched`, a node on its way to host is left to
+    that read rather than read from its store again."""
+    plan = CopyPlan()
+    for node in path:
+        prefetch = node.inflight.get(Tier.HOST)
+        if Tier.DEVICE in node.copies:
+            source = Tier.DEVICE
+        elif Tier.DEVICE in node.inflight:
+            part = node.inflight[Tier.DEVICE]
+            source = part.src_tier
+            if not part.ticket.done:  # else it arrived and commits with its parent
+                plan.shared[part.ticket.id] = part.ticket
+        elif stage_prefetched and prefetch is not None and not prefetch.ticket.done:
+            source = prefetch.src_tier
+            plan.staged.append(node)
+            plan.prefetches[prefetch.ticket.id] = prefetch.ticket
+        elif node.copies:
+            source = node.fastest_copy()  # type: ignore[assignment]
+            plan.needed.append(node)
+        else:
+            break
+        plan.source_tiers.extend([source] * node.num_pages)
+    return plan
 
 
 class Promoter:
@@ -101,40 +146,47 @@ class Promoter:
             return ticket
         assert match.last_node is not None
         self.locks.lock(match.last_node)
-        needed: list[RadixNode] = []
-        shared: dict[int, TransferTicket] = {}
-        for node in path:
-            if Tier.DEVICE in node.copies:
-                source = Tier.DEVICE
-            elif Tier.DEVICE in node.inflight:
-                part = node.inflight[Tier.DEVICE]
-                source = part.src_tier
-                if not part.ticket.done:  # else it arrived and commits with its parent
-                    shared[part.ticket.id] = part.ticket
-            elif node.copies:
-                source = node.fastest_copy()
-                needed.append(node)
-            else:
-                break  # an emptied node (its read failed): the rest is a miss
-            ticket.source_tiers.extend([source] * node.num_pages)  # type: ignore[list-item]
-        num_pages = sum(node.num_pages for node in needed)
+        plan = _plan_copies(path, stage_prefetched=True)
+        ticket.source_tiers = plan.source_tiers
+        staged_pages = sum(node.num_pages for node in plan.staged)
+        num_pages = sum(node.num_pages for node in plan.needed) + staged_pages
         if num_pages and not self.demoter.make_room(Tier.DEVICE, num_pages):
             self.locks.unlock(match.last_node)
             return None
-        started = self.residency.start_copy(needed, Tier.DEVICE, frees_source=False)
-        for transfer in [*started, *shared.values()]:
-            ticket.transfers.append(transfer)
-            ticket.waiting_on.add(transfer.id)
-            self._waiters.setdefault(transfer.id, []).append(ticket)
+        ticket.staged = bool(plan.staged)
+        started = self.residency.start_copy(plan.needed, Tier.DEVICE, frees_source=False)
+        self._wait_for(ticket, [*started, *plan.shared.values(), *plan.prefetches.values()])
         if not ticket.waiting_on:
             self._finish(ticket, path)
         return ticket
+
+    def _wait_for(self, ticket: PromotionTicket, transfers: list[TransferTicket]) -> None:
+        for transfer in transfers:
+            ticket.transfers.append(transfer)
+            ticket.waiting_on.add(transfer.id)
+            self._waiters.setdefault(transfer.id, []).append(ticket)
+
+    def _start_second_stage(self, ticket: PromotionTicket) -> None:
+        """The prefetches it waited for were applied: copy what they brought to host (and
+        whatever else of the path is still below the device) to the device. Pages for which
+        there is no device room now stay a miss."""
+        ticket.staged = False
+        path = match_path(ticket.match)
+        plan = _plan_copies(path, stage_prefetched=False)
+        needed = plan.needed
+        num_pages = sum(node.num_pages for node in needed)
+        if num_pages and not self.demoter.make_room(Tier.DEVICE, num_pages):
+            needed = []  # the room made at admission was taken since: the rest is computed
+        started = self.residency.start_copy(needed, Tier.DEVICE, frees_source=False)
+        self._wait_for(ticket, [*started, *plan.shared.values()])
 
     def transfer_applied(self, transfer: TransferTicket) -> list[PromotionTicket]:
         """Note that `transfer` was applied; return the promotions that are now done."""
         finished = []
         for ticket in self._waiters.pop(transfer.id, []):
             ticket.waiting_on.discard(transfer.id)
+            if not ticket.waiting_on and ticket.staged:
+                self._start_second_stage(ticket)
             if not ticket.waiting_on and not ticket.done:
                 self._finish(ticket, match_path(ticket.match))
                 finished.append(ticket)
