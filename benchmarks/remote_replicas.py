@@ -34,12 +34,12 @@ import time
 from pathlib import Path
 
 import httpx
-import redis
 
 from tieredkv.bench.disk_check import drop_page_cache
 from tieredkv.bench.managed import ManagedServer
-from tieredkv.bench.prom_text import counter_delta, parse_samples
+from tieredkv.bench.prom_text import counter_delta
 from tieredkv.bench.redis_server import RedisServer, require_redis_server
+from tieredkv.bench.remote_limit import redis_get_throughput, scrape
 
 QUESTION_TOKENS = 64
 VOCAB = range(1000, 40000)
@@ -55,25 +55,6 @@ def completion(server: ManagedServer, tokens: list[int], salt: str | None = None
     reply.raise_for_status()
     details = reply.json()["usage"]["prompt_tokens_details"]
     return {"ttft_s": seconds, "by_tier": details["cached_tokens_by_tier"]}
-
-
-def redis_get_gbps(url: str, batch: int) -> dict:
-    """Pipelined GETs of every tieredkv value in Redis, `batch` per round trip, one client."""
-    client = redis.Redis.from_url(url)
-    keys = list(client.scan_iter(match="tieredkv:*", count=1000))
-    started = time.perf_counter()
-    total = 0
-    for start in range(0, len(keys), batch):
-        pipe = client.pipeline(transaction=False)
-        for key in keys[start : start + batch]:
-            pipe.get(key)
-        total += sum(len(value) for value in pipe.execute() if value)
-    seconds = time.perf_counter() - started
-    return {"values": len(keys), "bytes": total, "gbps": total / seconds / 1e9}
-
-
-def metrics(server: ManagedServer) -> dict:
-    return parse_samples(httpx.get(server.base_url + "/metrics", timeout=10).text)
 
 
 def spread(values: list[float]) -> dict:
@@ -105,17 +86,17 @@ def run(args: argparse.Namespace, work: Path) -> dict:
             for history in histories:
                 completion(a, history)
             time.sleep(1.0)  # the issue's bound for another replica to see the pages
-            before = metrics(b)
+            before = scrape(b.base_url)
             for index, history in enumerate(histories):
                 rows["remote"].append(completion(b, history + questions[3 * index]))
-            after = metrics(b)
+            after = scrape(b.base_url)
             drop_page_cache(disk_dir)
             for index, history in enumerate(histories):
                 rows["disk"].append(completion(a, history + questions[3 * index + 1]))
             for index, history in enumerate(histories):
                 salt = f"recompute-{index}"
                 rows["recompute"].append(completion(b, history + questions[3 * index], salt))
-            limit = redis_get_gbps(server.url, args.get_batch)
+            limit = redis_get_throughput(server.url, batch=args.get_batch)
     finally:
         server.stop()
     pages = args.history_tokens // 16

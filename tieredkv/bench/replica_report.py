@@ -111,6 +111,8 @@ def analyze(runs: list[dict], baseline: dict | None) -> dict:
             "restart_round_ttft_p50_s": restart_round["ttft_s"]["p50"] if restart_round else None,
             "lost_after_restart": lost,
             "no_conversation_lost": None if restart_turn is None else not lost,
+            "remote_promotion": run.get("remote_promotion"),
+            "redis_get": run.get("redis_get"),
             **tier_figures(run["records"], baseline),
         })  # fmt: skip
     pooled = tier_figures([r for run in runs for r in run["records"]], baseline)
@@ -182,6 +184,25 @@ def tier_table(analysis: dict) -> str:
     return markdown_table(header, rows)
 
 
+def bandwidth_table(analysis: dict) -> str:
+    """Per configuration with the remote tier: its promotion bandwidth (the replicas' own
+    counters) beside Redis's pipelined GET throughput measured after the turns, same run."""
+    header = ["configuration", "promotions from Redis", "MB moved", "promotion GB/s",
+              "Redis GET GB/s (limit)", "GETs a round trip", "of the limit"]  # fmt: skip
+    rows = []
+    for entry in analysis["configurations"]:
+        promotion, limit = entry.get("remote_promotion"), entry.get("redis_get")
+        if promotion is None or limit is None:
+            continue
+        share = ratio(promotion["gbps"], limit["gbps"])
+        rows.append([
+            entry["label"], fmt(promotion["promotions"], ".0f"),
+            fmt(promotion["bytes"], ".1f", 1e-6), fmt(promotion["gbps"], ".2f"),
+            fmt(limit["gbps"], ".2f"), str(limit["batch"]), fmt(share, ".0%"),
+        ])  # fmt: skip
+    return markdown_table(header, rows)
+
+
 def replicas_tables(runs: list[dict], analysis: dict) -> str:
     """The two tables of the replicas run, and a line on the restart target."""
     restart = _restart_verdict([e for e in analysis["configurations"] if e["remote_tier"]])
@@ -191,4 +212,8 @@ def replicas_tables(runs: list[dict], analysis: dict) -> str:
         "against a local disk hit and against recomputing the same turns:",
         tier_table(analysis),
         f"The restart loses no conversation with the remote tier on: {restart}.",
+        "The remote tier's promotion bandwidth (bytes from Redis over the seconds promotions "
+        "from it took, every replica's counters) beside Redis's own pipelined GET throughput "
+        "on the values they wrote (loopback, one client, measured after the turns):",
+        bandwidth_table(analysis),
     ])  # fmt: skip

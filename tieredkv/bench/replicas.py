@@ -23,6 +23,7 @@ from pathlib import Path
 from tieredkv.bench.disk_check import drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.redis_server import RedisServer, require_redis_server
+from tieredkv.bench.remote_limit import RemotePromotions, redis_get_throughput
 from tieredkv.bench.replica_set import ReplicaSet
 from tieredkv.bench.router import ROUTER_POLICIES, require_router
 from tieredkv.bench.suite import ServerSpec, SuiteConfig
@@ -182,6 +183,7 @@ def run_configuration(
         for disk_dir in disk_dirs:
             disk_dir.mkdir()
         replicas = running.enter_context(ReplicaSet(args, log_dir, config.policy, suite.threads))
+        promotions = RemotePromotions(replicas.urls) if config.remote else None
 
         def finish_restart() -> None:
             if (restart := replicas.finish_restart()) is not None:
@@ -195,6 +197,8 @@ def run_configuration(
 
         def before_turn(round_index: int, user: int) -> None:
             if (round_index, user) == plan.restart_turn:
+                if promotions is not None:
+                    promotions.end(0)  # its counters die with it
                 replicas.begin_restart(0)  # the round goes on while replica 0 is away
 
         result = run_workload(
@@ -202,6 +206,10 @@ def run_configuration(
             suite.extra_body, before_turn=before_turn,
         )  # fmt: skip
         finish_restart()
+        if promotions is not None:  # Redis still runs: its own limit, in the same run
+            promotions.end_all()
+            result["remote_promotion"] = promotions.figures()
+            result["redis_get"] = redis_get_throughput(redis.url, result["remote_promotion"])
         if result["direct_io"] is None:  # the router has no /health of its own: a replica's log
             result["direct_io"] = replicas.servers[0].direct_io
     result["server"] = "tieredkv"

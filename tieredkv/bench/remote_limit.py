@@ -1,0 +1,91 @@
+"""The remote tier's promotion bandwidth beside its limit, both measured in the same run.
+
+The bandwidth comes from the replicas' own counters: the bytes every replica moved out of the
+remote tier (`transfer_bytes_total{from_tier="remote"}`) over the seconds its promotions from
+there took (`promotion_seconds_sum{from_tier="remote"}`), summed over the replicas and over a
+restarted replica's lives. The limit is loopback Redis's own pipelined GET throughput: one
+client reads back every value the replicas wrote, in batches as large as the replicas' average
+fetch, as the remote tier's copier reads them (one pipeline a fetch).
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import redis
+
+from tieredkv.bench.prom_text import Samples, counter_delta, parse_samples
+
+REMOTE = {"from_tier": "remote"}
+
+
+def scrape(base_url: str) -> Samples:
+    """A replica's /metrics (open: no key needed)."""
+    return parse_samples(httpx.get(base_url + "/metrics", timeout=10).text)
+
+
+class RemotePromotions:
+    """What the replicas' promotions from the remote tier moved and took, between `begin` and
+    the last `end`. A replica stopped and started again counts twice: `end(i)` before it stops
+    closes its first life, and its new process starts from zero."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self._since: list[Samples] = [scrape(url) for url in urls]
+        self.bytes = 0.0
+        self.seconds = 0.0
+        self.promotions = 0.0
+
+    def end(self, index: int) -> None:
+        """Add replica `index`'s counters since its last scrape; the next life starts at 0."""
+        now = scrape(self.urls[index])
+        before = self._since[index]
+        self.bytes += counter_delta(before, now, "tieredkv_transfer_bytes_total", **REMOTE) or 0
+        self.seconds += counter_delta(before, now, "tieredkv_promotion_seconds_sum", **REMOTE) or 0
+        self.promotions += (
+            counter_delta(before, now, "tieredkv_promotion_seconds_count", **REMOTE) or 0
+        )
+        self._since[index] = {}
+
+    def end_all(self) -> None:
+        for index in range(len(self.urls)):
+            self.end(index)
+
+    def figures(self) -> dict:
+        gbps = self.bytes / self.seconds / 1e9 if self.bytes and self.seconds else None
+        return {"bytes": self.bytes, "seconds": self.seconds, "promotions": self.promotions,
+                "gbps": gbps}  # fmt: skip
+
+
+def redis_get_throughput(url: str, promotions: dict | None = None, batch: int = 64) -> dict:
+    """Pipelined GETs of every tieredkv value in the Redis at `url`, one client: Redis's own
+    read throughput on loopback for the values the replicas wrote. With `promotions`
+    (`RemotePromotions.figures()`), as many GETs a round trip as an average promotion from the
+    remote tier fetched; else `batch`."""
+    client = redis.Redis.from_url(url)
+    try:
+        keys = list(client.scan_iter(match="tieredkv:*", count=1000))
+        if promotions is not None and keys:
+            sample = keys[:32]
+            value_bytes = sum(client.strlen(key) for key in sample) / len(sample)
+            batch = batch_like_the_replicas(promotions, value_bytes, batch)
+        started = time.perf_counter()
+        total = 0
+        for start in range(0, len(keys), batch):
+            pipe = client.pipeline(transaction=False)
+            for key in keys[start : start + batch]:
+                pipe.get(key)
+            total += sum(len(value) for value in pipe.execute() if value)
+        seconds = time.perf_counter() - started
+    finally:
+        client.close()
+    gbps = total / seconds / 1e9 if total and seconds else None
+    return {"values": len(keys), "bytes": total, "batch": batch, "gbps": gbps}
+
+
+def batch_like_the_replicas(promotions: dict, value_bytes: float, default: int) -> int:
+    """GETs per round trip: the values an average promotion from the remote tier fetched."""
+    if not promotions["promotions"] or not value_bytes:
+        return default
+    return max(1, round(promotions["bytes"] / promotions["promotions"] / value_bytes))
