@@ -26,9 +26,9 @@ def scrape(base_url: str) -> Samples:
 
 
 class RemotePromotions:
-    """What the replicas' promotions from the remote tier moved and took, between `begin` and
-    the last `end`. A replica stopped and started again counts twice: `end(i)` before it stops
-    closes its first life, and its new process starts from zero."""
+    """What the replicas' promotions from the remote tier moved and took, from this object's
+    making to the last `end`. A replica stopped and started again counts twice: `end(i)` before
+    it stops closes its first life, and its new process starts from zero."""
 
     def __init__(self, urls: list[str]) -> None:
         self.urls = urls

@@ -8,7 +8,8 @@ every transfer it waits for was applied. A read that fails shortens the ready pr
 never an error.
 
 Pages a prefetch is still reading towards host are not read from the store a second time: the
-promotion waits for that read, then copies them host -> device (its second stage).
+promotion waits for that read, then copies them host -> device, and the path's pages below
+them from where they are (its second stage).
 """
 
 from __future__ import annotations
@@ -81,12 +82,13 @@ def match_path(match: MatchResult) -> list[RadixNode]:
 @dataclass
 class CopyPlan:
     """What bringing a path to the device takes: nodes to copy now (`needed`), transfers to
-    the device already under way (`shared`), and nodes whose host copy a prefetch is reading
-    (`staged`, waiting on `prefetches`); `source_tiers` credits each page to its tier."""
+    the device already under way (`shared`), and the pages left to the second stage
+    (`staged_pages`: those a prefetch is reading to host, waiting on `prefetches`, and those
+    below them); `source_tiers` credits each page to its tier."""
 
     needed: list[RadixNode] = field(default_factory=list)
     shared: dict[int, TransferTicket] = field(default_factory=dict)
-    staged: list[RadixNode] = field(default_factory=list)
+    staged_pages: int = 0
     prefetches: dict[int, TransferTicket] = field(default_factory=dict)
     source_tiers: list[Tier] = field(default_factory=list)
 
@@ -94,7 +96,8 @@ class CopyPlan:
 def _plan_copies(path: list[RadixNode], stage_prefetched: bool) -> CopyPlan:
     """Classify the path's nodes, root first, up to the first that holds nothing (its read
     failed: the rest is a miss). With `stage_prefetched`, a node on its way to host is left to
-    that read rather than read from its store again."""
+    that read rather than read from its store again, and so is every node below it: a node
+    may head for the device only once its parent does (parents commit first)."""
     plan = CopyPlan()
     for node in path:
         prefetch = node.inflight.get(Tier.HOST)
@@ -107,8 +110,11 @@ def _plan_copies(path: list[RadixNode], stage_prefetched: bool) -> CopyPlan:
                 plan.shared[part.ticket.id] = part.ticket
         elif stage_prefetched and prefetch is not None and not prefetch.ticket.done:
             source = prefetch.src_tier
-            plan.staged.append(node)
+            plan.staged_pages += node.num_pages
             plan.prefetches[prefetch.ticket.id] = prefetch.ticket
+        elif plan.staged_pages and node.copies:  # below a staged node: the second stage's
+            source = node.fastest_copy()  # type: ignore[assignment]
+            plan.staged_pages += node.num_pages
         elif node.copies:
             source = node.fastest_copy()  # type: ignore[assignment]
             plan.needed.append(node)
@@ -148,12 +154,11 @@ class Promoter:
         self.locks.lock(match.last_node)
         plan = _plan_copies(path, stage_prefetched=True)
         ticket.source_tiers = plan.source_tiers
-        staged_pages = sum(node.num_pages for node in plan.staged)
-        num_pages = sum(node.num_pages for node in plan.needed) + staged_pages
+        num_pages = sum(node.num_pages for node in plan.needed) + plan.staged_pages
         if num_pages and not self.demoter.make_room(Tier.DEVICE, num_pages):
             self.locks.unlock(match.last_node)
             return None
-        ticket.staged = bool(plan.staged)
+        ticket.staged = plan.staged_pages > 0
         started = self.residency.start_copy(plan.needed, Tier.DEVICE, frees_source=False)
         self._wait_for(ticket, [*started, *plan.shared.values(), *plan.prefetches.values()])
         if not ticket.waiting_on:
