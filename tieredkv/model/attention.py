@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.model.forward_batch import ForwardBatch
+from tieredkv.model.matmul_attention import matmul_causal_attention, matmul_decode_attention
 from tieredkv.model.workspace import SpareWorkspaces, Workspace, WorkspaceArena, fill_helper
 
 
@@ -63,7 +64,7 @@ class _ChunkViews:
     lo: int
     hi: int
     start: int  # tokens before the chunk
-    keys: torch.Tensor  # (layers, end, kv_heads, head_dim), a view of the workspace
+    keys: torch.Tensor  # (layers, kv_heads, end, head_dim), a view of the workspace
     values: torch.Tensor
     mask: torch.Tensor | None  # see `suffix_mask`: built once a step, read by every layer
 
@@ -85,11 +86,16 @@ class _DecodeGroup:
 
 class WorkspaceAttention(AttentionBackend):
     """CPU production path: per-sequence contiguous KV, filled from the pool once (see
-    tieredkv.model.workspace). A step's decodes in arena slots attend in one SDPA call (eight
-    1k-token decodes: one call a layer instead of eight)."""
+    tieredkv.model.workspace). Attention runs SDPA, or with `matmul=True` blocked batched
+    matmuls (tieredkv.model.matmul_attention: bf16 on a CPU without AMX). A step's decodes in
+    arena slots attend together, one call a layer (eight 1k-token decodes: one instead of
+    eight)."""
 
-    def __init__(self, pool: DevicePool, max_seqs: int = 0, max_len: int = 0) -> None:
+    def __init__(
+        self, pool: DevicePool, max_seqs: int = 0, max_len: int = 0, matmul: bool = False
+    ) -> None:
         super().__init__(pool)
+        self.matmul = matmul
         self._workspaces: dict[int, Workspace] = {}
         self._arena = WorkspaceArena(pool, max_seqs, max_len) if max_seqs and max_len else None
         self._spares = SpareWorkspaces(pool)
@@ -132,9 +138,9 @@ class WorkspaceAttention(AttentionBackend):
                 offsets[i],
                 offsets[i + 1],
                 chunk.start,
-                self._workspaces[chunk.seq_id].kv[:, 0, : chunk.end],
-                self._workspaces[chunk.seq_id].kv[:, 1, : chunk.end],
-                suffix_mask(chunk.num_new, chunk.end, dtype),
+                self._workspaces[chunk.seq_id].kv[:, 0, :, : chunk.end],
+                self._workspaces[chunk.seq_id].kv[:, 1, :, : chunk.end],
+                None if self.matmul else suffix_mask(chunk.num_new, chunk.end, dtype),
             )
             for i, chunk in enumerate(batch.chunks)
             if i not in in_group
@@ -175,15 +181,16 @@ class WorkspaceAttention(AttentionBackend):
             self._attend_decodes(self._decodes, layer, q, k, v, out)
         return out
 
-    @staticmethod
     def _attend_chunk(
-        view: _ChunkViews, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        self, view: _ChunkViews, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        keys, values = view.keys[layer], view.values[layer]  # (end, kv_heads, head_dim)
-        keys[view.start :].copy_(k[view.lo : view.hi])
-        values[view.start :].copy_(v[view.lo : view.hi])
+        keys, values = view.keys[layer], view.values[layer]  # (kv_heads, end, head_dim)
+        keys[:, view.start :].copy_(k[view.lo : view.hi].transpose(0, 1))
+        values[:, view.start :].copy_(v[view.lo : view.hi].transpose(0, 1))
         rows = q[view.lo : view.hi]
-        return causal_attention(rows, keys.transpose(0, 1), values.transpose(0, 1), view.mask)
+        if self.matmul:
+            return matmul_causal_attention(rows, keys, values)
+        return causal_attention(rows, keys, values, view.mask)
 
     def _attend_decodes(
         self,
@@ -196,16 +203,22 @@ class WorkspaceAttention(AttentionBackend):
     ) -> None:
         assert self._arena is not None
         slots = self._arena.kv[group.first : group.first + group.num_slots, layer]
-        keys, values = slots[:, 0], slots[:, 1]  # (S, capacity, kv_heads, head_dim)
-        keys.index_put_((group.slots, group.positions), k.index_select(0, group.rows))
-        values.index_put_((group.slots, group.positions), v.index_select(0, group.rows))
+        keys, values = slots[:, 0], slots[:, 1]  # (S, kv_heads, capacity, head_dim)
+        keys[group.slots, :, group.positions] = k.index_select(0, group.rows)  # (B, kv, d)
+        values[group.slots, :, group.positions] = v.index_select(0, group.rows)
         heads, head_dim = q.shape[1], q.shape[2]
         queries = q.new_zeros((group.num_slots, heads, 1, head_dim))
         queries.index_copy_(0, group.slots, q.index_select(0, group.rows).unsqueeze(2))
+        if self.matmul:
+            attended = matmul_decode_attention(
+                queries, keys[:, :, : group.kv_len], values[:, :, : group.kv_len], group.mask
+            )
+            out.index_copy_(0, group.rows, attended.index_select(0, group.slots).squeeze(2))
+            return
         attended = F.scaled_dot_product_attention(
             queries,
-            keys[:, : group.kv_len].transpose(1, 2),  # (S, kv_heads, kv_len, head_dim)
-            values[:, : group.kv_len].transpose(1, 2),
+            keys[:, :, : group.kv_len],  # (S, kv_heads, kv_len, head_dim)
+            values[:, :, : group.kv_len],
             attn_mask=group.mask,
             enable_gqa=True,
         )  # (S, heads, 1, head_dim)

@@ -18,6 +18,7 @@ from tieredkv.config import ModelConfig
 from tieredkv.model.attention import AttentionBackend, PagedKernelAttention, WorkspaceAttention
 from tieredkv.model.forward_batch import ForwardBatch, SequenceChunk
 from tieredkv.model.llama import LlamaModel
+from tieredkv.model.matmul_attention import prefers_matmul_attention
 
 DEFAULT_MAX_SEQS = 16  # running sequences whose CPU workspaces share one arena (EngineConfig's)
 
@@ -26,12 +27,13 @@ def make_attention(
     pool: DevicePool, backend: str = "auto", max_seqs: int = 0, max_len: int = 0
 ) -> AttentionBackend:
     """ "auto": Triton kernels on CUDA, the workspace path on CPU (an arena of `max_seqs`
-    workspaces of `max_len` tokens). "reference": the torch reference kernels over pages in
-    place (slow; for cross-checking)."""
+    workspaces of `max_len` tokens; SDPA, or blocked matmuls for bf16 on a CPU without AMX).
+    "reference": the torch reference kernels over pages in place (slow; for cross-checking)."""
     if backend == "auto":
         backend = "triton" if pool.device.type == "cuda" else "workspace"
     if backend == "workspace":
-        return WorkspaceAttention(pool, max_seqs, max_len)
+        matmul = prefers_matmul_attention(pool.layout.dtype, pool.device)
+        return WorkspaceAttention(pool, max_seqs, max_len, matmul=matmul)
     from tieredkv.kernels.backend import select_backend
 
     return PagedKernelAttention(pool, select_backend(pool.device, prefer=backend))

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tieredkv.model.attention import causal_attention
+from tieredkv.model.matmul_attention import matmul_causal_attention, prefers_matmul_attention
 
 
 def dense_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -52,3 +53,37 @@ def test_causal_attention_in_bf16_stays_close() -> None:
     got = causal_attention(q.bfloat16(), keys.bfloat16(), values.bfloat16()).float()
     assert (got - expected).abs().mean() < 5e-3
     assert (got - expected).abs().max() < 0.1
+
+
+@pytest.mark.parametrize(
+    ("n", "kv_len"),
+    [(1, 1), (1, 37), (5, 5), (19, 40), (128, 128), (129, 129), (300, 1100), (260, 300)],
+)
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2)])
+def test_matmul_attention_matches_dense(n, kv_len, heads, kv_heads) -> None:
+    """The blocked-matmul path (bf16 without AMX) computes the same attention: exact in fp32,
+    across block edges (128 queries a block) and after a prefix."""
+    generator = torch.Generator().manual_seed(n * 1000 + kv_len + 7)
+    q = torch.randn(n, heads, 16, generator=generator)
+    keys = torch.randn(kv_heads, kv_len, 16, generator=generator)
+    values = torch.randn(kv_heads, kv_len, 16, generator=generator)
+    got = matmul_causal_attention(q, keys, values)
+    torch.testing.assert_close(got.double(), dense_reference(q, keys, values), rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_attention_reads_strided_workspace_views_in_bf16() -> None:
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(300, 9, 64, generator=generator)
+    buffer = torch.randn(420, 2, 3, 64, generator=generator)  # the workspace: (len, K/V, kv, d)
+    keys, values = buffer[:, 0].transpose(0, 1), buffer[:, 1].transpose(0, 1)
+    expected = dense_reference(q, keys, values).float()
+    got = matmul_causal_attention(q.bfloat16(), keys.bfloat16(), values.bfloat16()).float()
+    assert (got - expected).abs().mean() < 5e-3
+    assert (got - expected).abs().max() < 0.1
+
+
+def test_matmul_attention_is_chosen_for_bf16_on_a_cpu_without_amx() -> None:
+    cpu = torch.device("cpu")
+    assert prefers_matmul_attention(torch.bfloat16, cpu, frozenset({"avx512_bf16"}))
+    assert not prefers_matmul_attention(torch.bfloat16, cpu, frozenset({"amx_bf16"}))
+    assert not prefers_matmul_attention(torch.float32, cpu, frozenset({"avx512_bf16"}))

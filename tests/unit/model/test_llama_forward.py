@@ -9,6 +9,7 @@ import torch
 import transformers
 
 from tieredkv.model import llama
+from tieredkv.model import runner as runner_module
 from tieredkv.model.forward_batch import SequenceChunk
 from tieredkv.model.hf_config import parse_model_config
 from tieredkv.model.linear import PackedLinear, PlainLinear, packed_linear_works
@@ -235,11 +236,16 @@ def test_bf16_fused_path_stays_close_to_eager(hf_and_runner, monkeypatch) -> Non
 
 
 @pytest.mark.parametrize("max_seqs", [16, 2])  # 2: the third sequence has a workspace of its own
-def test_decodes_attended_together_equal_each_alone(hf_and_runner, max_seqs: int) -> None:
-    """Decodes whose workspaces are arena slots attend in one masked call over the slot range;
-    in fp32 each one's logits equal those of the same sequence decoded alone (to the rounding
-    that a batch of rows already brings to the matmuls)."""
+@pytest.mark.parametrize("matmul", [False, True], ids=["sdpa", "matmul"])
+def test_decodes_attended_together_equal_each_alone(
+    hf_and_runner, max_seqs: int, matmul: bool, monkeypatch
+) -> None:
+    """Decodes whose workspaces are arena slots attend in one masked call over the slot range
+    (SDPA, or the blocked-matmul path forced here); in fp32 each one's logits equal those of the
+    same sequence decoded alone (to the rounding that a batch of rows already brings to the
+    matmuls)."""
     hf, _ = hf_and_runner
+    monkeypatch.setattr(runner_module, "prefers_matmul_attention", lambda dtype, device: matmul)
     config = parse_model_config(hf.config.to_dict(), Path("arena"))
     weights = {name: t.detach().clone() for name, t in hf.state_dict().items()}
     if config.tie_word_embeddings:
@@ -270,3 +276,46 @@ def test_decodes_attended_together_equal_each_alone(hf_and_runner, max_seqs: int
             seq.token_ids.append(token)
             logits = alone.forward([seq.next_chunk(alone.pool)])[0]
             torch.testing.assert_close(steps[step][i], logits, rtol=1e-4, atol=1e-5)
+
+
+def test_matmul_attention_path_equals_transformers_in_fp32(hf_and_runner, monkeypatch) -> None:
+    """The blocked-matmul attention (chosen for bf16 on a CPU without AMX), forced here in fp32:
+    chunked prefills after a prefix and decodes of several sequences in one step (each alone
+    on this path) equal transformers' logits and greedy tokens."""
+    hf, _ = hf_and_runner
+    config = parse_model_config(hf.config.to_dict(), Path("matmul"))
+    weights = {name: t.detach().clone() for name, t in hf.state_dict().items()}
+    if config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    monkeypatch.setattr(runner_module, "prefers_matmul_attention", lambda dtype, device: True)
+    runner = ModelRunner.create(config, weights, num_pages=256, page_size=4, max_model_len=512)
+    assert runner.attention.matmul
+    prompt = _prompt(300, seed=11)
+    seq = PagedSequence(5, list(prompt))
+    ours = _prefill(runner, seq, chunk=130)  # blocks of 128 queries, crossed after a prefix
+    runner.release(5)
+    seq.free(runner.pool)
+    with torch.no_grad():
+        theirs = hf(torch.tensor([prompt])).logits[0, -1]
+    assert _rel_err(ours, theirs) < 1e-4
+    prompts = [_prompt(n, seed=n) for n in (9, 18, 25)]
+    seqs = [PagedSequence(i, list(p)) for i, p in enumerate(prompts)]
+    for s in seqs:
+        _prefill(runner, s)
+    for token in (5, 6):
+        for s in seqs:
+            s.token_ids.append(token)
+        step = runner.forward([s.next_chunk(runner.pool) for s in seqs])
+        for i, s in enumerate(seqs):
+            with torch.no_grad():
+                expected = hf(torch.tensor([s.token_ids])).logits[0, -1]
+            assert _rel_err(step[i], expected) < 1e-4
+    for s in seqs:
+        runner.release(s.seq_id)
+        s.free(runner.pool)
+    assert (
+        generate_greedy(runner, prompts[1], 12)
+        == hf.generate(torch.tensor([prompts[1]]), max_new_tokens=12, do_sample=False)[
+            0, len(prompts[1]) :
+        ].tolist()
+    )

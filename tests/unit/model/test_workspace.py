@@ -11,9 +11,9 @@ from tieredkv.model.workspace import SpareWorkspaces, Workspace, WorkspaceArena,
 
 
 def gathered(pool: DevicePool, pages: list[int], length: int) -> torch.Tensor:
-    """The reference: (layers, 2, length, kv_heads, head_dim) by indexing page by page."""
+    """The reference: (layers, 2, kv_heads, length, head_dim) by indexing page by page."""
     kv = torch.cat([pool.kv[:, :, page] for page in pages], dim=2)  # (L, 2, n * ps, H, D)
-    return kv[:, :, :length]
+    return kv[:, :, :length].transpose(2, 3)
 
 
 def random_pool(dtype: torch.dtype, num_pages: int = 80) -> DevicePool:
@@ -40,7 +40,7 @@ def test_fill_equals_gather(dtype: torch.dtype, length: int, order: str) -> None
     with fill_helper() as helper:
         workspace.fill_from_pool(pool, [*pages, 0, 1], length, helper)  # extra ids are ignored
     assert workspace.length == length and workspace.capacity >= length
-    assert torch.equal(workspace.kv[:, :, :length], gathered(pool, pages, length))
+    assert torch.equal(workspace.kv[:, :, :, :length], gathered(pool, pages, length))
 
 
 def test_spares_are_reused_smallest_fitting_first_and_bounded() -> None:
@@ -63,7 +63,7 @@ def test_arena_slots_start_zeroed_whatever_the_allocator_held() -> None:
     never hold non-finite garbage past a sequence's end, even in memory the allocator recycles."""
     pool = random_pool(torch.float32)
     for _ in range(4):  # leave freed NaN-filled blocks behind for the allocator to hand out
-        torch.full((3, 2, 512, 2, 8), float("nan"))
+        torch.full((3, 2, 2, 512, 8), float("nan"))
     arena = WorkspaceArena(pool, slots=3, capacity=300)
     assert arena.capacity == 512 and torch.count_nonzero(arena.kv) == 0
     first, second = arena.take(100), arena.take(600)
