@@ -19,6 +19,8 @@ import math
 
 import torch
 
+from tieredkv.model.dtype import cpu_flags
+
 BLOCK_QUERIES = 128  # 64-256 measured within 15% at 2k tokens; 128 was the best
 
 
@@ -102,8 +104,6 @@ def prefers_matmul_attention(
     """Whether this path beats SDPA here: bf16 on a CPU without AMX. With AMX, SDPA's flash
     kernel was the faster one (2k prefill 254 ms of attention; masks, GQA folding and splits
     measured slower), and fp32 stays on SDPA, whose outputs match transformers' exactly."""
-    from tieredkv.model.dtype import cpu_flags
-
     if torch.device(device).type != "cpu" or dtype != torch.bfloat16:
         return False
     return "amx_bf16" not in (cpu_flags() if flags is None else flags)
