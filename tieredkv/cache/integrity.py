@@ -10,8 +10,8 @@
     token ids the packed run decodes to;
   - a transfer's source copy stays committed until its bytes arrive, and an arrived copy is
     committed as soon as its parent's copy allows;
-  - each namespace's page counts per tier (`RadixNode.usage`, what fair eviction reads) equal
-    the pages of its nodes' copies.
+  - each namespace's page counts per tier (`RadixNode.usage` and `arriving`, what fair
+    eviction reads) equal the pages of its nodes' copies and of its copies in flight.
 It walks the whole tree: for tests and the debug endpoint, never the hot path.
 """
 
@@ -139,18 +139,27 @@ def check_integrity(
     ledger = _Ledger()
     problems = ledger.problems
     chain_ends: dict[RadixNode, bytes] = {}
-    usage = {key: [0] * len(Tier) for key in index.tree.roots}
+    usage: dict[bytes, list[int]] = {}  # per namespace root key: committed pages per tier
+    arriving: dict[bytes, list[int]] = {}  # and pages in flight towards each tier
     for node in index.tree.iter_nodes():
         _check_node(index, node, chain_ends, problems)
         for tier, pages in node.copies.items():
             ledger.claim(tier, pages, "node", node)
             usage.setdefault(node.root_key, [0] * len(Tier))[tier] += len(pages)
-        if node.usage is not index.tree.roots.get(node.root_key, node).usage:
+        for tier in node.inflight:
+            arriving.setdefault(node.root_key, [0] * len(Tier))[tier] += node.num_pages
+        root = index.tree.roots.get(node.root_key, node)
+        if node.usage is not root.usage or node.arriving is not root.arriving:
             problems.append(f"{node}: counts its pages apart from its namespace")
-    for key, counted in usage.items():
-        root = index.tree.roots.get(key)
-        if root is not None and root.usage != counted:
+    for key, root in index.tree.roots.items():
+        counted = usage.get(key, [0] * len(Tier))
+        if root.usage != counted:
             problems.append(f"namespace pages per tier {root.usage}, its copies hold {counted}")
+        on_the_way = arriving.get(key, [0] * len(Tier))
+        if root.arriving != on_the_way:
+            problems.append(
+                f"namespace pages arriving per tier {root.arriving}, in flight {on_the_way}"
+            )
     ledger.claim(Tier.DEVICE, sorted(index.private_pages), "request", "private")
     for part in _live_parts(index, transfers):
         ledger.claim(part.dst_tier, part.dst_pages, "ticket", part.ticket)

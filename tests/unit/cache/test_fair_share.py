@@ -85,6 +85,31 @@ def test_an_optional_copy_beyond_its_share_takes_no_room_from_namespaces_under_t
     ok(cache)
 
 
+def test_pages_on_their_way_to_a_tier_count_toward_the_claimants_share() -> None:
+    # the server's race (CI, stop 23): a flood's demotions to host still in flight held most
+    # of the host, but only committed pages counted, so its next claim looked within its share
+    # and plain LRU took a chat's host pages for it
+    cache, executor = make_cache(LAYOUT, device_pages=8, host_pages=12, namespace_share=None)
+    chats = {name: prompt(100 * i, 3) for i, name in enumerate(("a", "b"))}
+    for name, tokens in chats.items():
+        compute(cache, tokens, name)
+    while not cache.evict(Tier.DEVICE, 8):  # both chats to host only: 6 of its 12 pages
+        settle(cache, executor)
+    first, second = prompt(5000, 6), prompt(7000, 2)
+    compute(cache, first, "flood")
+    flooding = cache.match(first, "flood").last_node
+    assert cache.demoter.copy_down(flooding, Tier.HOST, frees_source=False)  # 6 pages, in flight
+    assert cache.pools.num_free(Tier.HOST) == 0
+    compute(cache, second, "flood")
+    node = cache.match(second, "flood").last_node
+    # the flood would hold 8 of 12 host pages, above an equal share of 4 each: refused
+    assert not cache.demoter.make_room(Tier.HOST, 2, claimant=node.root_key)
+    assert all(held(cache, t, name, Tier.HOST) == 3 for name, t in chats.items())
+    settle(cache, executor)
+    assert held(cache, first, "flood", Tier.HOST) == 6
+    ok(cache)
+
+
 def test_a_namespace_further_above_its_share_gives_room_to_a_claim_beyond_share() -> None:
     cache, executor = make_cache(LAYOUT, device_pages=12, host_pages=12, namespace_share=None)
     big = prompt(0, 10)
@@ -142,6 +167,10 @@ def test_the_integrity_check_counts_each_namespaces_pages() -> None:
     root.usage[Tier.DEVICE] += 1  # a count that drifted from the copies
     result = cache.check_integrity()
     assert not result.ok and any("namespace pages per tier" in p for p in result.problems)
+    root.usage[Tier.DEVICE] -= 1
+    root.arriving[Tier.DEVICE] += 1  # pages counted on their way with no copy in flight
+    result = cache.check_integrity()
+    assert not result.ok and any("namespace pages arriving" in p for p in result.problems)
 
 
 @pytest.mark.parametrize("share", [0.0, -0.5, 1.5])

@@ -6,8 +6,9 @@ and, per tier, the page ids of its copy there (`copies`) and the transfer in fli
 tier (`inflight`). Copies and
 transfers change only through `set_copy`/`pop_copy`/`set_inflight`/`pop_inflight`, which keep
 the parent's per-rank child counts, so evictability checks are O(1) whatever the fan-out, and
-the namespace's pages per tier (`usage`, one list shared by every node of a namespace, which
-fair eviction reads: `tieredkv.cache.residency.fair_share`).
+the namespace's pages per tier (`usage`, one list shared by every node of a namespace, and
+`arriving` for its copies in flight, which fair eviction reads:
+`tieredkv.cache.residency.fair_share`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class RadixNode:
     """A run of whole pages. The namespace root holds no pages and is never evicted."""
 
     __slots__ = (
+        "arriving",
         "attached",
         "child_ranks",
         "children",
@@ -77,6 +79,8 @@ class RadixNode:
         # the namespace's committed pages per tier: the root's list, shared by all its nodes
         # (a split or a merge moves pages between two nodes of one namespace: no change)
         self.usage: list[int] = parent.usage if parent is not None else [0] * len(Tier)
+        # and its pages on their way to each tier (copies in flight hold pool pages there too)
+        self.arriving: list[int] = parent.arriving if parent is not None else [0] * len(Tier)
         self.attached = True
         # children per closure rank (their fastest tier, copies in flight counted; NO_COPY)
         # and children with a disk copy: evictability is O(1), whatever the fan-out
@@ -125,12 +129,15 @@ class RadixNode:
 
     def set_inflight(self, tier: Tier, part: PendingCopy) -> None:
         before = self.rank()
+        if tier not in self.inflight:
+            self.arriving[tier] += self.num_pages
         self.inflight[tier] = part
         self._ranked(before)
 
     def pop_inflight(self, tier: Tier) -> PendingCopy:
         before = self.rank()
         part = self.inflight.pop(tier)
+        self.arriving[tier] -= self.num_pages
         self._ranked(before)
         return part
 

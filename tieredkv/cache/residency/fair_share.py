@@ -13,9 +13,12 @@ copy is not made, a demoted page goes further down or is dropped). Room on the d
 request to run is never refused. A share of 1.0 is plain LRU (no namespace is ever above it),
 and the tiers below host keep one heap: their order is plain LRU whatever the setting.
 
-A namespace's committed pages per tier are counted on its nodes (`RadixNode.usage`, kept by
-`set_copy`/`pop_copy`), so nothing is scanned but the namespaces themselves: a pop costs
-O(namespaces with evictable copies in the tier) plus the heap operations.
+What a namespace holds in a tier is its committed pages there plus its copies on their way
+there (they hold pool pages too: counting only committed pages let a namespace whose demotions
+were still in flight look within its share and take an older namespace's pages by plain LRU).
+Both are counted on its nodes (`RadixNode.usage` and `arriving`, kept by `set_copy`/`pop_copy`
+and `set_inflight`/`pop_inflight`), so nothing is scanned but the namespaces themselves: a pop
+costs O(namespaces with evictable copies in the tier) plus the heap operations.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ class Claim:
 
     root_key: bytes
     pages: int
+
+
+def held(root: RadixNode, tier: Tier) -> int:
+    """The pages of `tier` that the namespace of `root` holds: committed or on their way."""
+    return root.usage[tier] + root.arriving[tier]
 
 
 class FairTierHeap:
@@ -91,14 +99,14 @@ class FairTierHeap:
         claimant holding none yet counts among the namespaces an equal share divides by)."""
         if self._share is not None:
             return self._share * self._capacity()
-        holding = sum(1 for root in self._roots.values() if root.usage[self.tier])
+        holding = sum(1 for root in self._roots.values() if held(root, self.tier))
         if claim is not None and not self._pages_of(claim.root_key):
             holding += 1
         return self._capacity() / max(1, holding)
 
     def _pages_of(self, root_key: bytes) -> int:
         root = self._roots.get(root_key)
-        return root.usage[self.tier] if root is not None else 0
+        return held(root, self.tier) if root is not None else 0
 
     def over_share(self, share: float) -> list[tuple[float, bytes]]:
         """(pages above `share`, root key) of the namespaces above it with copies in this
@@ -107,8 +115,8 @@ class FairTierHeap:
         excess = []
         for root_key in self._heaps:
             root = self._roots.get(root_key)
-            if root is not None and root.usage[tier] > share:
-                excess.append((root.usage[tier] - share, root_key))
+            if root is not None and held(root, tier) > share:
+                excess.append((held(root, tier) - share, root_key))
         excess.sort(reverse=True)
         return excess
 
