@@ -6,7 +6,9 @@ leave its device for its disk; replica B has room. Both use `--remote-cache-url`
 For each of `--conversations` histories of ~`--history-tokens` token ids (/v1/completions,
 `max_tokens` 1, so TTFT is the request's latency):
 
-  1. A computes the history (cold everywhere): its pages go to A's disk and to Redis.
+  1. A computes the history (cold everywhere): its pages go to A's disk and to Redis (the
+     run waits until A has written them all, and reports how long that took after the last
+     history: `remote_written_s`).
   2. B gets history + a new question: the history comes from Redis      -> "remote hit"
   3. A gets history + another question: the history comes from its disk  -> "local disk hit"
      (A's store dropped from the page cache first)
@@ -34,14 +36,19 @@ import time
 from pathlib import Path
 
 import httpx
+import torch
 
 from tieredkv.bench.disk_check import drop_page_cache
 from tieredkv.bench.managed import ManagedServer
-from tieredkv.bench.prom_text import counter_delta
+from tieredkv.bench.prom_text import counter_delta, select
 from tieredkv.bench.redis_server import RedisServer, require_redis_server
 from tieredkv.bench.remote_limit import redis_get_throughput, scrape
+from tieredkv.cache.page_layout import PageLayout
+from tieredkv.model.default_model import default_model_dir
+from tieredkv.model.hf_config import parse_model_config, read_config_json
 
 QUESTION_TOKENS = 64
+WARM_UP_TOKENS = 256
 VOCAB = range(1000, 40000)
 
 
@@ -55,6 +62,26 @@ def completion(server: ManagedServer, tokens: list[int], salt: str | None = None
     reply.raise_for_status()
     details = reply.json()["usage"]["prompt_tokens_details"]
     return {"ttft_s": seconds, "by_tier": details["cached_tokens_by_tier"]}
+
+
+def remote_bytes_written(server: ManagedServer) -> float:
+    samples = scrape(server.base_url)
+    return sum(select(samples, "tieredkv_transfer_bytes_total", to_tier="remote").values())
+
+
+def page_bytes(dtype: str) -> int:
+    model_dir = default_model_dir()
+    config = parse_model_config(read_config_json(model_dir), model_dir)
+    return PageLayout.for_model(config, 16, getattr(torch, dtype)).page_bytes
+
+
+def wait_until_written(server: ManagedServer, num_bytes: int, timeout_s: float = 30.0) -> float:
+    """Seconds until `server` has written `num_bytes` to Redis in all (its writes are
+    asynchronous: a fixed sleep was too short on a loaded machine), at most `timeout_s`."""
+    started = time.monotonic()
+    while remote_bytes_written(server) < num_bytes and time.monotonic() - started < timeout_s:
+        time.sleep(0.05)
+    return time.monotonic() - started
 
 
 def spread(values: list[float]) -> dict:
@@ -82,10 +109,12 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     try:
         with ManagedServer(a_args, work / "a.log") as a, ManagedServer(b_args, work / "b.log") as b:
             for server_ in (a, b):  # warm-up: one unrelated prompt each
-                completion(server_, [rng.choice(VOCAB) for _ in range(256)])
+                completion(server_, [rng.choice(VOCAB) for _ in range(WARM_UP_TOKENS)])
             for history in histories:
                 completion(a, history)
-            time.sleep(1.0)  # the issue's bound for another replica to see the pages
+            # every full page A computed (warm-up and histories) in Redis: then B can see them
+            pages = WARM_UP_TOKENS // 16 + sum(len(h) // 16 for h in histories)
+            written_s = wait_until_written(a, pages * page_bytes(args.dtype))
             before = scrape(b.base_url)
             for index, history in enumerate(histories):
                 rows["remote"].append(completion(b, history + questions[3 * index]))
@@ -118,7 +147,8 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     }  # fmt: skip
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     return {"settings": settings | {"work": str(work)}, "rows": rows, "ttft_s": kept,
-            "redis_get": limit, "promotion_gbps": promotion_gbps, "targets": targets}  # fmt: skip
+            "redis_get": limit, "promotion_gbps": promotion_gbps, "targets": targets,
+            "remote_written_s": written_s}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:>10} TTFT: {json.dumps(figures)}")
     print(f"Redis pipelined GET: {json.dumps(report['redis_get'])}")
     print(f"remote promotion bandwidth: {report['promotion_gbps']}")
+    print(f"A's pages all in Redis {report['remote_written_s']:.2f} s after its last history")
     print(f"targets: {json.dumps(report['targets'])}")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
