@@ -18,12 +18,18 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from tieredkv.cache.pools.device_pool import DevicePool
+from tieredkv.model.cpu_kernels import CpuKernels, decode_table
 from tieredkv.model.forward_batch import ForwardBatch
-from tieredkv.model.matmul_attention import matmul_causal_attention, matmul_decode_attention
+from tieredkv.model.matmul_attention import (
+    matmul_causal_attention,
+    matmul_decode_attention,
+    torch_softmax,
+)
 from tieredkv.model.workspace import SpareWorkspaces, Workspace, WorkspaceArena, fill_helper
 
 
@@ -89,19 +95,27 @@ class WorkspaceAttention(AttentionBackend):
     tieredkv.model.workspace). Attention runs SDPA, or with `matmul=True` blocked batched
     matmuls (tieredkv.model.matmul_attention: bf16 on a CPU without AMX). A step's decodes in
     arena slots attend together, one call a layer (eight 1k-token decodes: one instead of
-    eight)."""
+    eight); with `kernels` (tieredkv.model.cpu_kernels, bf16) every decode of the step, in a
+    slot or not, goes to one C call a layer that also stores its new K/V."""
 
     def __init__(
-        self, pool: DevicePool, max_seqs: int = 0, max_len: int = 0, matmul: bool = False
+        self,
+        pool: DevicePool,
+        max_seqs: int = 0,
+        max_len: int = 0,
+        matmul: bool = False,
+        kernels: CpuKernels | None = None,
     ) -> None:
         super().__init__(pool)
         self.matmul = matmul
+        self.kernels = kernels
         self._workspaces: dict[int, Workspace] = {}
         self._arena = WorkspaceArena(pool, max_seqs, max_len) if max_seqs and max_len else None
         self._spares = SpareWorkspaces(pool)
         self._fill_helper = fill_helper()
         self._step_views: list[_ChunkViews] = []
         self._decodes: _DecodeGroup | None = None
+        self._decode_table: np.ndarray | None = None  # the kernels' decodes this step
 
     def _workspace(self, seq_id: int, tokens: int) -> Workspace:
         workspace = self._workspaces.get(seq_id)
@@ -126,11 +140,21 @@ class WorkspaceAttention(AttentionBackend):
         grouped = [
             i
             for i, chunk in enumerate(batch.chunks)
-            if chunk.num_new == 1 and self._workspaces[chunk.seq_id].slot is not None
+            if chunk.num_new == 1
+            and (self.kernels is not None or self._workspaces[chunk.seq_id].slot is not None)
         ]
-        if len(grouped) < 2:
+        self._decode_table = None
+        if self.kernels is not None and grouped:
+            self._decode_table = decode_table(
+                [
+                    (offsets[i], self._workspaces[batch.chunks[i].seq_id].kv, batch.chunks[i].end)
+                    for i in grouped
+                ]
+            )
+        elif len(grouped) < 2:
             grouped = []
-        self._decodes = self._decode_group(batch, grouped, offsets) if grouped else None
+        use_group = grouped and self._decode_table is None
+        self._decodes = self._decode_group(batch, grouped, offsets) if use_group else None
         dtype = self.pool.layout.dtype
         in_group = set(grouped)
         self._step_views = [
@@ -172,9 +196,13 @@ class WorkspaceAttention(AttentionBackend):
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
         self.store_kv(layer, k, v, batch)
-        if self._decodes is None and len(self._step_views) == 1:
+        table = self._decode_table
+        if self._decodes is None and table is None and len(self._step_views) == 1:
             return self._attend_chunk(self._step_views[0], layer, q, k, v)
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if table is not None:
+            assert self.kernels is not None
+            self.kernels.decode_attention(table, layer, q, k, v, out)
         for view in self._step_views:
             out[view.lo : view.hi] = self._attend_chunk(view, layer, q, k, v)
         if self._decodes is not None:
@@ -189,7 +217,8 @@ class WorkspaceAttention(AttentionBackend):
         values[:, view.start :].copy_(v[view.lo : view.hi].transpose(0, 1))
         rows = q[view.lo : view.hi]
         if self.matmul:
-            return matmul_causal_attention(rows, keys, values)
+            softmax = self.kernels.softmax_ if self.kernels is not None else torch_softmax
+            return matmul_causal_attention(rows, keys, values, softmax)
         return causal_attention(rows, keys, values, view.mask)
 
     def _attend_decodes(

@@ -16,6 +16,7 @@ prefill does not score the masked half of the square and a block's scores stay i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -24,13 +25,21 @@ from tieredkv.model.dtype import cpu_flags
 BLOCK_QUERIES = 128  # 64-256 measured within 15% at 2k tokens; 128 was the best
 
 
+def torch_softmax(scores: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(scores, dim=-1)
+
+
 def matmul_causal_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    softmax: Callable[[torch.Tensor], torch.Tensor] = torch_softmax,
 ) -> torch.Tensor:
     """Causal attention of the last n positions, query i at kv_len - n + i (bottom-right).
 
     q (n, heads, d); keys/values (kv_heads, kv_len, d), each head's tokens contiguous (a
-    head-major workspace's view); other strides work, at the cost of a copy.
+    head-major workspace's view); other strides work, at the cost of a copy. `softmax`: over
+    the last dim of contiguous bf16 scores, in place or not (`cpu_kernels` has one in C).
     Returns (n, heads, d)."""
     n, heads, head_dim = q.shape
     kv_heads, kv_len = keys.shape[0], keys.shape[1]
@@ -40,7 +49,7 @@ def matmul_causal_attention(
     grouped = (q * (1.0 / math.sqrt(head_dim))).view(n, kv_heads, group, head_dim)
     grouped = grouped.permute(1, 0, 2, 3).reshape(kv_heads, n * group, head_dim)
     if n == 1:
-        return _one_query(grouped, keys, values).view(1, heads, head_dim)
+        return _one_query(grouped, keys, values, softmax).view(1, heads, head_dim)
     # every block of queries reads the keys: lay them out once, transposed, for bmm
     keys_t, values = keys.transpose(1, 2).contiguous(), values.contiguous()
     out = torch.empty((n, kv_heads, group, head_dim), dtype=q.dtype, device=q.device)
@@ -53,13 +62,18 @@ def matmul_causal_attention(
         if rows > 1:  # the block's own square is causal
             square = scores.view(kv_heads, rows, group, seen)[..., offset + lo :]
             square.add_(diagonal[:rows, :rows].view(1, rows, 1, rows))
-        probs = torch.softmax(scores, dim=-1)
+        probs = softmax(scores)
         block = torch.bmm(probs, values[:, :seen])  # (kv_heads, rows * group, d)
         out[lo:hi] = block.view(kv_heads, rows, group, head_dim).transpose(0, 1)
     return out.view(n, heads, head_dim)
 
 
-def _one_query(grouped: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+def _one_query(
+    grouped: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    softmax: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
     """A decode: grouped (kv_heads, group, d) scaled queries over all keys -> (kv_heads, group,
     d). One plain matmul per kv head, not one bmm: a head-major workspace's heads lie
     `capacity` tokens apart, which bmm would copy first (45% of a decode step at 2.7k keys)."""
@@ -67,7 +81,7 @@ def _one_query(grouped: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) 
     scores = grouped.new_empty((kv_heads, group, keys.shape[1]))
     for head in range(kv_heads):
         torch.mm(grouped[head], keys[head].t(), out=scores[head])
-    probs = torch.softmax(scores, dim=-1)
+    probs = softmax(scores)
     out = grouped.new_empty(grouped.shape)
     for head in range(kv_heads):
         torch.mm(probs[head], values[head], out=out[head])

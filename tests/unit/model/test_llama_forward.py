@@ -319,3 +319,44 @@ def test_matmul_attention_path_equals_transformers_in_fp32(hf_and_runner, monkey
             0, len(prompts[1]) :
         ].tolist()
     )
+
+
+def test_bf16_decodes_in_the_c_kernels_stay_close_to_the_matmul_path(
+    hf_and_runner, monkeypatch
+) -> None:
+    """bf16 on the matmul path (forced here, whatever the CPU): a step's decodes, one in a
+    workspace of its own, go to the C kernels in one call a layer; their logits stay close to
+    those of the same steps with the kernels unavailable (torch matmuls, bf16 rounding)."""
+    if runner_module.load_cpu_kernels() is None:
+        pytest.skip("gcc could not build the CPU kernels")
+    hf, _ = hf_and_runner
+    monkeypatch.setattr(runner_module, "prefers_matmul_attention", lambda dtype, device: True)
+    config = parse_model_config(hf.config.to_dict(), Path("kernels"))
+    weights = {name: t.detach().to(torch.bfloat16) for name, t in hf.state_dict().items()}
+    if config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    prompts = [_prompt(length, seed=40 + length) for length in (9, 300, 17)]
+
+    def decode_steps() -> tuple[ModelRunner, list[torch.Tensor]]:
+        runner = ModelRunner.create(
+            config, weights, num_pages=256, page_size=4, max_model_len=512, max_seqs=2
+        )
+        seqs = [PagedSequence(i, list(p)) for i, p in enumerate(prompts)]
+        for seq in seqs:
+            _prefill(runner, seq)
+        steps = []
+        for token in (5, 6, 7):
+            for seq in seqs:
+                seq.token_ids.append(token)
+            steps.append(runner.forward([seq.next_chunk(runner.pool) for seq in seqs]).float())
+        return runner, steps
+
+    with_kernels, fast = decode_steps()
+    assert with_kernels.attention.kernels is not None
+    table = with_kernels.attention._decode_table
+    assert table is not None and len(table) == 3  # two arena slots and a spare, one call
+    monkeypatch.setattr(runner_module, "load_cpu_kernels", lambda: None)
+    without, slow = decode_steps()
+    assert without.attention.kernels is None
+    for ours, theirs in zip(fast, slow, strict=True):
+        assert _rel_err(ours, theirs) < 0.05

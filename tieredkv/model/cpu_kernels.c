@@ -1,0 +1,331 @@
+/* bf16 CPU kernels for a decode step: attention of one new token per sequence over its
+ * workspace, and RMSNorm. Built once per machine by tieredkv/model/cpu_kernels.py (gcc -O3
+ * -march=native -fopenmp) and called through ctypes; OpenMP here is the runtime torch already
+ * loaded (same soname), so both share one thread pool.
+ *
+ * bf16 values travel as uint16_t: the top half of an fp32. Arithmetic is fp32. */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+#define MAX_GROUP 16 /* query heads per kv head */
+#define MAX_DIM 256  /* head dim */
+#define CHUNK 256    /* keys a work unit scores: sequences x kv heads x chunks run in parallel */
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t bits = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* e^x for x <= 0 (a softmax's shifted scores), as plain arithmetic the compiler vectorizes:
+ * x = n ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (relative error
+ * below 2e-7, under fp32's own rounding of the sum it feeds), 2^n through the exponent bits;
+ * 0 below -87 (a masked score's -inf included). */
+static inline float exp_nonpositive(float x) {
+    const float zero_below = -87.0f; /* e^-87 ~ 1.6e-38: nothing beside the maximum's 1 */
+    const int underflows = x < zero_below; /* a masked -inf among them */
+    x = underflows ? zero_below : x;
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    const float n = (x * 1.44269504088896341f + shifter) - shifter;
+    const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return underflows ? 0.0f : p * scale;
+}
+
+/* One row of the per-sequence table the caller builds once a step (int64 each). */
+enum {
+    SEQ_ROW,          /* the sequence's row in q, k_new, v_new and out */
+    SEQ_KEYS,         /* address of layer 0's keys, kv head 0, token 0 (bf16) */
+    SEQ_VALUES_AT,    /* elements from a layer's keys to its values */
+    SEQ_LAYER_STRIDE, /* elements from one layer's keys to the next layer's */
+    SEQ_HEAD_STRIDE,  /* elements from one kv head's tokens to the next head's */
+    SEQ_LENGTH,       /* tokens including the new one, which goes to position LENGTH - 1 */
+    SEQ_FIELDS
+};
+
+typedef struct {
+    int64_t seq, head, lo, hi;
+} Unit;
+
+/* One work unit: its keys' scores for the kv head's `group` queries, their softmax weights
+ * relative to the unit's own maximum, and the weighted sum of its values, into `partial`:
+ * (max, sum, acc[dim]) per query. Inlined with `dim` and `group` constant where they are the
+ * common ones, so the inner loops unroll into whole vectors. */
+static inline __attribute__((always_inline)) void attend_unit(
+    const uint16_t *keys, const uint16_t *values, int64_t n, const uint16_t *query_rows,
+    int64_t q_head_stride, float scale, const int64_t dim, const int64_t group, float *partial) {
+    float queries[MAX_GROUP][MAX_DIM], scores[MAX_GROUP][CHUNK], row[MAX_DIM];
+    for (int64_t g = 0; g < group; g++) {
+        for (int64_t d = 0; d < dim; d++)
+            queries[g][d] = bf16_to_f32(query_rows[g * q_head_stride + d]) * scale;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const uint16_t *key = keys + j * dim;
+        for (int64_t d = 0; d < dim; d++) row[d] = bf16_to_f32(key[d]);
+        for (int64_t g = 0; g < group; g++) {
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t d = 0; d < dim; d++) dot += queries[g][d] * row[d];
+            scores[g][j] = dot;
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float top = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : top)
+        for (int64_t j = 0; j < n; j++) top = scores[g][j] > top ? scores[g][j] : top;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < n; j++) {
+            scores[g][j] = exp_nonpositive(scores[g][j] - top);
+            sum += scores[g][j];
+        }
+        float *acc = partial + g * (dim + 2);
+        acc[0] = top;
+        acc[1] = sum;
+        memset(acc + 2, 0, sizeof(float) * (size_t)dim);
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const uint16_t *value = values + j * dim;
+        for (int64_t d = 0; d < dim; d++) row[d] = bf16_to_f32(value[d]);
+        for (int64_t g = 0; g < group; g++) {
+            float *acc = partial + g * (dim + 2) + 2;
+            const float p = scores[g][j];
+#pragma omp simd
+            for (int64_t d = 0; d < dim; d++) acc[d] += p * row[d];
+        }
+    }
+}
+
+#if defined(__AVX512BF16__)
+/* The same unit for 64-dim heads on a CPU with AVX512-BF16: the scores with the bf16 dot
+ * instruction (pairs of bf16 products summed in fp32), the values' weighted sum in registers. */
+static void attend_unit_avx512bf16(const uint16_t *keys, const uint16_t *values, int64_t n,
+                                   const uint16_t *query_rows, int64_t q_head_stride,
+                                   float scale, const int64_t group, float *partial) {
+    float scores[MAX_GROUP][CHUNK];
+    for (int64_t g = 0; g < group; g++) {
+        const uint16_t *query = query_rows + g * q_head_stride;
+        const __m512bh q_lo = (__m512bh)_mm512_loadu_si512(query);
+        const __m512bh q_hi = (__m512bh)_mm512_loadu_si512(query + 32);
+        for (int64_t j = 0; j < n; j++) {
+            const uint16_t *key = keys + j * 64;
+            __m512 dot = _mm512_dpbf16_ps(_mm512_setzero_ps(), q_lo,
+                                          (__m512bh)_mm512_loadu_si512(key));
+            dot = _mm512_dpbf16_ps(dot, q_hi, (__m512bh)_mm512_loadu_si512(key + 32));
+            scores[g][j] = _mm512_reduce_add_ps(dot) * scale;
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float top = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : top)
+        for (int64_t j = 0; j < n; j++) top = scores[g][j] > top ? scores[g][j] : top;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < n; j++) {
+            scores[g][j] = exp_nonpositive(scores[g][j] - top);
+            sum += scores[g][j];
+        }
+        partial[g * 66] = top;
+        partial[g * 66 + 1] = sum;
+    }
+    for (int64_t g = 0; g < group; g++) {
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+        for (int64_t j = 0; j < n; j++) {
+            const uint16_t *value = values + j * 64;
+            const __m512 p = _mm512_set1_ps(scores[g][j]);
+            const __m512i lo = _mm512_loadu_si512(value); /* 32 bf16 */
+            const __m512i hi = _mm512_loadu_si512(value + 32);
+            acc0 = _mm512_fmadd_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                          _mm512_cvtepu16_epi32(_mm512_castsi512_si256(lo)), 16)),
+                                   acc0);
+            acc1 = _mm512_fmadd_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                          _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(lo, 1)), 16)),
+                                   acc1);
+            acc2 = _mm512_fmadd_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                          _mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16)),
+                                   acc2);
+            acc3 = _mm512_fmadd_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                          _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16)),
+                                   acc3);
+        }
+        float *acc = partial + g * 66 + 2;
+        _mm512_storeu_ps(acc, acc0);
+        _mm512_storeu_ps(acc + 16, acc1);
+        _mm512_storeu_ps(acc + 32, acc2);
+        _mm512_storeu_ps(acc + 48, acc3);
+    }
+}
+#endif
+
+/* Store each sequence's new K/V at its last position in `layer`, then attend its queries over
+ * all its positions: out[row, head, :] = softmax(scale * q . K) V, fp32 inside, bf16 out.
+ * q: (rows, heads, dim) with the given row and head strides (elements); k_new, v_new:
+ * (rows, kv_heads, dim), head stride dim, each with its row stride; out: (rows, heads, dim) contiguous.
+ * Returns 0, or -1 if a size is beyond the fixed limits or memory ran out. */
+int tkv_decode_attention(int64_t num_seqs, const int64_t *table, int64_t layer,
+                         const uint16_t *q, int64_t q_row_stride, int64_t q_head_stride,
+                         const uint16_t *k_new, int64_t k_row_stride, const uint16_t *v_new,
+                         int64_t v_row_stride,
+                         int64_t heads, int64_t kv_heads, int64_t dim, float scale,
+                         uint16_t *out) {
+    const int64_t group = heads / kv_heads;
+    if (group > MAX_GROUP || dim > MAX_DIM || group * kv_heads != heads) return -1;
+    int64_t num_units = 0;
+    for (int64_t b = 0; b < num_seqs; b++) {
+        const int64_t *seq = table + b * SEQ_FIELDS;
+        num_units += kv_heads * ((seq[SEQ_LENGTH] + CHUNK - 1) / CHUNK);
+    }
+    Unit *units = malloc(sizeof(Unit) * (size_t)num_units);
+    const int64_t partial_floats = group * (dim + 2); /* per unit: (max, sum, acc[dim]) x group */
+    float *partials = malloc(sizeof(float) * (size_t)(num_units * partial_floats));
+    if (units == NULL || partials == NULL) {
+        free(units);
+        free(partials);
+        return -1;
+    }
+    int64_t u = 0;
+    for (int64_t b = 0; b < num_seqs; b++) {
+        const int64_t *seq = table + b * SEQ_FIELDS;
+        const int64_t length = seq[SEQ_LENGTH], last = length - 1;
+        uint16_t *keys = (uint16_t *)(intptr_t)seq[SEQ_KEYS] + layer * seq[SEQ_LAYER_STRIDE];
+        uint16_t *values = keys + seq[SEQ_VALUES_AT];
+        for (int64_t h = 0; h < kv_heads; h++) {
+            memcpy(keys + h * seq[SEQ_HEAD_STRIDE] + last * dim,
+                   k_new + seq[SEQ_ROW] * k_row_stride + h * dim, sizeof(uint16_t) * dim);
+            memcpy(values + h * seq[SEQ_HEAD_STRIDE] + last * dim,
+                   v_new + seq[SEQ_ROW] * v_row_stride + h * dim, sizeof(uint16_t) * dim);
+            for (int64_t lo = 0; lo < length; lo += CHUNK) {
+                units[u++] = (Unit){b, h, lo, lo + CHUNK < length ? lo + CHUNK : length};
+            }
+        }
+    }
+
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < num_units; i++) {
+        const Unit unit = units[i];
+        const int64_t *seq = table + unit.seq * SEQ_FIELDS;
+        const uint16_t *keys = (const uint16_t *)(intptr_t)seq[SEQ_KEYS] +
+                               layer * seq[SEQ_LAYER_STRIDE] + unit.head * seq[SEQ_HEAD_STRIDE];
+        const uint16_t *values = keys + seq[SEQ_VALUES_AT];
+        const uint16_t *query_rows =
+            q + seq[SEQ_ROW] * q_row_stride + unit.head * group * q_head_stride;
+        keys += unit.lo * dim;
+        values += unit.lo * dim;
+        const int64_t n = unit.hi - unit.lo;
+        float *partial = partials + i * partial_floats;
+#if defined(__AVX512BF16__)
+        if (dim == 64) {
+            attend_unit_avx512bf16(keys, values, n, query_rows, q_head_stride, scale, group,
+                                   partial);
+            continue;
+        }
+#endif
+        if (dim == 64)
+            attend_unit(keys, values, n, query_rows, q_head_stride, scale, 64, group, partial);
+        else if (dim == 128)
+            attend_unit(keys, values, n, query_rows, q_head_stride, scale, 128, group, partial);
+        else
+            attend_unit(keys, values, n, query_rows, q_head_stride, scale, dim, group, partial);
+    }
+
+    /* each (sequence, kv head)'s units are consecutive: merge their partial softmaxes */
+    for (int64_t first = 0; first < num_units;) {
+        int64_t end = first + 1;
+        while (end < num_units && units[end].seq == units[first].seq &&
+               units[end].head == units[first].head)
+            end++;
+        const int64_t *seq = table + units[first].seq * SEQ_FIELDS;
+        for (int64_t g = 0; g < group; g++) {
+            float top = -INFINITY, sum = 0.0f, merged[MAX_DIM];
+            for (int64_t i = first; i < end; i++) {
+                const float m = partials[i * partial_floats + g * (dim + 2)];
+                top = m > top ? m : top;
+            }
+            memset(merged, 0, sizeof(float) * (size_t)dim);
+            for (int64_t i = first; i < end; i++) {
+                const float *acc = partials + i * partial_floats + g * (dim + 2);
+                const float weight = expf(acc[0] - top);
+                sum += weight * acc[1];
+                for (int64_t d = 0; d < dim; d++) merged[d] += weight * acc[2 + d];
+            }
+            uint16_t *dst = out + (seq[SEQ_ROW] * heads + units[first].head * group + g) * dim;
+            for (int64_t d = 0; d < dim; d++) dst[d] = f32_to_bf16(merged[d] / sum);
+        }
+        first = end;
+    }
+    free(units);
+    free(partials);
+    return 0;
+}
+
+/* RMSNorm as transformers computes it in bf16: y = bf16(x * rsqrt(mean(x^2) + eps)), then
+ * bf16(y * weight); fp32 inside. x: (rows, dim), row stride x_stride; out: (rows, dim). */
+void tkv_rms_norm(int64_t rows, int64_t dim, const uint16_t *x, int64_t x_stride,
+                  const uint16_t *weight, float eps, uint16_t *out) {
+#pragma omp parallel for if (rows >= 64)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *src = x + r * x_stride;
+        float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+        for (int64_t d = 0; d < dim; d++) {
+            const float f = bf16_to_f32(src[d]);
+            squares += f * f;
+        }
+        const float inverse = 1.0f / sqrtf(squares / (float)dim + eps);
+        uint16_t *dst = out + r * dim;
+        for (int64_t d = 0; d < dim; d++) {
+            const float normed = bf16_to_f32(f32_to_bf16(bf16_to_f32(src[d]) * inverse));
+            dst[d] = f32_to_bf16(normed * bf16_to_f32(weight[d]));
+        }
+    }
+}
+
+/* Softmax of each row of bf16 scores in place, as torch's bf16 softmax computes it (fp32
+ * inside, bf16 out): rows (rows, cols) with row stride `stride`; -inf entries get 0.
+ * Returns 0, or -1 if a row is longer than SOFTMAX_MAX_COLS. */
+#define SOFTMAX_MAX_COLS 16384
+int tkv_softmax(int64_t rows, int64_t cols, uint16_t *scores, int64_t stride) {
+    if (cols > SOFTMAX_MAX_COLS) return -1;
+#pragma omp parallel for if (rows * cols >= 32768)
+    for (int64_t r = 0; r < rows; r++) {
+        uint16_t *row = scores + r * stride;
+        float values[SOFTMAX_MAX_COLS];
+        float top = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : top)
+        for (int64_t c = 0; c < cols; c++) {
+            values[c] = bf16_to_f32(row[c]);
+            top = values[c] > top ? values[c] : top;
+        }
+#pragma omp simd reduction(+ : sum)
+        for (int64_t c = 0; c < cols; c++) {
+            values[c] = exp_nonpositive(values[c] - top);
+            sum += values[c];
+        }
+        const float inverse = 1.0f / sum;
+#pragma omp simd
+        for (int64_t c = 0; c < cols; c++) row[c] = f32_to_bf16(values[c] * inverse);
+    }
+    return 0;
+}

@@ -1,0 +1,162 @@
+"""bf16 kernels in C (`cpu_kernels.c`) for a CPU without AMX: decode attention, RMSNorm and
+the prefill attention's softmax.
+
+A decode step at 2.7k tokens there spent ~17 of its ~30 ms in 180 small bf16 matmuls (a kv
+head's three queries against its keys: oneDNN runs that shape at a few GB/s) and ~4 ms in
+RMSNorm, which torch runs as eight ops on a 576-wide row. `decode_attention` stores every
+decode's new K/V and attends them all in one call a layer (sequences x kv heads x key chunks
+in parallel, fp32 inside); `rms_norm` is one pass; `softmax_` replaces torch's bf16 softmax
+between the prefill attention's two matmuls.
+
+The library is built with gcc the first time it is needed on a machine (`-march=native`, so
+the build is keyed by the source, the flags, the compiler and the CPU's flags) into
+`cache_root()/kernels`, and loaded with ctypes. OpenMP is linked by soname, so the process
+shares the runtime torch loaded (or Intel OpenMP when `tieredkv serve` preloads it). Where
+gcc is missing or the build fails, `load_cpu_kernels` returns None and callers use torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tieredkv.model.default_model import cache_root
+from tieredkv.model.dtype import cpu_flags
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c11", "-shared", "-fPIC")
+SEQ_FIELDS = 6  # the per-sequence table's columns, as `cpu_kernels.c` numbers them
+
+_i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+
+class CpuKernels:
+    """The loaded library's entry points, on torch tensors."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._attention = library.tkv_decode_attention
+        self._attention.restype = ctypes.c_int
+        self._attention.argtypes = [_i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64]
+        self._attention.argtypes += [_i64, _i64, _i64, _f32, _ptr]
+        self._rms_norm = library.tkv_rms_norm
+        self._rms_norm.restype = None
+        self._rms_norm.argtypes = [_i64, _i64, _ptr, _i64, _ptr, _f32, _ptr]
+        self._softmax = library.tkv_softmax
+        self._softmax.restype = ctypes.c_int
+        self._softmax.argtypes = [_i64, _i64, _ptr, _i64]
+
+    def decode_attention(
+        self,
+        table: np.ndarray,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+    ) -> None:
+        """Store the new K/V of each sequence in `table` (see `decode_table`) and attend its
+        query rows: q (T, heads, d) and k/v (T, kv_heads, d) with unit strides inside a head,
+        out (T, heads, d) contiguous; only the table's rows of `out` are written. All bf16."""
+        heads, head_dim = q.shape[1], q.shape[2]
+        assert q.dtype == k.dtype == v.dtype == out.dtype == torch.bfloat16
+        assert q.stride(2) == k.stride(2) == v.stride(2) == 1
+        assert k.stride(1) == v.stride(1) == head_dim and k.shape == v.shape
+        assert out.is_contiguous() and out.shape == q.shape
+        status = self._attention(
+            len(table),
+            table.ctypes.data,
+            layer,
+            q.data_ptr(),
+            q.stride(0),
+            q.stride(1),
+            k.data_ptr(),
+            k.stride(0),
+            v.data_ptr(),
+            v.stride(0),
+            heads,
+            k.shape[1],
+            head_dim,
+            head_dim**-0.5,
+            out.data_ptr(),
+        )
+        if status:
+            raise ValueError(f"decode attention: unsupported shape {tuple(q.shape)}/{k.shape[1]}")
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm of bf16 rows (T, hidden), fp32 inside, rounded as transformers rounds."""
+        assert x.dtype == weight.dtype == torch.bfloat16 and x.stride(-1) == 1
+        assert weight.is_contiguous()
+        out = torch.empty(x.shape, dtype=x.dtype)
+        self._rms_norm(x.shape[0], x.shape[1], x.data_ptr(), x.stride(0), weight.data_ptr(), eps,
+                       out.data_ptr())  # fmt: skip
+        return out
+
+    def softmax_(self, scores: torch.Tensor) -> torch.Tensor:
+        """Softmax over the last dim of bf16 scores, in place (rows contiguous, any number of
+        leading dims that flatten to rows); returns `scores`. torch's bf16 softmax took ~3 ns
+        an element here, a third of a 2k prefill's attention."""
+        assert scores.dtype == torch.bfloat16 and scores.stride(-1) == 1
+        rows = scores.view(-1, scores.shape[-1])  # raises where leading dims do not flatten
+        if self._softmax(rows.shape[0], rows.shape[1], rows.data_ptr(), rows.stride(0)):
+            return torch.softmax(scores, dim=-1)  # rows beyond the kernel's buffer
+        return scores
+
+
+def decode_table(entries: list[tuple[int, torch.Tensor, int]]) -> np.ndarray:
+    """The per-sequence table `decode_attention` reads, built once a step: for each decode its
+    row in the step, its workspace KV (layers, 2, kv_heads, capacity, d) as a view of any
+    storage, and its length with the new token."""
+    table = np.empty((len(entries), SEQ_FIELDS), dtype=np.int64)
+    for i, (row, kv, length) in enumerate(entries):
+        assert kv.stride(-1) == 1 and kv.stride(-2) == kv.shape[-1]
+        table[i] = (row, kv.data_ptr(), kv.stride(1), kv.stride(0), kv.stride(2), length)
+    return table
+
+
+def build_key(flags: frozenset[str] | None = None) -> str:
+    """What the built library depends on: source, flags, compiler and (-march=native) CPU."""
+    compiler = subprocess.run(["gcc", "--version"], capture_output=True, text=True, check=True)
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    for part in (" ".join(FLAGS), compiler.stdout, " ".join(sorted(flags or cpu_flags()))):
+        digest.update(part.encode())
+    return digest.hexdigest()[:16]
+
+
+def build(directory: Path) -> Path:
+    """Compile the library into `directory` unless this build is there; returns its path."""
+    target = directory / f"cpu_kernels-{build_key()}.so"
+    if target.exists():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as scratch:
+        built = Path(scratch) / target.name
+        subprocess.run(["gcc", *FLAGS, str(SOURCE), "-o", str(built), "-lm"], check=True,
+                       capture_output=True, text=True)  # fmt: skip
+        os.replace(built, target)  # atomic: a concurrent builder's copy is as good
+    return target
+
+
+@functools.cache
+def load_cpu_kernels() -> CpuKernels | None:
+    """The kernels, built if needed; None where they cannot be (no gcc, a failed build)."""
+    if shutil.which("gcc") is None:
+        log.warning("gcc not found: decode steps use torch's bf16 ops")
+        return None
+    try:
+        return CpuKernels(ctypes.CDLL(str(build(cache_root() / "kernels"))))
+    except (OSError, subprocess.CalledProcessError) as error:
+        detail = getattr(error, "stderr", "") or error
+        log.warning("CPU kernels unavailable (%s): decode steps use torch's bf16 ops", detail)
+        return None
