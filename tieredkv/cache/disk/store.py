@@ -38,6 +38,7 @@ from tieredkv.cache.disk.format import (
 )
 from tieredkv.cache.disk.page_file import PageFile, lz4_block, slot_runs
 from tieredkv.cache.disk.pipeline import ChunkPipeline
+from tieredkv.cache.disk.reads_first import ReadsFirst
 from tieredkv.cache.disk.scan import scan_headers
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.free_list import PageFreeList, PagePool
@@ -108,6 +109,7 @@ class DiskStore(PagePool):
         self._chunk_pages = max(chunk_bytes // opened.superblock.record_bytes, 1)
         self._min_chunk_pages = max(MIN_CHUNK_BYTES // opened.superblock.record_bytes, 1)
         self._pipeline = ChunkPipeline(IO_THREADS, IO_DEPTH)
+        self.reads_first = ReadsFirst()
         logger.info(
             "disk store %s: %d pages of %d B, O_DIRECT %s",
             self.directory,
@@ -166,6 +168,8 @@ class DiskStore(PagePool):
         header_bytes = self._file.block.header_bytes
 
         def encode(start: int, end: int) -> tuple[list, bytes]:  # checksums: calling thread
+            # here, not on an I/O thread: a waiting write must not hold one a read needs
+            self.reads_first.before_write()
             stored = [self._file.encode(row, self.codec) for row in rows[start:end]]
             headers = b"".join(
                 encode_header(header_bytes, codec, r.key, r.parent_key, r.tokens, data)
@@ -214,16 +218,17 @@ class DiskStore(PagePool):
             return self._file.verify_in_place(headers[start:end], rows[start:end])
 
         try:
-            for start, length in slot_runs(slots):
-                headers += self._read_headers(slots[start], length)
-            verified = [
-                ok
-                for start, length in slot_runs(slots)
-                for chunk in self._pipeline.run(
-                    self._chunks(start, length), lambda s, e: None, read, verify
-                )
-                for ok in chunk
-            ]
+            with self.reads_first.reading():  # writes wait while a request waits for this
+                for start, length in slot_runs(slots):
+                    headers += self._read_headers(slots[start], length)
+                verified = [
+                    ok
+                    for start, length in slot_runs(slots)
+                    for chunk in self._pipeline.run(
+                        self._chunks(start, length), lambda s, e: None, read, verify
+                    )
+                    for ok in chunk
+                ]
         except OSError:
             self._count_error(DiskErrorReason.IO)
             raise

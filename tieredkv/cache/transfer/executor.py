@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
 import torch
@@ -43,8 +43,16 @@ def _run(job: CopyJob, report: Report) -> None:
 class ThreadTransferExecutor:
     """Runs each job on a pool of `num_workers` threads."""
 
-    def __init__(self, num_workers: int, name: str) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix=name)
+    def __init__(self, num_workers: int, name: str, warm: Callable[[], None] | None = None) -> None:
+        """`warm`: run once on each worker, all started now rather than on demand (a worker's
+        thread-local staging is then ready before the first request needs it)."""
+        self._pool = ThreadPoolExecutor(
+            max_workers=num_workers, thread_name_prefix=name, initializer=warm
+        )
+        if warm is not None:
+            started = threading.Barrier(num_workers)
+            # every worker blocks until all exist: the pool must start one thread per task
+            wait([self._pool.submit(started.wait) for _ in range(num_workers)])
 
     def submit(self, ticket: Any, job: CopyJob, report: Report) -> None:
         self._pool.submit(_run, job, report)

@@ -39,6 +39,13 @@ class StagingBuffers:
             buffer = buffers[slot] = self._new_host(count)
         return buffer[:count]
 
+    def prefault(self, count: int) -> None:
+        """Give this thread both host slots of `count` pages now (an I/O worker at start): a
+        first touch inside a request's copy costs its page faults there, and in a VM that
+        returns freed memory to its host those are slow."""
+        for slot in (0, 1):
+            self.host(count, slot)
+
     def device_buffer(self, count: int) -> torch.Tensor:
         """(count, *page_shape) device staging of this thread. Stream-ordered reuse: a thread
         always queues on the same stream, so a later job's writes follow earlier reads."""
