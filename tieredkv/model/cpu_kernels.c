@@ -71,6 +71,24 @@ typedef struct {
     int64_t seq, head, lo, hi;
 } Unit;
 
+/* A unit's scores of each query -> e^(score - the unit's max) in place; (max, sum) of each
+ * query go to partial[g * stride] and partial[g * stride + 1]. */
+static inline void exp_scores(float scores[MAX_GROUP][CHUNK], int64_t n, int64_t group,
+                              float *partial, int64_t stride) {
+    for (int64_t g = 0; g < group; g++) {
+        float top = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : top)
+        for (int64_t j = 0; j < n; j++) top = scores[g][j] > top ? scores[g][j] : top;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < n; j++) {
+            scores[g][j] = exp_nonpositive(scores[g][j] - top);
+            sum += scores[g][j];
+        }
+        partial[g * stride] = top;
+        partial[g * stride + 1] = sum;
+    }
+}
+
 /* One work unit: its keys' scores for the kv head's `group` queries, their softmax weights
  * relative to the unit's own maximum, and the weighted sum of its values, into `partial`:
  * (max, sum, acc[dim]) per query. Inlined with `dim` and `group` constant where they are the
@@ -93,20 +111,9 @@ static inline __attribute__((always_inline)) void attend_unit(
             scores[g][j] = dot;
         }
     }
-    for (int64_t g = 0; g < group; g++) {
-        float top = -INFINITY, sum = 0.0f;
-#pragma omp simd reduction(max : top)
-        for (int64_t j = 0; j < n; j++) top = scores[g][j] > top ? scores[g][j] : top;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < n; j++) {
-            scores[g][j] = exp_nonpositive(scores[g][j] - top);
-            sum += scores[g][j];
-        }
-        float *acc = partial + g * (dim + 2);
-        acc[0] = top;
-        acc[1] = sum;
-        memset(acc + 2, 0, sizeof(float) * (size_t)dim);
-    }
+    exp_scores(scores, n, group, partial, dim + 2);
+    for (int64_t g = 0; g < group; g++)
+        memset(partial + g * (dim + 2) + 2, 0, sizeof(float) * (size_t)dim);
     for (int64_t j = 0; j < n; j++) {
         const uint16_t *value = values + j * dim;
         for (int64_t d = 0; d < dim; d++) row[d] = bf16_to_f32(value[d]);
@@ -138,18 +145,7 @@ static void attend_unit_avx512bf16(const uint16_t *keys, const uint16_t *values,
             scores[g][j] = _mm512_reduce_add_ps(dot) * scale;
         }
     }
-    for (int64_t g = 0; g < group; g++) {
-        float top = -INFINITY, sum = 0.0f;
-#pragma omp simd reduction(max : top)
-        for (int64_t j = 0; j < n; j++) top = scores[g][j] > top ? scores[g][j] : top;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < n; j++) {
-            scores[g][j] = exp_nonpositive(scores[g][j] - top);
-            sum += scores[g][j];
-        }
-        partial[g * 66] = top;
-        partial[g * 66 + 1] = sum;
-    }
+    exp_scores(scores, n, group, partial, 66);
     for (int64_t g = 0; g < group; g++) {
         __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
         for (int64_t j = 0; j < n; j++) {
