@@ -100,7 +100,8 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     server = RedisServer(work / "redis", extra_args=("--maxmemory", "4gb",
                          "--maxmemory-policy", "allkeys-lru")).start()  # fmt: skip
     common = ["--dtype", args.dtype, "--max-model-len", str(args.history_tokens + 128),
-              "--remote-cache-url", server.url]  # fmt: skip
+              "--remote-cache-url", server.url,
+              "--remote-budget-scale", str(args.remote_budget_scale)]  # fmt: skip
     disk_dir = work / "disk-a"
     a_args = [*common, "--device-cache-size", args.small_device, "--host-cache-size", "0",
               "--disk-cache-dir", str(disk_dir), "--disk-cache-size", "4GiB"]  # fmt: skip
@@ -158,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--small-device", default="96MiB", help="replica A's device tier")
     parser.add_argument("--get-batch", type=int, default=88, help="GETs per round trip")
+    parser.add_argument("--remote-budget-scale", type=float, default=1.0,
+                        help="the replicas' flag (tests on a loaded machine: 20)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)

@@ -127,6 +127,12 @@ static inline __attribute__((always_inline)) void attend_unit(
 }
 
 #if defined(__AVX512BF16__)
+/* 16 bf16 values -> 16 floats (a bf16 is the top half of its float). */
+static inline __m512 widen_bf16(const uint16_t *src) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)src);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
 /* The same unit for 64-dim heads on a CPU with AVX512-BF16: the scores with the bf16 dot
  * instruction (pairs of bf16 products summed in fp32), the values' weighted sum in registers. */
 static void attend_unit_avx512bf16(const uint16_t *keys, const uint16_t *values, int64_t n,
@@ -151,20 +157,10 @@ static void attend_unit_avx512bf16(const uint16_t *keys, const uint16_t *values,
         for (int64_t j = 0; j < n; j++) {
             const uint16_t *value = values + j * 64;
             const __m512 p = _mm512_set1_ps(scores[g][j]);
-            const __m512i lo = _mm512_loadu_si512(value); /* 32 bf16 */
-            const __m512i hi = _mm512_loadu_si512(value + 32);
-            acc0 = _mm512_fmadd_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                          _mm512_cvtepu16_epi32(_mm512_castsi512_si256(lo)), 16)),
-                                   acc0);
-            acc1 = _mm512_fmadd_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                          _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(lo, 1)), 16)),
-                                   acc1);
-            acc2 = _mm512_fmadd_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                          _mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16)),
-                                   acc2);
-            acc3 = _mm512_fmadd_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                          _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16)),
-                                   acc3);
+            acc0 = _mm512_fmadd_ps(p, widen_bf16(value), acc0);
+            acc1 = _mm512_fmadd_ps(p, widen_bf16(value + 16), acc1);
+            acc2 = _mm512_fmadd_ps(p, widen_bf16(value + 32), acc2);
+            acc3 = _mm512_fmadd_ps(p, widen_bf16(value + 48), acc3);
         }
         float *acc = partial + g * 66 + 2;
         _mm512_storeu_ps(acc, acc0);
