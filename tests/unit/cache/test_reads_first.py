@@ -10,7 +10,7 @@ from pathlib import Path
 
 from disk_cases import chain, open_store, random_pages, same_bytes
 
-from tieredkv.cache.disk.reads_first import ReadsFirst
+from tieredkv.cache.reads_first import ReadsFirst
 from tieredkv.cache.transfer.executor import ThreadTransferExecutor
 
 

@@ -38,10 +38,10 @@ from tieredkv.cache.disk.format import (
 )
 from tieredkv.cache.disk.page_file import PageFile, lz4_block, slot_runs
 from tieredkv.cache.disk.pipeline import ChunkPipeline
-from tieredkv.cache.disk.reads_first import ReadsFirst
 from tieredkv.cache.disk.scan import scan_headers
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.free_list import PageFreeList, PagePool
+from tieredkv.cache.reads_first import ReadsFirst
 from tieredkv.cache.tier import Tier
 from tieredkv.errors import DiskStoreError
 

@@ -85,9 +85,10 @@ def encode_value(page: RemotePage, fingerprint_digest: bytes, codec: int) -> byt
 
 @dataclass(frozen=True)
 class DecodeResult:
-    """A decoded value: the page's raw bytes, or why it was refused."""
+    """A decoded value: the page's raw bytes (a view into the value when it was stored raw:
+    no copy), or why it was refused."""
 
-    data: bytes | None
+    data: memoryview | None
     refused: RefusalReason | None = None
 
 
@@ -127,13 +128,13 @@ def decode_value(
 def _decode_payload(payload: memoryview, codec: int, page_bytes: int) -> DecodeResult:
     if codec == RAW:
         return (
-            DecodeResult(bytes(payload))
-            if len(payload) == page_bytes
-            else _refuse(RefusalReason.CORRUPT)
+            DecodeResult(payload) if len(payload) == page_bytes else _refuse(RefusalReason.CORRUPT)
         )
     block = lz4_block()
     try:
         data = block.decompress(payload, uncompressed_size=page_bytes)
     except block.LZ4BlockError:
         return _refuse(RefusalReason.CORRUPT)
-    return DecodeResult(data) if len(data) == page_bytes else _refuse(RefusalReason.CORRUPT)
+    if len(data) != page_bytes:
+        return _refuse(RefusalReason.CORRUPT)
+    return DecodeResult(memoryview(data))

@@ -5,7 +5,9 @@ waits at most its budget (`RemoteTimeouts`); a failure or a late answer returns 
 found", counts an error and turns the store degraded. While degraded, calls return at once
 without touching the network, and the writer thread reconnects with exponential backoff.
 Nothing here raises on the network's account: a remote tier that fails costs hits, never a
-request. Writes (`put`) are queued and done by the writer thread (see `writer`).
+request. Writes (`put`) are queued and done by the writer thread (see `writer`), and each of
+its batches waits while a lookup or a fetch is in flight (`ReadsFirst`): Redis serves one
+command at a time, and a request waits for the read, not for the write.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from tieredkv.cache.disk.format import fingerprint_digest
+from tieredkv.cache.reads_first import ReadsFirst
 from tieredkv.cache.remote.connection import RemoteTimeouts, check_url, connection_errors
 from tieredkv.cache.remote.counters import CounterBox, RemoteCounters
 from tieredkv.cache.remote.keys import redis_key
@@ -54,8 +57,10 @@ class RemoteStore:
         self._digest = fingerprint_digest(fingerprint)
         self._counters = CounterBox()
         self._link = RemoteLink(url, password, self.timeouts)
+        self.reads_first = ReadsFirst()
         self._writer = RemoteWriter(
             self._link,
+            self.reads_first,
             self._counters,
             self._digest,
             COMPRESSIONS[compression],
@@ -93,7 +98,7 @@ class RemoteStore:
             return 0
         return self._call(lambda client: self._leading(client, keys), 0, self.timeouts.lookup_s)
 
-    def fetch(self, keys: Sequence[bytes]) -> list[bytes | None]:
+    def fetch(self, keys: Sequence[bytes]) -> list[memoryview | None]:
         """Each key's page bytes (page_bytes long), verified, or None when the store no longer
         holds it, refused it (counted by reason) or the call failed or ran over budget."""
         if not keys:
@@ -129,9 +134,10 @@ class RemoteStore:
         client = self._link.client
         if not self._link.healthy or client is None:
             return nothing
-        future = self._calls.submit(work, client)
         try:
-            return future.result(timeout=budget_s)  # SYNC: bounded by the call's budget
+            with self.reads_first.reading():  # the writer's next batch waits for this call
+                future = self._calls.submit(work, client)
+                return future.result(timeout=budget_s)  # SYNC: bounded by the call's budget
         except FutureTimeout:
             future.cancel()
             self._counters.add(errors=1)
@@ -153,19 +159,19 @@ class RemoteStore:
             self._writer.forget(keys[count : count + 1])
         return count
 
-    def _get(self, client: Any, keys: Sequence[bytes]) -> list[bytes | None]:
+    def _get(self, client: Any, keys: Sequence[bytes]) -> list[memoryview | None]:
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.get(redis_key(key))
         values = pipe.execute()
-        pages: list[bytes | None] = []
+        pages: list[memoryview | None] = []
         for key, value in zip(keys, values, strict=True):
             pages.append(None if value is None else self._verify(key, value))
         self._counters.add(bytes_in=sum(len(v) for v in values if v is not None))
         self._writer.forget(key for key, value in zip(keys, values, strict=True) if value is None)
         return pages
 
-    def _verify(self, key: bytes, value: bytes) -> bytes | None:
+    def _verify(self, key: bytes, value: bytes) -> memoryview | None:
         result = decode_value(value, key, self._digest, self.page_size, self.page_bytes)
         if result.refused is not None:
             self._counters.refuse(result.refused)

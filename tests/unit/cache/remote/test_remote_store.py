@@ -1,6 +1,7 @@
 """RemoteStore against real Redis, a single server and a three-master cluster: pages round
 trip, lookups count leading pages in one round trip, refusals are misses counted by reason,
-namespaces stay apart, and a page already stored is not written again."""
+namespaces stay apart, a page already stored is not written again, and writes wait while a
+read is in flight."""
 
 from __future__ import annotations
 
@@ -125,3 +126,29 @@ def test_a_page_already_stored_is_not_written_again(redis_url: str, open_store: 
     assert replica.flush_writes(FLUSH_S)
     assert (replica.counters().writes, replica.counters().dedup_skips) == (0, 4)
     assert replica.fetch([page.key for page in pages]) == [page.data for page in pages]
+
+
+def test_writes_wait_while_a_read_is_in_flight(redis_server, open_store: OpenStore) -> None:
+    store = open_store(redis_server.url)
+    store.reads_first.max_wait_s = 30.0  # the "read" below ends well before this
+    pages = make_pages(3, seed=6)
+    with store.reads_first.reading():  # a lookup or a fetch a request waits for
+        store.put(pages)
+        assert not store.flush_writes(0.5)  # held back while the read lasts
+        assert store.counters().writes == 0
+    assert store.flush_writes(FLUSH_S)
+    assert store.counters().writes == 3
+    assert store.reads_first.writes_deferred >= 1
+    assert store.fetch([page.key for page in pages]) == [page.data for page in pages]
+
+
+def test_a_fetch_serves_a_view_of_the_value_not_a_copy(redis_server, open_store) -> None:
+    store = open_store(redis_server.url)
+    pages = make_pages(2, seed=7)
+    store.put(pages)
+    assert store.flush_writes(FLUSH_S)
+    fetched = store.fetch([page.key for page in pages])
+    assert all(
+        isinstance(data, memoryview) and data.nbytes == len(pages[0].data) for data in fetched
+    )
+    assert [bytes(data) for data in fetched] == [page.data for page in pages]

@@ -1,9 +1,13 @@
-"""Reads before writes on one disk: a store read serves a request that waits for it, a write is
-background work (write-through, a demotion). Measured on session 11's machine: a 3k-token
-history read from disk right after another request's 70.8 MB write-through took 180-480 ms to
-the first token; with the write done first, 150-260 ms (the read alone: ~50-80 ms). So while
-any read is in flight, each write chunk waits, at most `max_wait_s` (writes are never starved:
-a demotion may be what frees room for a request)."""
+"""Reads before writes on one store (the disk, the remote store): a read serves a request that
+waits for it, a write is background work (write-through, a demotion). While any read is in
+flight, each write chunk waits, at most `max_wait_s` (writes are never starved: a demotion may
+be what frees room for a request).
+
+Measured on session 11's machine: a 3k-token history read from disk right after another
+request's 70.8 MB write-through took 180-480 ms to the first token; with the write done first,
+150-260 ms (the read alone: ~50-80 ms). On session 12's, a replica's first lookup in Redis after
+it computed a 3k-token prompt queued behind that prompt's 75 MB of writes, ran past its 20 ms
+budget, and the turn was recomputed (2.5 s)."""
 
 from __future__ import annotations
 
