@@ -289,6 +289,11 @@ class TieredCache:
         wait)."""
         return self.promoter.prefetch(match, max_pages)
 
+    def prefault_some(self) -> bool:
+        """Fault in the next chunk of the host tier's memory (the engine thread, when it has
+        nothing else to do: see `pools/prefault.py`); True while more remains."""
+        return self.pools.host.prefault_some()
+
     def poll(self) -> list[PromotionTicket]:
         """Apply every finished transfer (engine thread); return promotions now done."""
         return self._apply_finished(start_write_through=True)

@@ -134,6 +134,8 @@ class AsyncEngine(EngineClient):
                 engine.fail_all("internal error")
                 continue
             if not progressed:
+                if not engine.has_work and engine.cache.prefault_some():
+                    continue  # idle: one chunk of the host tier faulted in, then look again
                 engine.wait_for_work(_STALLED_RECHECK_SECONDS if engine.has_work else None)
 
     def _fail_streams(self, error: Exception) -> None:

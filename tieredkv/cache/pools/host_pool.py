@@ -4,7 +4,9 @@ Layout `[num_pages, num_layers, 2, page_size, num_kv_heads, head_dim]`: each pag
 contiguous run of bytes (all layers), so it moves to disk with one write and to the device with
 one copy. Pinned when CUDA is present, so host<->device copies can run asynchronously;
 otherwise page-aligned (an anonymous mapping), so a run of host pages moves to and from an
-O_DIRECT disk store in place, without a bounce copy.
+O_DIRECT disk store in place, without a bounce copy. A server's engine faults that mapping in
+while it is idle (`prefault_some`), so write-through does not pay each page's first touch on a
+request's time; pinned memory is resident from the start.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 
 from tieredkv.cache.page_layout import PageLayout, aligned_empty
 from tieredkv.cache.pools.free_list import PageFreeList, PagePool
+from tieredkv.cache.pools.prefault import Prefaulter
 from tieredkv.cache.tier import Tier
 from tieredkv.errors import ConfigError
 
@@ -35,10 +38,13 @@ class HostPool(PagePool):
             pin_memory = torch.cuda.is_available()
         self.pinned = pin_memory and num_pages > 0
         shape = (num_pages, *layout.page_shape)
+        self.prefaulter: Prefaulter | None = None  # the anonymous mapping's, when not pinned
         if self.pinned:  # cudaHostAlloc memory is page-aligned too
             self.kv = torch.zeros(shape, dtype=layout.dtype, pin_memory=True)
         else:  # zero-filled by the kernel, page by page on first touch
             raw = aligned_empty(num_pages * layout.page_bytes)
+            if num_pages:
+                self.prefaulter = Prefaulter(raw)
             # (num_pages, layers, 2, page_size, kv_heads, head_dim)
             self.kv = torch.from_numpy(raw).view(layout.dtype).view(shape)
         self.page_bytes = layout.page_bytes
@@ -52,3 +58,8 @@ class HostPool(PagePool):
     @property
     def enabled(self) -> bool:
         return self.num_pages > 0
+
+    def prefault_some(self) -> bool:
+        """Fault in the next chunk of the pool's memory (the engine thread, when idle); True
+        while more remains."""
+        return self.prefaulter is not None and self.prefaulter.step()
