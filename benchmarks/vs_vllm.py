@@ -52,7 +52,7 @@ import torch
 from tieredkv.bench.disk_check import disk_read_bandwidth, drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.managed import ManagedServer, free_port
-from tieredkv.bench.prom_text import parse_samples, select
+from tieredkv.bench.prom_text import Samples, counter_delta, parse_samples, select
 from tieredkv.bench.records import percentile
 from tieredkv.bench.workload import Workload, WorkloadConfig, prose
 from tieredkv.bench.workload_run import run_workload
@@ -232,9 +232,37 @@ def page_bytes() -> int:
     return PageLayout.for_model(config, PAGE_SIZE, torch.bfloat16).page_bytes
 
 
+async def metrics(http: httpx.AsyncClient, url: str) -> Samples:
+    return parse_samples((await http.get(url + "/metrics")).text)
+
+
+async def settled_metrics(http: httpx.AsyncClient, url: str) -> Samples:
+    """/metrics once the engine is idle: the engine thread mirrors the cache's counters at the
+    end of a step, after the step's tokens went out, so a scrape right after the first token
+    can miss that step's transfers (a disk turn once read "0 bytes"). Two equal scrapes 20 ms
+    apart (at most 2 s of trying)."""
+    last = await metrics(http, url)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+        now = await metrics(http, url)
+        if now == last:
+            break
+        last = now
+    return last
+
+
 async def transfer_bytes(http: httpx.AsyncClient, url: str, **labels: str) -> float:
-    samples = parse_samples((await http.get(url + "/metrics")).text)
+    samples = await metrics(http, url)
     return sum(select(samples, "tieredkv_transfer_bytes_total", **labels).values())
+
+
+def server_split(before: Samples, after: Samples, ttft_s: float) -> dict:
+    """Where one request's TTFT went, by the server's own sums: waiting (arrival to first
+    forward, which includes the promotion), the promotion itself, and the rest (the forward)."""
+    queue = counter_delta(before, after, "tieredkv_queue_seconds_sum") or 0.0
+    promotion = counter_delta(before, after, "tieredkv_promotion_seconds_sum") or 0.0
+    return {"queue_s": queue, "promotion_s": promotion, "after_queue_s": ttft_s - queue}
 
 
 async def send_histories(url: str, histories: list[list[int]]) -> None:
@@ -261,10 +289,14 @@ async def turns_by_tier(url: str, histories: list[list[int]], prompts: Prompts) 
         await stream(http, url, model, prompts.fresh(TIER_HISTORY_TOKENS + QUESTION_TOKENS), 1)
         for i, history in enumerate(histories):
             turn = history + prompts.fresh(QUESTION_TOKENS)
-            read_before = await transfer_bytes(http, url, from_tier="disk")
+            before = await settled_metrics(http, url)
             on_disk = await stream(http, url, model, turn, 1)
-            disk_bytes_read = await transfer_bytes(http, url, from_tier="disk") - read_before
+            after = await settled_metrics(http, url)
+            disk_bytes_read = counter_delta(
+                before, after, "tieredkv_transfer_bytes_total", from_tier="disk"
+            )
             on_device = await stream(http, url, model, history + prompts.fresh(QUESTION_TOKENS), 1)
+            after_device = await settled_metrics(http, url)
             recomputed = await stream(http, url, model, turn, 1, salt=f"recompute-{i}")
             details = on_disk["usage"]["prompt_tokens_details"]
             rows.append(
@@ -273,7 +305,9 @@ async def turns_by_tier(url: str, histories: list[list[int]], prompts: Prompts) 
                     "device_ttft_s": on_device["ttft_s"],
                     "recompute_ttft_s": recomputed["ttft_s"],
                     "disk_cached_by_tier": details["cached_tokens_by_tier"],
-                    "disk_bytes_read": disk_bytes_read,
+                    "disk_bytes_read": disk_bytes_read or 0.0,
+                    "disk_split": server_split(before, after, on_disk["ttft_s"]),
+                    "device_split": server_split(after, after_device, on_device["ttft_s"]),
                     "device_cached_by_tier": on_device["usage"]["prompt_tokens_details"][
                         "cached_tokens_by_tier"
                     ],
@@ -308,6 +342,14 @@ def measure_tiers(out: Path, prompts: Prompts, repeats: int) -> dict:
             f"{row['disk_bytes_read'] / row['disk_bytes']:.2f}x the history's bytes",
             flush=True,
         )
+        for where in ("disk", "device"):
+            split = row[f"{where}_split"]
+            print(
+                f"    {where}: queued {split['queue_s'] * 1000:.0f} ms (promotion "
+                f"{split['promotion_s'] * 1000:.0f} ms), then {split['after_queue_s'] * 1000:.0f}"
+                " ms to the first token",
+                flush=True,
+            )
     return {"disk_read": bandwidth, "turns": rows}
 
 
