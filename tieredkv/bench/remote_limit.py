@@ -3,13 +3,22 @@
 The bandwidth comes from the replicas' own counters: the bytes every replica moved out of the
 remote tier (`transfer_bytes_total{from_tier="remote"}`) over the seconds its promotions from
 there took (`promotion_seconds_sum{from_tier="remote"}`), summed over the replicas and over a
-restarted replica's lives. The limit is loopback Redis's own pipelined GET throughput: one
-client reads back every value the replicas wrote, in batches as large as the replicas' average
-fetch, as the remote tier's copier reads them (one pipeline a fetch).
+restarted replica's lives. The limit is loopback Redis's own pipelined GET throughput, one
+connection, as many GETs a round trip as the replicas' average fetch (the remote tier's copier
+sends one pipeline a fetch), the higher of two clients:
+
+- redis-py (the replicas' client) reading back every value the replicas wrote;
+- `redis-benchmark` (Redis's own C client) getting a value of the same size.
+
+The C client alone is not enough of a limit where it is missing; redis-py alone was too low
+(session 12: 0.42-0.46 GB/s, under the replicas' own promotions at 0.52-0.53 GB/s: each of its
+35 MB batches lands in freshly allocated memory, which this VM faults in at ~1-3 ms a MB).
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 
 import httpx
@@ -64,11 +73,13 @@ def redis_get_throughput(url: str, promotions: dict | None = None, batch: int = 
     (`RemotePromotions.figures()`), as many GETs a round trip as an average promotion from the
     remote tier fetched; else `batch`."""
     client = redis.Redis.from_url(url)
+    value_bytes = 0.0
     try:
         keys = list(client.scan_iter(match="tieredkv:*", count=1000))
-        if promotions is not None and keys:
+        if keys:
             sample = keys[:32]
             value_bytes = sum(client.strlen(key) for key in sample) / len(sample)
+        if promotions is not None:
             batch = batch_like_the_replicas(promotions, value_bytes, batch)
         started = time.perf_counter()
         total = 0
@@ -80,8 +91,45 @@ def redis_get_throughput(url: str, promotions: dict | None = None, batch: int = 
         seconds = time.perf_counter() - started
     finally:
         client.close()
-    gbps = total / seconds / 1e9 if total and seconds else None
-    return {"values": len(keys), "bytes": total, "batch": batch, "gbps": gbps}
+    python_gbps = total / seconds / 1e9 if total and seconds else None
+    c_gbps = redis_benchmark_get(url, round(value_bytes), batch) if value_bytes else None
+    measured = [g for g in (python_gbps, c_gbps) if g]
+    return {"values": len(keys), "bytes": total, "batch": batch, "value_bytes": value_bytes,
+            "redis_py_gbps": python_gbps, "redis_benchmark_gbps": c_gbps,
+            "gbps": max(measured) if measured else None}  # fmt: skip
+
+
+def redis_benchmark_get(url: str, value_bytes: int, batch: int, requests: int = 0) -> float | None:
+    """GB/s of `redis-benchmark`'s pipelined GETs of one `value_bytes` value, one connection,
+    `batch` a round trip (it SETs its own key first, `key:__rand_int__`; tieredkv's keys are
+    untouched). None where redis-benchmark is not on PATH or fails."""
+    tool = shutil.which("redis-benchmark")
+    if tool is None or value_bytes <= 0:
+        return None
+    try:  # redis-benchmark retries an unreachable server for minutes
+        redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2).ping()
+    except (redis.RedisError, OSError):
+        return None
+    where = redis.connection.parse_url(url)
+    requests = requests or max(1000, 20 * batch)
+    command = [tool, "-h", str(where.get("host", "127.0.0.1")), "-p", str(where.get("port", 6379)),
+               "--dbnum", str(where.get("db", 0)), "-c", "1", "-P", str(batch), "-t", "set,get",
+               "-d", str(value_bytes), "-n", str(requests), "--csv"]  # fmt: skip
+    env = None
+    if where.get("password"):
+        env = {"REDISCLI_AUTH": str(where["password"]), "PATH": "/usr/bin:/bin"}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in done.stdout.splitlines():
+        fields = [field.strip('"') for field in line.split(",")]
+        if fields[0] == "GET" and len(fields) > 1:
+            try:
+                return float(fields[1]) * value_bytes / 1e9
+            except ValueError:
+                return None
+    return None
 
 
 def batch_like_the_replicas(promotions: dict, value_bytes: float, default: int) -> int:

@@ -188,17 +188,21 @@ def bandwidth_table(analysis: dict) -> str:
     """Per configuration with the remote tier: its promotion bandwidth (the replicas' own
     counters) beside Redis's pipelined GET throughput measured after the turns, same run."""
     header = ["configuration", "promotions from Redis", "MB moved", "promotion GB/s",
-              "Redis GET GB/s (limit)", "GETs a round trip", "of the limit"]  # fmt: skip
+              "Redis GET GB/s (limit)", "redis-py / redis-benchmark GB/s", "GETs a round trip",
+              "of the limit"]  # fmt: skip
     rows = []
     for entry in analysis["configurations"]:
         promotion, limit = entry.get("remote_promotion"), entry.get("redis_get")
         if promotion is None or limit is None:
             continue
         share = ratio(promotion["gbps"], limit["gbps"])
+        clients = [fmt(limit.get(k), ".2f") for k in ("redis_py_gbps", "redis_benchmark_gbps")]
         rows.append([
             entry["label"], fmt(promotion["promotions"], ".0f"),
             fmt(promotion["bytes"], ".1f", 1e-6), fmt(promotion["gbps"], ".2f"),
-            fmt(limit["gbps"], ".2f"), str(limit["batch"]), fmt(share, ".0%"),
+            fmt(limit["gbps"], ".2f"),
+            " / ".join(clients),
+            str(limit["batch"]), fmt(share, ".0%"),
         ])  # fmt: skip
     return markdown_table(header, rows)
 

@@ -26,7 +26,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 MADV_POPULATE_WRITE = 23  # <linux/mman.h>; Python's mmap module names it from 3.13 only
-CHUNK_BYTES = 2 << 20  # ~1-6 ms of faults on session 12's machine
+CHUNK_BYTES = 1 << 20  # ~0.3-5 ms of faults on session 12's machine: what a request may wait
 
 
 @functools.cache
