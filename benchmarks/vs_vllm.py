@@ -23,7 +23,8 @@ sent, the server is restarted (its disk index rebuilt, the store dropped from th
 and the next turn of each history is timed with the history on disk, then another turn with it
 already on the device, then the same turn recomputed (a fresh `cache_salt`). The rule: TTFT with
 the history on disk <= TTFT with it on the device + 1.5 x (bytes / disk read bandwidth), the
-bandwidth measured in the same run with the store's request size and requests in flight.
+bandwidth measured in the same run with the store's request size and requests in flight, before
+and after the turns, the faster of the two (this shared disk's speed drifts within minutes).
 
 Each figure is the median of `--repeats` fresh prompts, with min and max. vLLM runs as its docs
 recommend for CPUs (benchmarks/vllm_cpu.sh: tcmalloc and Intel OpenMP preloaded, OMP threads
@@ -324,10 +325,21 @@ def measure_tiers(out: Path, prompts: Prompts, repeats: int) -> dict:
     histories = [prompts.fresh(TIER_HISTORY_TOKENS) for _ in range(repeats)]
     with ManagedServer(serve_args, out / "tieredkv-tiers-1.log") as server:
         asyncio.run(send_histories(server.base_url, histories))
-    bandwidth = disk_read_bandwidth(out)
+    before = disk_read_bandwidth(out)
     with ManagedServer(serve_args, out / "tieredkv-tiers-2.log") as server:
         drop_page_cache(disk_dir)
         rows = asyncio.run(turns_by_tier(server.base_url, histories, prompts))
+    after = disk_read_bandwidth(out)
+    # this shared disk's speed drifts within minutes (session 12: the same probe read 0.86 GB/s
+    # in one run and 2.15 a few minutes later, and promotions beat a probe taken before them):
+    # the faster of a probe before and one after the turns is the limit (the stricter rule)
+    bandwidth = max(before, after, key=lambda probe: probe["bytes_per_s"])
+    bandwidth = {**bandwidth, "probes_bytes_per_s": [before["bytes_per_s"], after["bytes_per_s"]]}
+    print(
+        f"  disk read limit: {before['bytes_per_s'] / 1e9:.2f} GB/s before the turns, "
+        f"{after['bytes_per_s'] / 1e9:.2f} after",
+        flush=True,
+    )
     for row in rows:
         disk_bytes = row["disk_cached_by_tier"]["disk"] // PAGE_SIZE * page_bytes()
         row["disk_bytes"] = disk_bytes
