@@ -1,15 +1,15 @@
-"""Fixtures of the remote store's tests: real Redis servers (single and a three-master
-cluster), stores closed after each test, and chains of bf16-sized random pages."""
+"""Fixtures of the remote store's tests: a real three-master Redis cluster (the single server,
+`redis_server`, is tests/unit/conftest.py's), stores closed after each test, and chains of
+bf16-sized random pages."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.redis_servers import RedisCluster, RedisServer, require_redis, start_cluster
+from tests.redis_servers import RedisCluster, require_redis, start_cluster
 from tieredkv.cache.index.page_key import chain_keys, namespace_root_key
 from tieredkv.cache.remote.connection import RemoteTimeouts
 from tieredkv.cache.remote.record import RemotePage
@@ -47,14 +47,6 @@ def make_pages(
         page_tokens = tuple(tokens[index * PAGE_SIZE : (index + 1) * PAGE_SIZE])
         pages.append(RemotePage(key, parent, page_tokens, data.tobytes()))
     return pages
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    require_redis()
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
