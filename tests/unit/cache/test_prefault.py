@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tieredkv.cache.page_layout import aligned_empty
+from tieredkv.cache.pools import host_pool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.pools.prefault import Prefaulter, populate_write
 from tieredkv.cache.testing import tiny_layout
@@ -74,3 +75,27 @@ def test_prefaulting_starts_where_pages_are_handed_out_first() -> None:
         pytest.skip("this kernel has no MADV_POPULATE_WRITE")
     vec_pages = resident_pages(buffer[: 4 * mmap.PAGESIZE])
     assert vec_pages == 4 and resident_pages(buffer) == 4  # the first chunk, nothing else
+
+
+def test_host_pool_prefaults_a_window_ahead_of_the_pages_handed_out(monkeypatch) -> None:
+    layout = tiny_layout()
+    pages_per_os_page = max(1, mmap.PAGESIZE // layout.page_bytes)
+    window = 8 * mmap.PAGESIZE
+    monkeypatch.setattr(host_pool, "PREFAULT_AHEAD_BYTES", window)
+    pool = HostPool.from_bytes(layout, 64 * pages_per_os_page * layout.page_bytes + 123)
+    prefaulter = pool.prefaulter
+    assert prefaulter is not None
+    prefaulter.chunk_bytes = 3 * mmap.PAGESIZE
+    while pool.prefault_some():
+        pass
+    if prefaulter.unsupported:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE")
+    assert prefaulter.faulted == window  # the window ahead of nothing handed out yet
+    pool.alloc(5 * pages_per_os_page + 1)  # pages 0..: the frontier moves past 5 OS pages
+    while pool.prefault_some():
+        pass
+    handed_out_bytes = (5 * pages_per_os_page + 1) * layout.page_bytes
+    wanted = -(-(handed_out_bytes + window) // mmap.PAGESIZE) * mmap.PAGESIZE
+    assert prefaulter.faulted == wanted and not prefaulter.unsupported
+    raw = pool.kv.view(torch.uint8).reshape(-1).numpy()
+    assert resident_pages(raw) == wanted // mmap.PAGESIZE

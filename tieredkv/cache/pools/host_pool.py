@@ -19,6 +19,8 @@ from tieredkv.cache.pools.prefault import Prefaulter
 from tieredkv.cache.tier import Tier
 from tieredkv.errors import ConfigError
 
+PREFAULT_AHEAD_BYTES = 256 << 20  # faulted in ahead of the highest page handed out so far
+
 
 class HostPool(PagePool):
     """Owns the host KV tensor and a LIFO free list of page ids.
@@ -39,6 +41,7 @@ class HostPool(PagePool):
         self.pinned = pin_memory and num_pages > 0
         shape = (num_pages, *layout.page_shape)
         self.prefaulter: Prefaulter | None = None  # the anonymous mapping's, when not pinned
+        self._pages_handed_out = 0  # 1 + the highest page id ever allocated
         if self.pinned:  # cudaHostAlloc memory is page-aligned too
             self.kv = torch.zeros(shape, dtype=layout.dtype, pin_memory=True)
         else:  # zero-filled by the kernel, page by page on first touch
@@ -59,7 +62,17 @@ class HostPool(PagePool):
     def enabled(self) -> bool:
         return self.num_pages > 0
 
+    def alloc(self, count: int) -> list[int]:
+        pages = self.free_list.alloc(count)
+        if pages:
+            self._pages_handed_out = max(self._pages_handed_out, max(pages) + 1)
+        return pages
+
     def prefault_some(self) -> bool:
-        """Fault in the next chunk of the pool's memory (the engine thread, when idle); True
-        while more remains."""
-        return self.prefaulter is not None and self.prefaulter.step()
+        """Fault in the next chunk of the pool's memory, up to PREFAULT_AHEAD_BYTES past the
+        highest page handed out (the free list hands out the lowest first), on the engine
+        thread when idle; True while more remains below that."""
+        if self.prefaulter is None:
+            return False
+        window_end = self._pages_handed_out * self.page_bytes + PREFAULT_AHEAD_BYTES
+        return self.prefaulter.step(up_to=window_end)

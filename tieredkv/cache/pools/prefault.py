@@ -1,16 +1,18 @@
 """Faulting in pool memory ahead of use, without writing it.
 
 An anonymous mapping gets its memory page by page, on first write. On a VM that reports free
-memory to its host (session 12's machine: `page_reporting`), a first write costs ~0.25-1.7 ms a
+memory to its host (session 12's machine: `page_reporting`), a first write costs ~0.25-3 ms a
 MB: a 74 MB write-through into fresh host pages took 22-69 ms against 4-5 ms into pages
-written before, and the request after it paid for it. So the host pool is faulted in when it is
-made. Doing all of it before serving cost 5.7 s for 2 GiB and 13 s for 4 GiB there; a thread
+written before, and the request after it paid for it. So the host pool is faulted in ahead of
+use. Doing all of it before serving cost 5.7 s for 2 GiB and 13 s for 4 GiB there; a thread
 of its own at nice 19 made requests slower, not faster (it holds the memory map's lock while
 descheduled, and every other thread's faults and mappings wait). So the engine thread does it,
 a short chunk at a time, only when it has nothing else to do (`Prefaulter`): a request that
-arrives waits for one chunk at most. `MADV_POPULATE_WRITE` (Linux 5.14) maps the pages
-writable as a write would, without the writes, so it is safe while mover threads copy into
-pages already in use.
+arrives waits for one chunk at most. It keeps a window ahead of the pages in use, not the
+whole pool: an idle server with a 4 GiB pool would otherwise spend ~12 s of CPU there on
+memory it may not need for hours (and a test suite full of idle servers, minutes).
+`MADV_POPULATE_WRITE` (Linux 5.14) maps the pages writable as a write would, without the
+writes, so it is safe while mover threads copy into pages already in use.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import mmap
 from collections.abc import Callable
 
 import numpy as np
@@ -70,15 +73,20 @@ class Prefaulter:
     def done(self) -> bool:
         return self._buffer is None
 
-    def step(self) -> bool:
-        """Fault in the next chunk; True while more remains."""
-        if self._buffer is None:
+    def step(self, up_to: int | None = None) -> bool:
+        """Fault in the next chunk, not past byte `up_to` (default: the end); True while more
+        remains below it."""
+        if up_to is None:
+            end = self.length
+        else:  # madvise wants page-aligned addresses: whole pages only
+            end = min(-(-up_to // mmap.PAGESIZE) * mmap.PAGESIZE, self.length)
+        if self._buffer is None or self.faulted >= end:
             return False
-        size = min(self.chunk_bytes, self.length - self.faulted)
+        size = min(self.chunk_bytes, end - self.faulted)
         if populate_write(self._buffer.ctypes.data + self.faulted, size):
             self.faulted += size
         else:
             self.unsupported = True
         if self.unsupported or self.faulted >= self.length:
             self._buffer = None
-        return self._buffer is not None
+        return self._buffer is not None and self.faulted < end
