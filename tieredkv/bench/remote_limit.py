@@ -17,6 +17,7 @@ The C client alone is not enough of a limit where it is missing; redis-py alone 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -115,9 +116,9 @@ def redis_benchmark_get(url: str, value_bytes: int, batch: int, requests: int = 
     command = [tool, "-h", str(where.get("host", "127.0.0.1")), "-p", str(where.get("port", 6379)),
                "--dbnum", str(where.get("db", 0)), "-c", "1", "-P", str(batch), "-t", "set,get",
                "-d", str(value_bytes), "-n", str(requests), "--csv"]  # fmt: skip
-    env = None
+    env = None  # the password, where the URL has one, by environment: never on a command line
     if where.get("password"):
-        env = {"REDISCLI_AUTH": str(where["password"]), "PATH": "/usr/bin:/bin"}
+        env = dict(os.environ, REDISCLI_AUTH=str(where["password"]))
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
     except (OSError, subprocess.TimeoutExpired):
