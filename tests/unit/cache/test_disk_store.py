@@ -257,3 +257,30 @@ def test_freed_slots_come_back_ascending_and_batches_move_in_runs(tmp_path: Path
     store.free([again[5], again[1], again[3]])
     assert store.alloc(3) == [1, 3, 5]
     store.close()
+
+
+def test_verified_chunks_are_handed_on_in_order_across_runs(tmp_path: Path) -> None:
+    """`on_verified` sees every page once, in order, with the flags read_pages returns, and a
+    page that fails verification is already zeroed when it is handed on."""
+    store = open_store(tmp_path)
+    store._min_chunk_pages = 1  # tiny pages: chunks of one or two pages
+    slots = store.alloc(10)
+    chosen = [slots[7], slots[8], slots[9], slots[0], slots[1], slots[4]]  # three runs
+    records, pages = chain(6), random_pages(6, seed=5)
+    store.write_pages(chosen, records, pages)
+    block = read_superblock(tmp_path / STORE_FILE)
+    flip_byte(tmp_path / STORE_FILE, block.payload_offset + chosen[4] * block.record_bytes + 9)
+    out = torch.empty_like(pages)
+    seen: list[tuple[int, int, list[bool], bool]] = []
+
+    def on_verified(start: int, end: int, flags: list[bool]) -> None:
+        zeroed = not out[start:end][[not ok for ok in flags]].view(torch.int16).any()
+        seen.append((start, end, flags, zeroed))
+
+    verified = store.read_pages(chosen, records, out, on_verified)
+    assert verified == [True, True, True, True, False, True]
+    assert [index for start, end, *_ in seen for index in range(start, end)] == list(range(6))
+    assert [ok for *_, flags, _ in seen for ok in flags] == verified
+    assert all(zeroed for *_, zeroed in seen) and len(seen) >= 3  # at least one per run
+    assert same_bytes(out[[0, 1, 2, 3, 5]], pages[[0, 1, 2, 3, 5]])
+    store.close()

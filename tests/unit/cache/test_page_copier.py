@@ -155,6 +155,31 @@ def test_a_record_that_fails_verification_is_a_miss_and_zeroed(
         store.close()
 
 
+@pytest.mark.parametrize("stage_pages", [1, 2, 64])
+def test_a_read_into_the_device_copies_only_verified_pages(
+    tmp_path: Path, layout: PageLayout, stage_pages: int
+) -> None:
+    """A store read into a CPU device pool is copied out as it is verified, chunks two at a
+    time: every verified page lands, and a page that fails verification is never copied."""
+    store = open_store(tmp_path, layout=layout, capacity=1 << 20)
+    copier = _copier(layout, staged=False, disk=store)
+    copier.stage_pages = stage_pages
+    records = chain(6, layout=layout)
+    slots = store.alloc(6)
+    device_pages = _shuffled(6, 12)[1]
+    try:
+        copier.job(Tier.HOST, Tier.DISK, [0, 1, 2, 3, 4, 5], slots, records)()
+        before = [_device_page(copier, page).clone() for page in device_pages]
+        wrong = [*records[:3], records[4], *records[4:]]  # slot 3 holds another key
+        page_ok = copier.job(Tier.DISK, Tier.DEVICE, slots, device_pages, wrong)()
+        assert page_ok == [True, True, True, False, True, True]
+        for index, page in enumerate(device_pages):
+            want = before[index] if index == 3 else _host_page(copier, index)
+            assert torch.equal(_device_page(copier, page), want)
+    finally:
+        store.close()
+
+
 def test_reference_gather_and_scatter_match_index_select_for_shuffled_pages(
     layout: PageLayout,
 ) -> None:

@@ -128,18 +128,21 @@ class _SlowStore:
     """Stands in for a DiskStore: each call takes a while (the job stages the next chunk
     meanwhile) and call number `fail_at` raises."""
 
-    def __init__(self, fail_at: int = 0) -> None:
+    def __init__(self, fail_at: int = 0, streams_reads: bool = True) -> None:
         self.fail_at = fail_at
+        self.streams_reads = streams_reads  # the disk store's reads do, the remote tier's not
         self.calls = 0
         self.running = 0
 
-    def _call(self) -> list[bool]:
+    def _call(self, on_verified: Callable[..., None] | None = None) -> list[bool]:
         self.calls += 1
         self.running += 1
         try:
             if self.calls == self.fail_at:
                 raise OSError("injected disk failure")
             threading.Event().wait(0.05)
+            if on_verified is not None:  # the pages are handed on as a real store does
+                on_verified(0, 2, [True] * 2)
             return [True] * 2
         finally:
             self.running -= 1
@@ -147,8 +150,14 @@ class _SlowStore:
     def write_pages(self, slots: list[int], records: list, payload: torch.Tensor) -> None:
         self._call()
 
-    def read_pages(self, slots: list[int], records: list, out: torch.Tensor) -> list[bool]:
-        return self._call()
+    def read_pages(
+        self,
+        slots: list[int],
+        records: list,
+        out: torch.Tensor,
+        on_verified: Callable[..., None] | None = None,
+    ) -> list[bool]:
+        return self._call(on_verified)
 
 
 def _failing_job(store: _SlowStore, src_tier: Tier, dst_tier: Tier, copy_fails: bool) -> None:
@@ -170,22 +179,32 @@ def _failing_job(store: _SlowStore, src_tier: Tier, dst_tier: Tier, copy_fails: 
 
         copier._read = failing("read")  # type: ignore[method-assign]
         copier._write = failing("write")  # type: ignore[method-assign]
+        copier._copy_out = lambda *args: failing("copy out")  # type: ignore[method-assign]
+        copies["copy out"] = lambda *args: None
     copier.job(src_tier, dst_tier, [7, 2, 5, 0, 3, 1], [6, 1, 4, 2, 0, 3], [None] * 6)()
 
 
+@pytest.mark.parametrize("streams_reads", [True, False])
 @pytest.mark.parametrize("src_tier, dst_tier", [(Tier.HOST, Tier.DISK), (Tier.DISK, Tier.HOST)])
-def test_a_failing_store_call_fails_the_job(src_tier: Tier, dst_tier: Tier) -> None:
-    store = _SlowStore(fail_at=2)
+def test_a_failing_store_call_fails_the_job(
+    src_tier: Tier, dst_tier: Tier, streams_reads: bool
+) -> None:
+    store = _SlowStore(fail_at=2, streams_reads=streams_reads)
     with pytest.raises(OSError, match="injected"):
         _failing_job(store, src_tier, dst_tier, copy_fails=False)
-    assert store.calls == 2 and store.running == 0
+    # a write stages chunk k + 1 while chunk k is written, and so does a read one chunk at a
+    # time; a streamed read has two chunks in flight and starts chunk 2 once chunk 0 is in,
+    # before it sees chunk 1's failure
+    streamed_read = streams_reads and src_tier is Tier.DISK
+    assert store.calls == (3 if streamed_read else 2) and store.running == 0
 
 
+@pytest.mark.parametrize("streams_reads", [True, False])
 @pytest.mark.parametrize("src_tier, dst_tier", [(Tier.HOST, Tier.DISK), (Tier.DISK, Tier.HOST)])
 def test_a_failing_copy_returns_only_after_the_store_call_in_flight(
-    src_tier: Tier, dst_tier: Tier
+    src_tier: Tier, dst_tier: Tier, streams_reads: bool
 ) -> None:
-    store = _SlowStore()
+    store = _SlowStore(streams_reads=streams_reads)
     with pytest.raises(RuntimeError, match="injected"):
         _failing_job(store, src_tier, dst_tier, copy_fails=True)
     assert store.calls >= 1 and store.running == 0  # no store call outlives the job

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,14 @@ IO_THREADS = 4  # the store's own I/O threads, shared by every transfer
 MIN_CHUNKS = 4
 MIN_CHUNK_BYTES = 1 << 20
 
+# on_verified(start, end, flags): pages start..end - 1 of a read are in place, flags[i] True
+# where page start + i verified
+PagesVerified = Callable[[int, int, list[bool]], None]
+
+
+def _key(expected: DiskRecord | bytes) -> bytes:
+    return expected.key if isinstance(expected, DiskRecord) else expected
+
 
 def _page_rows(pages: torch.Tensor, layout: PageLayout) -> np.ndarray:
     """A (n, page_bytes) uint8 view of a page-major CPU tensor, no copy."""
@@ -71,6 +80,9 @@ class DiskStore(PagePool):
     """
 
     tier = Tier.DISK
+    # read_pages hands chunks on as they verify (`on_verified`), over parallel I/O: a copier
+    # reads two of its chunks at once and copies them out as they come
+    streams_reads = True
 
     def __init__(
         self,
@@ -200,12 +212,21 @@ class DiskStore(PagePool):
         return [(s, min(s + step, end)) for s in range(start, end, step)]
 
     def read_pages(
-        self, slots: list[int], expected: list[DiskRecord | bytes], out: torch.Tensor
+        self,
+        slots: list[int],
+        expected: list[DiskRecord | bytes],
+        out: torch.Tensor,
+        on_verified: PagesVerified | None = None,
     ) -> list[bool]:
         """Fill out[i] (same shape rules as write_pages) from slots[i]; True when the record
         verifies: header and payload checksum, key == page_key(parent_key, tokens), and key ==
         the expected record's key. False (counted CHECKSUM) is a miss; out[i] is zeroed.
-        I/O errors raise OSError (counted IO)."""
+        I/O errors raise OSError (counted IO).
+
+        Every run's chunks share one pipeline, so the disk stays busy across runs. With
+        `on_verified`, each chunk is handed on as soon as it is verified, in order, on this
+        thread: `on_verified(start, end, flags)` for out[start:end], while later chunks are
+        still being read (the caller copies them out, overlapping its copies with the I/O)."""
         rows = _page_rows(out, self.layout)  # (n, page_bytes) uint8
         headers: list[RecordHeader | None] = []
 
@@ -213,34 +234,39 @@ class DiskStore(PagePool):
             return self._read_chunk(slots[start], headers[start:end], rows[start:end])
 
         def verify(start: int, end: int, _: None, done: list[bool] | None) -> list[bool]:
-            if done is not None:  # read through the bounce buffer, already verified
-                return done
-            return self._file.verify_in_place(headers[start:end], rows[start:end])
+            if done is None:  # the raw bytes landed in place, unverified
+                done = self._file.verify_in_place(headers[start:end], rows[start:end])
+            flags = [
+                ok and header is not None and header.key == _key(want)
+                for ok, header, want in zip(
+                    done, headers[start:end], expected[start:end], strict=True
+                )
+            ]
+            for index, ok in enumerate(flags, start):
+                if not ok:
+                    rows[index] = 0
+            if on_verified is not None:
+                on_verified(start, end, flags)
+            return flags
 
+        runs = slot_runs(slots)
+        chunks = [chunk for start, length in runs for chunk in self._chunks(start, length)]
         try:
             with self.reads_first.reading():  # writes wait while a request waits for this
-                for start, length in slot_runs(slots):
+                for start, length in runs:
                     headers += self._read_headers(slots[start], length)
                 verified = [
                     ok
-                    for start, length in slot_runs(slots)
-                    for chunk in self._pipeline.run(
-                        self._chunks(start, length), lambda s, e: None, read, verify
-                    )
-                    for ok in chunk
+                    for flags in self._pipeline.run(chunks, lambda s, e: None, read, verify)
+                    for ok in flags
                 ]
         except OSError:
             self._count_error(DiskErrorReason.IO)
             raise
-        for index, (header, want) in enumerate(zip(headers, expected, strict=True)):
-            want_key = want.key if isinstance(want, DiskRecord) else want
-            verified[index] = verified[index] and header is not None and header.key == want_key
-        misses = [index for index, ok in enumerate(verified) if not ok]
-        for index in misses:
-            rows[index] = 0
+        misses = verified.count(False)
         if misses:
-            self._count_error(DiskErrorReason.CHECKSUM, len(misses))
-            logger.warning("disk store: %d of %d records failed to verify", len(misses), len(slots))
+            self._count_error(DiskErrorReason.CHECKSUM, misses)
+            logger.warning("disk store: %d of %d records failed to verify", misses, len(slots))
         return verified
 
     def _read_chunk(

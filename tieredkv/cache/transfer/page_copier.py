@@ -22,6 +22,7 @@ pool is page-aligned, so O_DIRECT needs no bounce copy either).
 
 from __future__ import annotations
 
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
@@ -36,7 +37,7 @@ from tieredkv.cache.transfer.page_staging import StagingBuffers
 from tieredkv.kernels.backend import select_backend
 
 if TYPE_CHECKING:
-    from tieredkv.cache.disk.store import DiskRecord, DiskStore
+    from tieredkv.cache.disk.store import DiskRecord, DiskStore, PagesVerified
     from tieredkv.cache.remote.remote_tier import RemoteTier
 
 STAGE_BYTES = 32 << 20  # per staging buffer, two per worker thread: the store's own chunk size
@@ -215,32 +216,59 @@ class PageCopier:
         tier: Tier,
         pages: list[int],
     ) -> list[bool]:
-        """Chunk k + 1 is read while chunk k is copied out of staging (slot k % 2)."""
-        chunks = self._chunks(len(pages))
+        """Chunks are read on helper threads into staging slots k % 2 (or in place).
 
-        def submit(index: int) -> tuple[Future, torch.Tensor, bool]:
+        From the disk into CPU pools, two chunks are read at once, so the store always has
+        the next chunk to read, and a staged chunk is copied out piece by piece on its reading
+        thread as the store verifies it, overlapping the reads still in flight; chunk k + 2
+        starts once chunk k is out. Otherwise (the remote store, whose fetches go one at a
+        time, or a CUDA pool) chunk k + 1 is read while this thread copies chunk k out."""
+        chunks = self._chunks(len(pages))
+        streamed = store.streams_reads and (tier is Tier.HOST or self._device_rows is not None)
+        in_flight = 2 if streamed else 1
+
+        def submit(index: int) -> tuple[Future, torch.Tensor | None]:
             start, end = chunks[index]
             out = self._in_place(tier, pages[start:end])
-            staged = out is None
-            if out is None:
-                out = self.staging.host(end - start, index % 2)
-            future = self._helpers.submit(
-                store.read_pages, slots[start:end], records[start:end], out
-            )
-            return future, out, staged
+            if out is not None:
+                return self._helpers.submit(
+                    store.read_pages, slots[start:end], records[start:end], out
+                ), None
+            staging = self.staging.host(end - start, index % 2)
+            if not streamed:
+                return self._helpers.submit(
+                    store.read_pages, slots[start:end], records[start:end], staging
+                ), staging
+            on_verified = self._copy_out(tier, pages[start:end], staging)
+            return self._helpers.submit(
+                store.read_pages, slots[start:end], records[start:end], staging, on_verified
+            ), None
 
         page_ok: list[bool] = []
-        pending = submit(0) if chunks else None
+        pending: deque[tuple[Future, torch.Tensor | None]] = deque()
         try:
+            for index in range(min(in_flight, len(chunks))):
+                pending.append(submit(index))
             for index, (start, end) in enumerate(chunks):
-                assert pending is not None
-                future, out, staged = pending
-                pending = None
-                page_ok += future.result()  # SYNC: chunk k read
-                if index + 1 < len(chunks):
-                    pending = submit(index + 1)
-                if staged:
-                    self._write(tier, pages[start:end], out, index % 2)
+                future, to_unstage = pending.popleft()
+                page_ok += future.result()  # SYNC: chunk k read (and, streamed, copied out)
+                if index + in_flight < len(chunks):
+                    pending.append(submit(index + in_flight))  # its slot is free
+                if to_unstage is not None:
+                    self._write(tier, pages[start:end], to_unstage, index % 2)
         finally:
-            _settle(pending[0] if pending is not None else None)
+            for future, _ in pending:
+                _settle(future)
         return page_ok
+
+    def _copy_out(self, tier: Tier, pages: list[int], staging: torch.Tensor) -> PagesVerified:
+        """A store's `on_verified` callback: copy the verified pages of `staging` (CPU) into
+        `pages` of `tier` (a CPU pool) as they are handed on."""
+        staged = PageRows.page_major(staging)
+        rows = self._rows(tier)
+
+        def copy(start: int, end: int, flags: list[bool]) -> None:
+            verified = [index for index, ok in zip(range(start, end), flags, strict=True) if ok]
+            copy_pages(rows, [pages[index] for index in verified], staged, verified)
+
+        return copy
