@@ -26,6 +26,7 @@ import httpx
 import redis
 
 from tieredkv.bench.prom_text import Samples, counter_delta, parse_samples
+from tieredkv.cache.remote.connection import SOCKET_READ_BYTES
 
 REMOTE = {"from_tier": "remote"}
 
@@ -69,11 +70,12 @@ class RemotePromotions:
 
 
 def redis_get_throughput(url: str, promotions: dict | None = None, batch: int = 64) -> dict:
-    """Pipelined GETs of every tieredkv value in the Redis at `url`, one client: Redis's own
-    read throughput on loopback for the values the replicas wrote. With `promotions`
+    """Pipelined GETs of every tieredkv value in the Redis at `url`, one client (redis-py set up
+    as the store's, and redis-benchmark's C client): Redis's own read throughput on loopback
+    for the values the replicas wrote. With `promotions`
     (`RemotePromotions.figures()`), as many GETs a round trip as an average promotion from the
     remote tier fetched; else `batch`."""
-    client = redis.Redis.from_url(url)
+    client = redis.Redis.from_url(url, socket_read_size=SOCKET_READ_BYTES)  # as the store reads
     value_bytes = 0.0
     try:
         keys = list(client.scan_iter(match="tieredkv:*", count=1000))
