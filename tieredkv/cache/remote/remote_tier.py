@@ -41,9 +41,10 @@ class RemoteTier(PagePool):
     mover threads call `read_pages` / `write_pages`)."""
 
     tier = Tier.REMOTE
-    # one fetch at a time: Redis serves one command at a time, and two fetches at once made a
-    # promotion slower (0.45 vs 0.54 GB/s, session 13); a copier reads chunk k + 1 while it
-    # copies chunk k out
+    # one fetch at a time (a copier reads chunk k + 1 while it copies chunk k out): the store's
+    # one call thread keeps each fetch inside its own budget, and Redis serves one command at a
+    # time; two fetches at once on two threads and connections measured no faster (session 13,
+    # one noisy A/B pair: 0.45 against 0.54 GB/s)
     streams_reads = False
 
     def __init__(

@@ -14,10 +14,12 @@ whether it arrived intact (a disk record that fails verification is False, never
 thread alone cannot reach memcpy speed on these strided copies (see page_rows).
 
 Staging is reused (per worker thread, see page_staging) and bounded: a staged transfer moves
-at most STAGE_BYTES at a time, double-buffered. A disk transfer overlaps its staging copies with
-its I/O: while a helper thread writes (reads) one chunk, the job stages the next (unstages the
-previous). A chunk whose host pages are consecutive moves in place, without staging (the host
-pool is page-aligned, so O_DIRECT needs no bounce copy either).
+at most STAGE_BYTES at a time, double-buffered. A store transfer overlaps its staging copies
+with its I/O: while a helper thread writes one chunk, the job stages the next. A disk read into
+CPU pools has two chunks in flight, each copied out piece by piece on its reading thread as the
+store verifies it; a remote read (or one into a CUDA pool) has one, the job unstaging the
+previous chunk meanwhile. A chunk whose host pages are consecutive moves in place, without
+staging (the host pool is page-aligned, so O_DIRECT needs no bounce copy either).
 """
 
 from __future__ import annotations
