@@ -230,21 +230,21 @@ class PageCopier:
         in_flight = 2 if streamed else 1
 
         def submit(index: int) -> tuple[Future, torch.Tensor | None]:
+            """Start chunk `index`'s read; returns it and the staging this thread unstages."""
             start, end = chunks[index]
             out = self._in_place(tier, pages[start:end])
-            if out is not None:
-                return self._helpers.submit(
-                    store.read_pages, slots[start:end], records[start:end], out
-                ), None
-            staging = self.staging.host(end - start, index % 2)
-            if not streamed:
-                return self._helpers.submit(
-                    store.read_pages, slots[start:end], records[start:end], staging
-                ), staging
-            on_verified = self._copy_out(tier, pages[start:end], staging)
-            return self._helpers.submit(
-                store.read_pages, slots[start:end], records[start:end], staging, on_verified
-            ), None
+            to_unstage = None
+            copy_out: tuple[PagesVerified, ...] = ()  # the store's `on_verified`, if streamed
+            if out is None:
+                out = self.staging.host(end - start, index % 2)
+                if streamed:
+                    copy_out = (self._copy_out(tier, pages[start:end], out),)
+                else:
+                    to_unstage = out
+            future = self._helpers.submit(
+                store.read_pages, slots[start:end], records[start:end], out, *copy_out
+            )
+            return future, to_unstage
 
         page_ok: list[bool] = []
         pending: deque[tuple[Future, torch.Tensor | None]] = deque()
