@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.model.cpu_kernels import CpuKernels, decode_table
-from tieredkv.model.forward_batch import ForwardBatch
+from tieredkv.model.forward_batch import ForwardBatch, SequenceChunk
 from tieredkv.model.matmul_attention import (
     matmul_causal_attention,
     matmul_decode_attention,
@@ -117,24 +117,27 @@ class WorkspaceAttention(AttentionBackend):
         self._decodes: _DecodeGroup | None = None
         self._decode_table: np.ndarray | None = None  # the kernels' decodes this step
 
-    def _workspace(self, seq_id: int, tokens: int) -> Workspace:
-        workspace = self._workspaces.get(seq_id)
+    def _workspace(self, chunk: SequenceChunk) -> Workspace:
+        workspace = self._workspaces.get(chunk.seq_id)
         if workspace is None:
-            workspace = self._arena.take(tokens) if self._arena is not None else None
-            workspace = workspace or self._spares.take(tokens)
-            self._workspaces[seq_id] = workspace
+            if self._arena is not None:  # a slot that may still hold the cached prefix
+                workspace = self._arena.take(chunk.end, chunk.page_ids, chunk.start)
+            workspace = workspace or self._spares.take(chunk.end)
+            self._workspaces[chunk.seq_id] = workspace
         return workspace
 
     def begin_step(self, batch: ForwardBatch) -> None:
+        page_size = self.pool.layout.page_size
         for chunk in batch.chunks:
-            workspace = self._workspace(chunk.seq_id, chunk.end)
+            workspace = self._workspace(chunk)
             if workspace.length > chunk.start:  # the caller rolled the sequence back
-                workspace.length = chunk.start
-            if workspace.length < chunk.start:  # a cached prefix: copy it in once
+                workspace.roll_back(chunk.start, page_size)
+            if workspace.length < chunk.start:  # a cached prefix: copy in what it lacks, once
                 workspace.fill_from_pool(self.pool, chunk.page_ids, chunk.start, self._fill_helper)
             if chunk.end > workspace.capacity:
                 workspace.grow(chunk.end)
             workspace.length = chunk.end  # the layers fill start..end during this step
+            workspace.mirrors.extend(self.pool, chunk.page_ids, -(-chunk.end // page_size))
         # every layer reads the same slices: take the views once a step, not once a layer
         offsets = batch.query_start.tolist()
         grouped = [

@@ -40,11 +40,11 @@ def test_a_closed_runner_leaves_no_fill_thread() -> None:
     prompt = torch.randint(0, 97, (608,), generator=torch.Generator().manual_seed(1)).tolist()
     seq = PagedSequence(0, prompt)
     runner.forward([seq.next_chunk(runner.pool)])
-    runner.release(0)
-    # the same pages as a cached prefix of a new sequence: its workspace is filled from the
-    # pool, a prefix this long on two threads
+    # the same pages as a cached prefix of a new sequence while the first still holds its
+    # workspace: the new one is filled from the pool, a prefix this long on two threads
     runner.forward([SequenceChunk(1, prompt[600:], 600, seq.page_ids)])
     assert fill_threads(before), "the fill never used its helper thread"
+    runner.release(0)
     runner.release(1)
     runner.close()
     assert fill_threads(before) == []

@@ -72,3 +72,57 @@ def test_arena_slots_start_zeroed_whatever_the_allocator_held() -> None:
     assert other is not None and other.slot == 1
     arena.give(first)
     assert arena.take(10).slot == 0  # the lowest free slot first
+
+
+def written_slot(arena: WorkspaceArena, pool: DevicePool, pages: list[int], tokens: int):
+    """A slot that took `tokens` tokens' KV from `pages` (as a finished prefill leaves it)."""
+    workspace = arena.take(tokens)
+    assert workspace is not None
+    workspace.fill_from_pool(pool, pages, tokens)
+    workspace.mirrors.extend(pool, pages, -(-tokens // 16))
+    return workspace
+
+
+@pytest.mark.parametrize("tokens", [16, 100, 160])
+def test_a_released_slot_serves_a_new_sequence_the_pages_it_still_holds(tokens: int) -> None:
+    pool = random_pool(torch.float32)
+    arena = WorkspaceArena(pool, slots=3, capacity=300)
+    pages = pool.alloc(-(-tokens // 16))
+    arena.give(written_slot(arena, pool, pages, tokens))
+    held = tokens // 16 * 16  # whole pages only: a partial last page is not kept
+    workspace = arena.take(tokens + 40, [*pages, *pool.alloc(3)], tokens)
+    assert workspace is not None and workspace.slot == 0
+    assert workspace.length == held and arena.reused_tokens == held
+    workspace.fill_from_pool(pool, pages, tokens)  # only what it lacks
+    assert torch.equal(workspace.kv[:, :, :, :tokens], gathered(pool, pages, tokens))
+
+
+def test_a_slot_whose_pages_were_allocated_again_is_not_trusted_from_there_on() -> None:
+    pool = random_pool(torch.float32)
+    arena = WorkspaceArena(pool, slots=3, capacity=300)
+    pages = pool.alloc(8)
+    arena.give(written_slot(arena, pool, pages, 128))
+    pool.free(pages[5:])
+    again = pool.alloc(3)  # the same ids (LIFO), another allocation: new KV
+    assert sorted(again) == sorted(pages[5:])
+    pool.kv[:, :, again] = torch.randn(pool.kv[:, :, again].shape)
+    workspace = arena.take(128, pages, 128)
+    assert workspace is not None and workspace.length == 5 * 16
+    workspace.fill_from_pool(pool, pages, 128)
+    assert torch.equal(workspace.kv[:, :, :, :128], gathered(pool, pages, 128))
+
+
+def test_a_new_sequence_takes_the_slot_that_holds_its_prefix_else_the_lowest_free() -> None:
+    pool = random_pool(torch.float32)
+    arena = WorkspaceArena(pool, slots=3, capacity=300)
+    ours, other = pool.alloc(4), pool.alloc(4)
+    first = written_slot(arena, pool, other, 64)
+    second = written_slot(arena, pool, ours, 64)
+    arena.give(first)
+    arena.give(second)
+    mine = arena.take(80, [*ours, *pool.alloc(1)], 64)
+    assert mine is not None and mine.slot == 1 and mine.length == 64
+    partly = arena.take(60, [other[0], *ours[1:3]], 48)  # slot 0 holds its first page
+    assert partly is not None and partly.slot == 0 and partly.length == 16
+    fresh = arena.take(80, pool.alloc(5), 64)  # no slot holds it: the lowest free one
+    assert fresh is not None and fresh.slot == 2 and fresh.length == 0

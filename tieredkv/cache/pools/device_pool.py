@@ -7,6 +7,7 @@ are the same.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from tieredkv.cache.page_layout import PageLayout
@@ -19,6 +20,11 @@ class DevicePool(PagePool):
     """Owns the device KV tensor and a LIFO free list of page ids.
 
     Not thread-safe: only the engine thread allocates and frees.
+
+    `stamps[page]` is a number unique to the allocation that holds the page now (0: never
+    allocated). A page's KV is written only by the allocation that holds it, so a copy of a page
+    taken while it was held is still the page's content while its stamp is unchanged (the CPU
+    attention's workspaces reuse what they copied; see tieredkv.model.workspace).
     """
 
     tier = Tier.DEVICE
@@ -44,12 +50,22 @@ class DevicePool(PagePool):
         )
         self.page_bytes = layout.page_bytes
         self.free_list = PageFreeList(num_pages, self.tier.label)
+        self.stamps = np.zeros(num_pages, dtype=np.int64)
+        self._next_stamp = 1
 
     @classmethod
     def from_bytes(
         cls, layout: PageLayout, capacity_bytes: int, device: torch.device | str
     ) -> DevicePool:
         return cls(layout, capacity_bytes // layout.page_bytes, device)
+
+    def alloc(self, count: int) -> list[int]:
+        pages = super().alloc(count)
+        if pages:
+            first = self._next_stamp
+            self.stamps[pages] = np.arange(first, first + len(pages))
+            self._next_stamp = first + len(pages)
+        return pages
 
     def copy_pages(self, sources: list[int], targets: list[int]) -> None:
         """Copy whole pages, every layer, K and V: `targets[i]` becomes a copy of `sources[i]`
