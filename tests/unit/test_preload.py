@@ -19,7 +19,7 @@ def exec_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     calls: list[tuple] = []
     monkeypatch.setattr(preload.os, "execve", lambda *args: calls.append(args))
     monkeypatch.setattr(preload, "preload_libraries", lambda: ["/lib/libtcmalloc_minimal.so.4"])
-    for name in ("LD_PRELOAD", "TIEREDKV_PRELOADED", "TIEREDKV_NO_PRELOAD"):
+    for name in ("LD_PRELOAD", "TIEREDKV_PRELOADED", "TIEREDKV_NO_PRELOAD", "KMP_BLOCKTIME"):
         monkeypatch.delenv(name, raising=False)
     return calls
 
@@ -31,6 +31,7 @@ def test_reexecutes_itself_once_with_the_library_preloaded(exec_calls, monkeypat
     assert path == sys.executable and argv == sys.orig_argv
     assert env["LD_PRELOAD"] == "/lib/libtcmalloc_minimal.so.4 /other/lib.so"
     assert env["TIEREDKV_PRELOADED"] == "1"
+    assert "KMP_BLOCKTIME" not in env  # no Intel OpenMP preloaded: nothing to tune
     monkeypatch.setenv("TIEREDKV_PRELOADED", "1")  # the re-executed process: no loop
     preload.reexec_with_preload()
     assert len(exec_calls) == 1
@@ -43,3 +44,14 @@ def test_nothing_to_do_when_loaded_or_opted_out(exec_calls, monkeypatch) -> None
     monkeypatch.setenv("TIEREDKV_NO_PRELOAD", "1")
     preload.reexec_with_preload()
     assert exec_calls == []
+
+
+def test_intel_openmp_sleeps_after_5_ms_unless_told_otherwise(exec_calls, monkeypatch) -> None:
+    """Its threads spin 200 ms after a parallel region by default, taking the cores from
+    whatever runs next (another replica, a promotion's copies); vLLM's CPU worker sets 5."""
+    iomp = "/venv/lib/libiomp5.so"
+    monkeypatch.setattr(preload, "preload_libraries", lambda: ["/lib/libtcmalloc.so.4", iomp])
+    preload.reexec_with_preload()
+    monkeypatch.setenv("KMP_BLOCKTIME", "200")
+    preload.reexec_with_preload()
+    assert [env["KMP_BLOCKTIME"] for _, _, env in exec_calls] == ["5", "200"]
