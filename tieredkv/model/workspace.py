@@ -17,7 +17,8 @@ that finds no free slot gets a workspace of its own; released ones are kept as s
 A released slot remembers which pool pages its KV mirrors, with their allocation stamps
 (`DevicePool.stamps`). A new sequence whose cached prefix starts with those pages, still held by
 the same allocations, takes that slot and copies in only the rest: a chat's next turn finds its
-history where the previous turn left it (a 4k-token history is 94 MB to copy, ~20-28 ms here).
+history where the previous turn left it (a 4k-token history is 94 MB to copy: 6 ms for 3k
+tokens measured alone, 10-28 ms of a 64-token turn here).
 A page reallocated since has a new stamp, and from there on the slot is filled from the pool.
 """
 
