@@ -58,6 +58,11 @@ class RemotePage:
     data: bytes | memoryview  # page_bytes raw KV bytes
 
 
+def max_value_bytes(page_size: int, page_bytes: int) -> int:
+    """The longest value a page of `page_bytes` can be stored as (lz4 only when shorter)."""
+    return _FIXED.size + 4 * page_size + 8 + page_bytes
+
+
 def encode_value(page: RemotePage, fingerprint_digest: bytes, codec: int) -> bytes:
     """The stored form of `page`; lz4 falls back to raw when it does not shrink the page."""
     raw = memoryview(page.data).cast("B")
@@ -97,7 +102,11 @@ def _refuse(reason: RefusalReason) -> DecodeResult:
 
 
 def decode_value(
-    value: bytes, key: bytes, fingerprint_digest: bytes, page_size: int, page_bytes: int
+    value: bytes | memoryview,
+    key: bytes,
+    fingerprint_digest: bytes,
+    page_size: int,
+    page_bytes: int,
 ) -> DecodeResult:
     """Verify `value`, found under `key`, and return the page it holds (page_bytes bytes)."""
     header_len = _FIXED.size + 4 * page_size

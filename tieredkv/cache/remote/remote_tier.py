@@ -7,9 +7,11 @@ store holds: Redis's own `maxmemory` LRU bounds that, and tieredkv never deletes
 remote copy forgets it here; the value stays in Redis for the other replicas.
 
 The copier moves pages through `write_pages` (queued for the store's writer thread: never on a
-request's path) and `read_pages` (one pipelined fetch; a page gone or refused is a miss, and so
-is every page after it). Health follows the store: degraded while it is unreachable, healthy
-again once it reconnects (`degraded` is read, never set from outside).
+request's path) and `read_pages_into` (one pipelined fetch, each verified page handed to the
+copier to copy into its destination; a page gone or refused is a miss, and so is every page
+after it). `read_pages` fills a staging tensor the same way (the CUDA path). Health follows
+the store: degraded while it is unreachable, healthy again once it reconnects (`degraded` is
+read, never set from outside).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from tieredkv.cache.disk.format import DiskRecord
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.free_list import PageFreeList, PagePool
 from tieredkv.cache.remote.record import RemotePage
-from tieredkv.cache.remote.store import RemoteStore
+from tieredkv.cache.remote.store import PageSink, RemoteStore
 from tieredkv.cache.tier import Tier
 
 logger = logging.getLogger(__name__)
@@ -46,6 +48,7 @@ class RemoteTier(PagePool):
     # time; two fetches at once on two threads and connections measured no faster (session 13,
     # one noisy A/B pair: 0.45 against 0.54 GB/s)
     streams_reads = False
+    hands_pages_on = True  # `read_pages_into`: pages go from the fetch to their destination
 
     def __init__(
         self, store: RemoteStore, layout: PageLayout, num_pages: int = REMOTE_INDEX_PAGES
@@ -84,18 +87,26 @@ class RemoteTier(PagePool):
     def read_pages(
         self, slots: list[int], records: list[DiskRecord], out: torch.Tensor
     ) -> list[bool]:
-        """Fill out[i] with the page named by records[i]; False from the first page the store
-        no longer has (or refused) on: those are misses, to be computed."""
+        """Fill out[i] with the page named by records[i] (as `read_pages_into`)."""
         assert len(slots) == len(records) == out.shape[0], "one record and page per slot"
-        found = self.store.fetch([record.key for record in records])
         rows = _rows(out).numpy()  # CPU: host pages or the copier's host staging
+
+        def into_out(index: int, data: memoryview) -> None:
+            rows[index] = np.frombuffer(data, dtype=np.uint8)
+
+        return self.read_pages_into(slots, records, into_out)
+
+    def read_pages_into(
+        self, slots: list[int], records: list[DiskRecord], sink: PageSink
+    ) -> list[bool]:
+        """Hand the page named by records[i] to `sink(i, data)` (on the store's call thread,
+        in order, never after this returns). True for the pages handed on, up to the first
+        the store no longer has (or refused): from there on they are misses, to be computed."""
+        assert len(slots) == len(records), "one record per slot"
+        delivered = self.store.fetch_into([record.key for record in records], sink)
         page_ok: list[bool] = []
-        for index, data in enumerate(found):
-            if data is None or (page_ok and not page_ok[-1]):
-                page_ok.append(False)
-                continue
-            rows[index] = np.frombuffer(data, dtype=np.uint8)  # one copy, into the page
-            page_ok.append(True)
+        for found in delivered:
+            page_ok.append(found and (not page_ok or page_ok[-1]))
         return page_ok
 
     def close(self) -> None:

@@ -8,7 +8,8 @@ whether it arrived intact (a disk record that fails verification is False, never
   device  host    page by page, no staging (*)       gather -> pinned staging -> host pages
   *       disk    host run in place, else staging    (device: gather -> pinned staging)
   disk    *       host run in place, else staging    (device: staging -> device, scatter)
-  remote  as disk: the remote tier's `read_pages` / `write_pages` stand for the store's
+  remote  as disk, except into a CPU pool: each page goes from the fetch into its page
+          (the remote tier's `read_pages_into`), no staging
 
 (*) A job of `SPLIT_MIN_PAGES` pages or more shares its pages with one helper thread: one
 thread alone cannot reach memcpy speed on these strided copies (see page_rows).
@@ -225,6 +226,13 @@ class PageCopier:
         thread as the store verifies it, overlapping the reads still in flight; chunk k + 2
         starts once chunk k is out. Otherwise (the remote store, whose fetches go one at a
         time, or a CUDA pool) chunk k + 1 is read while this thread copies chunk k out."""
+        if getattr(store, "hands_pages_on", False) and (
+            tier is Tier.HOST or self._device_rows is not None
+        ):
+            rows = self._rows(tier)
+            return store.read_pages_into(  # type: ignore[union-attr]
+                slots, records, lambda index, data: rows.put(pages[index], data)
+            )
         chunks = self._chunks(len(pages))
         streamed = store.streams_reads and (tier is Tier.HOST or self._device_rows is not None)
         in_flight = 2 if streamed else 1

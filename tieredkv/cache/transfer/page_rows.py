@@ -83,6 +83,11 @@ class PageRows:
         """Pages first .. first + count - 1: a (count, layers * 2, run) view."""
         return self._array[first : first + count]
 
+    def put(self, page: int, data: memoryview) -> None:
+        """Page `page` <- one page's bytes in page-major order (a store's record payload)."""
+        row = self._array[page]
+        np.copyto(row, np.frombuffer(data, dtype=row.dtype).reshape(row.shape))
+
 
 def copy_threads(num_pages: int, helper: Executor | None) -> int:
     """How many threads `copy_pages` uses for a batch of `num_pages` pages."""

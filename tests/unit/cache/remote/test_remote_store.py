@@ -5,6 +5,7 @@ read is in flight."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -13,7 +14,7 @@ import redis.cluster
 
 from tests.unit.cache.remote.conftest import FINGERPRINT, make_pages
 from tieredkv.cache.disk.format import fingerprint_digest
-from tieredkv.cache.remote.connection import SOCKET_READ_BYTES
+from tieredkv.cache.remote.connection import SOCKET_READ_BYTES, RemoteTimeouts
 from tieredkv.cache.remote.keys import redis_key
 from tieredkv.cache.remote.record import RAW, encode_value
 from tieredkv.cache.remote.store import RemoteStore
@@ -145,16 +146,62 @@ def test_writes_wait_while_a_read_is_in_flight(redis_server, open_store: OpenSto
     assert store.fetch([page.key for page in pages]) == [page.data for page in pages]
 
 
-def test_a_fetch_serves_a_view_of_the_value_not_a_copy(redis_server, open_store) -> None:
+def test_a_single_server_hands_every_page_on_from_one_reused_buffer(
+    redis_server, open_store
+) -> None:
+    """From a single Redis the replies are read off the socket into the store's one buffer and
+    handed on from there, in order: no object per value."""
     store = open_store(redis_server.url)
-    pages = make_pages(2, seed=7)
+    pages = make_pages(3, seed=7)
     store.put(pages)
     assert store.flush_writes(FLUSH_S)
-    fetched = store.fetch([page.key for page in pages])
-    assert all(
-        isinstance(data, memoryview) and data.nbytes == len(pages[0].data) for data in fetched
-    )
-    assert [bytes(data) for data in fetched] == [page.data for page in pages]
+    buffers, got = set(), []
+
+    def sink(index: int, data: memoryview) -> None:
+        buffers.add(id(data.obj))
+        got.append((index, bytes(data)))
+
+    assert store.fetch_into([page.key for page in pages], sink) == [True] * 3
+    assert got == [(index, page.data) for index, page in enumerate(pages)]
+    assert len(buffers) == 1
+
+
+def test_a_fetch_past_its_budget_hands_nothing_on_once_it_returns(redis_server, open_store) -> None:
+    """The copier's pages are its own only until the fetch returns: a call still reading
+    after its budget must not write into them. The pages handed on before count as found,
+    the rest are misses, and the connection left mid-reply is never reused."""
+    tight = RemoteTimeouts(fetch_s=0.05, fetch_per_mib_s=0.001, backoff_min_s=0.05)
+    store = open_store(redis_server.url, timeouts=tight)
+    pages = make_pages(8, seed=8)
+    store.put(pages)
+    assert store.flush_writes(FLUSH_S)
+    calls: list[int] = []
+
+    def slow_sink(index: int, data: memoryview) -> None:
+        calls.append(index)
+        time.sleep(0.03)
+
+    delivered = store.fetch_into([page.key for page in pages], slow_sink)
+    handed_on = len(calls)
+    time.sleep(0.5)  # the call thread reads on, or stops: either way nothing more arrives
+    assert len(calls) == handed_on == sum(delivered)
+    assert 0 < handed_on < len(pages) and delivered == sorted(delivered, reverse=True)
+    assert store.counters().errors == 1 and store.wait_healthy(FLUSH_S)  # degraded, healed
+    assert store.fetch([page.key for page in pages]) == [page.data for page in pages]
+
+
+def test_an_error_reply_ends_the_fetch_there_and_the_store_heals(redis_server, open_store) -> None:
+    store = open_store(redis_server.url)
+    pages = make_pages(3, seed=9)
+    store.put(pages)
+    assert store.flush_writes(FLUSH_S)
+    client = raw_client(store)
+    client.delete(redis_key(pages[1].key))
+    client.rpush(redis_key(pages[1].key), b"not a page")  # GET answers -WRONGTYPE
+    assert store.fetch([page.key for page in pages]) == [pages[0].data, None, None]
+    assert store.counters().errors == 1 and store.degraded
+    assert store.wait_healthy(FLUSH_S)
+    assert store.fetch([pages[0].key, pages[2].key]) == [pages[0].data, pages[2].data]
 
 
 def test_every_connection_reads_the_socket_a_page_or_more_at_a_time(
