@@ -70,12 +70,13 @@ class RemotePromotions:
 
 
 def redis_get_throughput(url: str, promotions: dict | None = None, batch: int = 64) -> dict:
-    """Pipelined GETs of every tieredkv value in the Redis at `url`, one client (redis-py set up
-    as the store's, and redis-benchmark's C client): Redis's own read throughput on loopback
-    for the values the replicas wrote. With `promotions`
+    """Pipelined GETs of every tieredkv value in the Redis at `url`, one client (redis-py with
+    hiredis, the store's socket read size, and redis-benchmark's C client; the store's own
+    fetches from a single Redis read the replies themselves, see cache/remote/replies.py):
+    Redis's own read throughput on loopback for the values the replicas wrote. With `promotions`
     (`RemotePromotions.figures()`), as many GETs a round trip as an average promotion from the
     remote tier fetched; else `batch`."""
-    client = redis.Redis.from_url(url, socket_read_size=SOCKET_READ_BYTES)  # as the store reads
+    client = redis.Redis.from_url(url, socket_read_size=SOCKET_READ_BYTES)
     value_bytes = 0.0
     try:
         keys = list(client.scan_iter(match="tieredkv:*", count=1000))
