@@ -91,14 +91,15 @@ def read_get_replies(
     count: int,
     buffer: bytearray,
     on_value: Callable[[int, memoryview | None], bool],
+    first: int = 0,
 ) -> bool:
-    """Read `count` GET replies; reply i goes to `on_value(i, value)` (None for a missing key)
-    as a view of `buffer`, valid only during the call. A value longer than `buffer` cannot be
-    a page's record: it is read, dropped and handed on empty (it fails verification). Stops
-    early, leaving replies unread, when `on_value` returns False; returns whether every reply
-    was read."""
+    """Read `count` GET replies; reply i goes to `on_value(first + i, value)` (None for a
+    missing key) as a view of `buffer`, valid only during the call. A value longer than
+    `buffer` cannot be a page's record: it is read, dropped and handed on empty (it fails
+    verification). Stops early, leaving replies unread, when `on_value` returns False; returns
+    whether every reply was read."""
     view = memoryview(buffer)
-    for index in range(count):
+    for index in range(first, first + count):
         header = stream.line()
         if header in (b"$-1", b"_"):
             value: memoryview | None = None

@@ -22,7 +22,6 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from functools import partial
 from typing import Any, TypeVar
 
 from tieredkv.cache.disk.format import fingerprint_digest
@@ -50,15 +49,6 @@ T = TypeVar("T")
 WINDOW_KEYS = 8
 WINDOWS_IN_FLIGHT = 2
 PageSink = Callable[[int, memoryview], None]  # (index of the key, the page's verified bytes)
-
-
-def _shifted(
-    on_value: Callable[[int, memoryview | None], bool],
-    offset: int,
-    index: int,
-    value: memoryview | None,
-) -> bool:
-    return on_value(offset + index, value)
 
 
 class _Delivery:
@@ -233,7 +223,8 @@ class RemoteStore:
         return count
 
     def _get_into(self, client: Any, keys: Sequence[bytes], delivery: _Delivery) -> None:
-        """GET every key in one pipeline, verifying and delivering the values in order."""
+        """GET every key, pipelined a window at a time, verifying and delivering the values in
+        order."""
         missing: list[bytes] = []
         received = 0
 
@@ -291,10 +282,7 @@ class RemoteStore:
                 send(window)
             for window, window_names in enumerate(windows):
                 complete = read_get_replies(
-                    stream,
-                    len(window_names),
-                    self._value_buffer,
-                    partial(_shifted, on_value, window * WINDOW_KEYS),
+                    stream, len(window_names), self._value_buffer, on_value, window * WINDOW_KEYS
                 )
                 if not complete:
                     break

@@ -224,17 +224,17 @@ class PageCopier:
         From the disk into CPU pools, two chunks are read at once, so the store always has
         the next chunk to read, and a staged chunk is copied out piece by piece on its reading
         thread as the store verifies it, overlapping the reads still in flight; chunk k + 2
-        starts once chunk k is out. Otherwise (the remote store, whose fetches go one at a
-        time, or a CUDA pool) chunk k + 1 is read while this thread copies chunk k out."""
-        if getattr(store, "hands_pages_on", False) and (
-            tier is Tier.HOST or self._device_rows is not None
-        ):
+        starts once chunk k is out. From the remote store into CPU pools, one fetch hands each
+        page to be copied into its page. Otherwise (into a CUDA pool) chunk k + 1 is read
+        while this thread copies chunk k out."""
+        into_cpu_pool = tier is Tier.HOST or self._device_rows is not None
+        if into_cpu_pool and getattr(store, "hands_pages_on", False):
             rows = self._rows(tier)
             return store.read_pages_into(  # type: ignore[union-attr]
                 slots, records, lambda index, data: rows.put(pages[index], data)
             )
         chunks = self._chunks(len(pages))
-        streamed = store.streams_reads and (tier is Tier.HOST or self._device_rows is not None)
+        streamed = store.streams_reads and into_cpu_pool
         in_flight = 2 if streamed else 1
 
         def submit(index: int) -> tuple[Future, torch.Tensor | None]:
