@@ -53,6 +53,12 @@ class CpuKernels:
         self._rms_norm = library.tkv_rms_norm
         self._rms_norm.restype = None
         self._rms_norm.argtypes = [_i64, _i64, _ptr, _i64, _ptr, _f32, _ptr]
+        self._rope = library.tkv_rope
+        self._rope.restype = None
+        self._rope.argtypes = [_i64, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr]
+        self._silu_and_mul = library.tkv_silu_and_mul
+        self._silu_and_mul.restype = None
+        self._silu_and_mul.argtypes = [_i64, _i64, _ptr, _i64, _ptr]
         self._softmax = library.tkv_softmax
         self._softmax.restype = ctypes.c_int
         self._softmax.argtypes = [_i64, _i64, _ptr, _i64]
@@ -101,6 +107,27 @@ class CpuKernels:
         out = torch.empty(x.shape, dtype=x.dtype)
         self._rms_norm(x.shape[0], x.shape[1], x.data_ptr(), x.stride(0), weight.data_ptr(), eps,
                        out.data_ptr())  # fmt: skip
+        return out
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """`rope.apply_rope` on bf16, equal bit for bit: x (T, heads, d) with unit stride inside
+        a head, cos/sin (T, d) or (T, 1, d) in bf16 with contiguous rows; returns a new
+        (T, heads, d)."""
+        tokens, heads, dim = x.shape
+        cos, sin = cos.reshape(tokens, dim), sin.reshape(tokens, dim)
+        assert x.dtype == cos.dtype == sin.dtype == torch.bfloat16 and x.stride(2) == 1
+        assert cos.stride(1) == sin.stride(1) == 1 and cos.stride(0) == sin.stride(0)
+        out = torch.empty((tokens, heads, dim), dtype=x.dtype)
+        self._rope(tokens, heads, dim, x.data_ptr(), x.stride(0), x.stride(1), cos.data_ptr(),
+                   sin.data_ptr(), cos.stride(0), out.data_ptr())  # fmt: skip
+        return out
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """`pointwise.silu_and_mul` on bf16 rows (T, 2 * width) -> (T, width)."""
+        assert gate_up.dtype == torch.bfloat16 and gate_up.stride(1) == 1
+        rows, width = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty((rows, width), dtype=gate_up.dtype)
+        self._silu_and_mul(rows, width, gate_up.data_ptr(), gate_up.stride(0), out.data_ptr())
         return out
 
     def softmax_(self, scores: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """The C decode-step kernels (tieredkv/model/cpu_kernels.c) against float64 references: one
 new token per sequence attends over its workspace (the kernel also stores that token's K/V),
 for several sequences of different lengths at once, across the kernel's key chunks, with
-grouped queries, several head sizes and both workspace kinds (arena slots, spares); and
-RMSNorm rounded exactly as transformers rounds it in bf16."""
+grouped queries, several head sizes and both workspace kinds (arena slots, spares); RMSNorm
+rounded exactly as transformers rounds it in bf16; RoPE and SiLU-and-multiply equal to the eager
+torch chains they replace, bit for bit; softmax as torch's bf16 softmax."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 import torch
 
 from tieredkv.model.cpu_kernels import decode_table, load_cpu_kernels
+from tieredkv.model.pointwise import silu_and_mul
+from tieredkv.model.rope import apply_rope
 
 KERNELS = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason="gcc could not build the CPU kernels")
@@ -98,3 +101,23 @@ def test_softmax_in_place_equals_torchs_bf16_softmax(cols: int) -> None:
     out = KERNELS.softmax_(scores.clone())
     torch.testing.assert_close(out.float(), expected.float(), rtol=2**-7, atol=1e-6)
     assert torch.all(out[0, 1, cols // 2 + 1 :] == 0)
+
+
+@pytest.mark.parametrize(("tokens", "heads", "dim"), [(1, 12, 64), (64, 12, 64), (37, 5, 128)])
+def test_rope_equals_the_eager_chain_bit_for_bit(tokens: int, heads: int, dim: int) -> None:
+    torch.manual_seed(tokens)
+    qkv = (torch.randn(tokens, heads * dim + 3 * dim) * 3).to(BF16)  # q and k heads: a view
+    x = qkv[:, : heads * dim].view(tokens, heads, dim)
+    angles = torch.rand(tokens, 1, dim) * 6.3
+    cos, sin = angles.cos().to(BF16), angles.sin().to(BF16)
+    out = KERNELS.rope(x, cos, sin)
+    assert out.is_contiguous()
+    assert torch.equal(out, apply_rope(x, cos, sin))
+
+
+@pytest.mark.parametrize(("rows", "width"), [(1, 1536), (64, 1536), (3, 100)])  # 100: a tail
+def test_silu_and_mul_equals_the_eager_chain_bit_for_bit(rows: int, width: int) -> None:
+    torch.manual_seed(width)
+    gate_up = (torch.randn(rows, 2 * width) * 6).to(BF16)
+    gate_up[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -0.0])  # exp's clamp, both signs, zeros
+    assert torch.equal(KERNELS.silu_and_mul(gate_up), silu_and_mul(gate_up))

@@ -33,11 +33,12 @@ def test_fused_ops_equal_eager_in_bf16() -> None:
     fused = make_pointwise(CONFIG, torch.bfloat16, torch.device("cpu"))
     assert isinstance(fused, FusedPointwise)
     eager = Pointwise()
-    short = fused.for_tokens(FUSED_MIN_TOKENS - 1)  # decode: eager ops, RMSNorm in C if built
+    short = fused.for_tokens(FUSED_MIN_TOKENS - 1)  # decode: eager ops, in C if built
     kernels = load_cpu_kernels()
     in_c = kernels is not None and "amx_bf16" not in cpu_flags()
     assert short.rms_norm == (kernels.rms_norm if in_c else pointwise.rms_norm)
-    assert short.rope is apply_rope
+    assert short.rope == (kernels.rope if in_c else apply_rope)
+    assert short.silu_and_mul == (kernels.silu_and_mul if in_c else pointwise.silu_and_mul)
     generator = torch.Generator().manual_seed(0)
     tokens = 300
     x = torch.randn(tokens, 32, generator=generator).bfloat16()
