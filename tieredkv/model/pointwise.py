@@ -67,7 +67,8 @@ def make_pointwise(config: ModelConfig, dtype: torch.dtype, device: torch.device
     """Fused on a CPU in bf16 when inductor builds there (compiled now, on the model's shapes:
     seconds, cached on disk across starts), else eager. Short bf16 steps on a CPU without AMX
     normalise, rotate and gate in C (`cpu_kernels`): one call instead of torch's eight ops on a
-    576-wide row for RMSNorm, five for RoPE, three for SiLU-and-multiply, equal bit for bit."""
+    576-wide row for RMSNorm, five for RoPE, three for SiLU-and-multiply (RoPE and SiLU equal to
+    torch's bit for bit in the tests; RMSNorm's fp32 sum may move a rare value by a bf16 step)."""
     if device.type != "cpu" or dtype != torch.bfloat16:
         return Pointwise()
     eager = Pointwise()
