@@ -127,10 +127,15 @@ static inline __attribute__((always_inline)) void attend_unit(
 }
 
 #if defined(__AVX512BF16__)
-/* 16 bf16 values -> 16 floats (a bf16 is the top half of its float). */
+/* 16 bf16 in a register -> 16 floats (a bf16 is the top half of its float). */
+static inline __m512 widen_bf16_vector(__m256bh packed) {
+    const __m512i wide = _mm512_cvtepu16_epi32((__m256i)packed);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+/* 16 bf16 values in memory -> 16 floats. */
 static inline __m512 widen_bf16(const uint16_t *src) {
-    const __m256i raw = _mm256_loadu_si256((const __m256i *)src);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    return widen_bf16_vector((__m256bh)_mm256_loadu_si256((const __m256i *)src));
 }
 
 /* The same unit for 64-dim heads on a CPU with AVX512-BF16: the scores with the bf16 dot
@@ -332,12 +337,6 @@ void tkv_rope(int64_t tokens, int64_t heads, int64_t dim, const uint16_t *x,
 #define SOFTMAX_MAX_COLS 16384
 
 #if defined(__AVX512BF16__)
-/* 16 bf16 in a register -> 16 floats. */
-static inline __m512 widen_bf16_vector(__m256bh packed) {
-    const __m512i wide = _mm512_cvtepu16_epi32((__m256i)packed);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
 /* exp_nonpositive on 16 lanes: the same reduction and polynomial, 0 below -87. */
 static inline __m512 exp_nonpositive_x16(__m512 x) {
     const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
@@ -373,9 +372,8 @@ static void softmax_row(uint16_t *row, int64_t cols, float *values) {
         top = _mm512_max_ps(top, v);
     }
     if (tail) {
-        const __m256i raw = _mm256_maskz_loadu_epi16(tail, row + full);
-        __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-        v = _mm512_mask_mov_ps(minus_inf, tail, v);
+        const __m256bh raw = (__m256bh)_mm256_maskz_loadu_epi16(tail, row + full);
+        const __m512 v = _mm512_mask_mov_ps(minus_inf, tail, widen_bf16_vector(raw));
         _mm512_storeu_ps(values + full, v);
         top = _mm512_max_ps(top, v);
     }
