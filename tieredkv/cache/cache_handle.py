@@ -168,6 +168,12 @@ class CacheHandle:
         return True
 
     @property
+    def planned_pages(self) -> tuple[int | None, ...]:
+        """Per page of the pending promotion's match, the device page it is in or is being
+        copied to (None: not known yet); empty without a promotion."""
+        return () if self._promotion is None else self._promotion.planned_pages
+
+    @property
     def promotion_pending(self) -> bool:
         """A promotion started and not done yet (its transfers are still to be applied)."""
         return self._promotion is not None and not self._promotion.done

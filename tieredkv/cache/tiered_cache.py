@@ -325,6 +325,11 @@ class TieredCache:
         thread sleeps on one event for both new requests and finished transfers."""
         self.mover.add_listener(notify)
 
+    def add_device_landing_listener(self, landed: Callable[[list[int]], None]) -> None:
+        """Call `landed(pages)` (from a reading thread) whenever a store read has put pages'
+        verified KV into the device pool, before their transfer is applied."""
+        self.copier.device_landing_listeners.append(landed)
+
     def evict(self, tier: Tier, num_pages: int) -> bool:
         """Make `num_pages` free in `tier` (demoting, or dropping at the last tier); True if
         they are free now. Locked paths and copies in flight are never touched."""

@@ -65,7 +65,9 @@ class Engine:
         self.recorder = recorder
         self.clock = clock
         self.pages = RequestPages(cache, runner.page_size, reuse_prefixes)
-        self.scheduler = Scheduler(config, self.pages, recorder, runner.release, clock)
+        self.scheduler = Scheduler(
+            config, self.pages, recorder, runner.release, clock, runner.expect_prefix
+        )
         self.sampler = Sampler()
         self.sessions = SessionWarmth(cache, config.session_think_time_s)
         self.requests: dict[str, Request] = {}
@@ -73,6 +75,7 @@ class Engine:
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.wake = threading.Event()  # set by call_soon and by finished transfers
         cache.add_transfer_listener(self.wake.set)
+        cache.add_device_landing_listener(runner.pages_landed)
 
     # --- the hot path ----------------------------------------------------------------------
 

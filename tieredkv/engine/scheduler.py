@@ -31,7 +31,7 @@ passed over meanwhile (`admission.prefix_being_computed`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tieredkv.cache.cache_handle import WarmHold
@@ -107,7 +107,8 @@ class StepPlan:
 
 class Scheduler:
     """The queues and each step's plan. `release_sequence(seq_id)` frees a preempted
-    sequence's state outside the cache (the model runner's workspace)."""
+    sequence's state outside the cache (the model runner's workspace); `expect_prefix(seq_id,
+    pages)`, if given, hears which device pages an admitted request's promotion fills."""
 
     def __init__(
         self,
@@ -116,11 +117,13 @@ class Scheduler:
         recorder: EngineRecorder,
         release_sequence: Callable[[int], None],
         clock: Callable[[], float],
+        expect_prefix: Callable[[int, Sequence[int | None]], None] | None = None,
     ) -> None:
         self.config = config
         self.pages = pages
         self.recorder = recorder
         self.release_sequence = release_sequence
+        self.expect_prefix = expect_prefix
         self.clock = clock
         self.order = QueueOrder(config.schedule_policy)
         self.page_size = pages.page_size
@@ -228,6 +231,8 @@ class Scheduler:
             if request.kv.promotion_pending:
                 request.status = RequestStatus.PROMOTING
                 self.promoting.append(request)
+                if self.expect_prefix is not None:
+                    self.expect_prefix(request.seq_id, request.kv.planned_pages)
                 budget.seqs -= 1
             else:
                 self.pages.take_promotion(request)

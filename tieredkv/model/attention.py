@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,7 @@ from tieredkv.model.matmul_attention import (
     matmul_decode_attention,
     torch_softmax,
 )
+from tieredkv.model.promotion_fill import PromotionFills
 from tieredkv.model.workspace import SpareWorkspaces, Workspace, WorkspaceArena, fill_helper
 
 
@@ -55,6 +57,13 @@ class AttentionBackend(ABC):
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
         """q (T, heads, head_dim), k/v (T, kv_heads, head_dim) -> (T, heads, head_dim)."""
+
+    def expect_prefix(self, seq_id: int, pages: Sequence[int | None]) -> None:  # noqa: B027
+        """A promotion started for `seq_id`: its prefix page i lands in pool page `pages[i]`
+        (None: not read by it). Optional hook: see `pages_landed`."""
+
+    def pages_landed(self, pages: Sequence[int]) -> None:  # noqa: B027 - optional hook
+        """Pool pages `pages` hold their verified KV now (called on the copier's threads)."""
 
     def release(self, seq_id: int) -> None:  # noqa: B027 - optional hook
         """Forget per-sequence state (finished, aborted or preempted sequence)."""
@@ -112,28 +121,46 @@ class WorkspaceAttention(AttentionBackend):
         self._workspaces: dict[int, Workspace] = {}
         self._arena = WorkspaceArena(pool, max_seqs, max_len) if max_seqs and max_len else None
         self._spares = SpareWorkspaces(pool)
+        self._promotion_fills = PromotionFills(pool, self._arena) if self._arena else None
         self._fill_helper = fill_helper()
         self._step_views: list[_ChunkViews] = []
         self._decodes: _DecodeGroup | None = None
         self._decode_table: np.ndarray | None = None  # the kernels' decodes this step
 
-    def _workspace(self, chunk: SequenceChunk) -> Workspace:
+    def _workspace(self, chunk: SequenceChunk) -> tuple[Workspace, np.ndarray | None]:
+        """The chunk's sequence's workspace; for a sequence's first chunk, also which page
+        positions a slot filled during its promotion holds already (None: see its length)."""
         workspace = self._workspaces.get(chunk.seq_id)
+        landed = None
         if workspace is None:
-            if self._arena is not None:  # a slot that may still hold the cached prefix
+            if self._promotion_fills is not None:
+                taken = self._promotion_fills.take(chunk.seq_id, chunk.page_ids)
+                if taken is not None:
+                    workspace, landed = taken
+            if workspace is None and self._arena is not None:  # may hold the cached prefix
                 workspace = self._arena.take(chunk.end, chunk.page_ids, chunk.start)
             workspace = workspace or self._spares.take(chunk.end)
             self._workspaces[chunk.seq_id] = workspace
-        return workspace
+        return workspace, landed
+
+    def expect_prefix(self, seq_id: int, pages: Sequence[int | None]) -> None:
+        if self._promotion_fills is not None:
+            self._promotion_fills.expect(seq_id, pages)
+
+    def pages_landed(self, pages: Sequence[int]) -> None:
+        if self._promotion_fills is not None:
+            self._promotion_fills.landed(pages)
 
     def begin_step(self, batch: ForwardBatch) -> None:
         page_size = self.pool.layout.page_size
         for chunk in batch.chunks:
-            workspace = self._workspace(chunk)
+            workspace, landed = self._workspace(chunk)
             if workspace.length > chunk.start:  # the caller rolled the sequence back
                 workspace.roll_back(chunk.start, page_size)
             if workspace.length < chunk.start:  # a cached prefix: copy in what it lacks, once
-                workspace.fill_from_pool(self.pool, chunk.page_ids, chunk.start, self._fill_helper)
+                workspace.fill_from_pool(
+                    self.pool, chunk.page_ids, chunk.start, self._fill_helper, landed
+                )
             if chunk.end > workspace.capacity:
                 workspace.grow(chunk.end)
             workspace.length = chunk.end  # the layers fill start..end during this step
@@ -257,6 +284,8 @@ class WorkspaceAttention(AttentionBackend):
         out.index_copy_(0, group.rows, attended.index_select(0, group.slots).squeeze(2))
 
     def release(self, seq_id: int) -> None:
+        if self._promotion_fills is not None:
+            self._promotion_fills.cancel(seq_id)
         workspace = self._workspaces.pop(seq_id, None)
         if workspace is None:
             return

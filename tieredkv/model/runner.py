@@ -97,6 +97,15 @@ class ModelRunner:
         rows = {i: self.model.head(x[offsets[i] : offsets[i + 1]]) for i in every_row}
         return self.model.head(x[batch.logits_indices]), rows
 
+    def expect_prefix(self, seq_id: int, pages: Sequence[int | None]) -> None:
+        """`seq_id`'s cached prefix is on its way to pool pages `pages` (see
+        tieredkv.model.promotion_fill): the attention may prepare for it meanwhile."""
+        self.attention.expect_prefix(seq_id, pages)
+
+    def pages_landed(self, pages: Sequence[int]) -> None:
+        """Pool pages `pages` hold their verified KV now (any thread)."""
+        self.attention.pages_landed(pages)
+
     def release(self, seq_id: int) -> None:
         self.attention.release(seq_id)
 

@@ -24,6 +24,7 @@ A page reallocated since has a new stamp, and from there on the slot is filled f
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import mmap
@@ -102,41 +103,65 @@ class Workspace:
         self.kv = bigger
 
     def fill_from_pool(
-        self, pool: DevicePool, page_ids: list[int], length: int, helper: Executor | None = None
+        self,
+        pool: DevicePool,
+        page_ids: list[int],
+        length: int,
+        helper: Executor | None = None,
+        landed: np.ndarray | None = None,
     ) -> None:
         """Copy the KV of tokens `self.length`..`length` from the pool pages `page_ids` (the
-        sequence's pages, in order); a long fill copies half the layers on `helper` (see
-        `fill_helper`), if given."""
+        sequence's pages, in order), except the pages `landed` marks (bool per page position:
+        already here, see tieredkv.model.promotion_fill); a long fill copies half the layers
+        on `helper` (see `fill_helper`), if given."""
         if length > self.capacity:
             self.grow(length)
         page_size = pool.layout.page_size
         begin = self.length
-        first_page, num_pages = begin // page_size, -(-length // page_size)
-        # (pool start, workspace start page, count) per run consecutive in the pool
-        runs = paired_runs(list(page_ids[first_page:num_pages]), list(range(first_page, num_pages)))
-        src = _numpy_view(pool.kv)  # (layers, 2, pool pages, page_size, kv_heads, head_dim)
-        dst = _numpy_view(self.kv)  # (layers, 2, kv_heads, capacity, head_dim)
-
-        def copy(layers: slice) -> None:
-            for first, at, count in runs:
-                start, end = max(at * page_size, begin), min((at + count) * page_size, length)
-                block = src[layers, :, first : first + count].reshape(
-                    -1, 2, count * page_size, *src.shape[4:]
-                )  # (layers, 2, tokens, kv_heads, head_dim), a view: the pages are consecutive
-                skip = start - at * page_size
-                tokens = block[:, :, skip : end - at * page_size].transpose(0, 1, 3, 2, 4)
-                np.copyto(dst[layers, :, :, start:end], tokens)  # head-major
-
+        positions = range(begin // page_size, -(-length // page_size))
+        if landed is not None:
+            positions = [p for p in positions if not (p < len(landed) and landed[p])]
+        runs = paired_runs([page_ids[p] for p in positions], list(positions))
+        copy = functools.partial(self._copy_runs, pool, runs, begin, length)
         if helper is None or length - begin < _PARALLEL_MIN_TOKENS:
             copy(slice(None))
         else:
-            half = src.shape[0] // 2
+            half = pool.layout.num_layers // 2
             pending = helper.submit(copy, slice(half, None))
             try:
                 copy(slice(0, half))
             finally:
                 pending.result()  # SYNC: the workspace is complete before attention reads it
         self.length = length
+
+    def fill_pages(
+        self, pool: DevicePool, page_ids: Sequence[int], positions: Sequence[int]
+    ) -> None:
+        """Copy whole pool pages `page_ids` to page positions `positions` (this thread, every
+        layer); `length` is left as it is (the caller knows which positions hold what)."""
+        page_size = pool.layout.page_size
+        runs = paired_runs(list(page_ids), list(positions))
+        end = (max(positions) + 1) * page_size if positions else 0
+        self._copy_runs(pool, runs, 0, min(end, self.capacity), slice(None))
+
+    def _copy_runs(
+        self, pool: DevicePool, runs: list, begin: int, length: int, layers: slice
+    ) -> None:
+        """Copy tokens begin..length of each run (pool start, workspace start page, count)
+        from the pool, `layers` only: one strided block copy per run, layer and K/V."""
+        page_size = pool.layout.page_size
+        src = _numpy_view(pool.kv)  # (layers, 2, pool pages, page_size, kv_heads, head_dim)
+        dst = _numpy_view(self.kv)  # (layers, 2, kv_heads, capacity, head_dim)
+        for first, at, count in runs:
+            start, end = max(at * page_size, begin), min((at + count) * page_size, length)
+            if start >= end:
+                continue
+            block = src[layers, :, first : first + count].reshape(
+                -1, 2, count * page_size, *src.shape[4:]
+            )  # (layers, 2, tokens, kv_heads, head_dim), a view: the pages are consecutive
+            skip = start - at * page_size
+            tokens = block[:, :, skip : end - at * page_size].transpose(0, 1, 3, 2, 4)
+            np.copyto(dst[layers, :, :, start:end], tokens)  # head-major
 
 
 class PageMirror:
@@ -218,18 +243,28 @@ class WorkspaceArena:
         self._free = list(range(slots))  # a heap: lowest slot first
         self._kept: dict[int, PageMirror] = {}  # free slots' full pages, as they were released
         self.reused_tokens = 0  # tokens taken over from released slots, not copied again
+        # how far each slot's memory has been written (tokens): a first touch faults its
+        # pages in, 3-17 us a 4 KiB page in this VM (a 3k-token slot: 50-300 ms)
+        self._touched = [0] * slots
 
     @property
     def capacity(self) -> int:
         return self.kv.shape[4]
 
     def take(
-        self, tokens: int, prefix_pages: Sequence[int] = (), prefix_tokens: int = 0
+        self,
+        tokens: int,
+        prefix_pages: Sequence[int] = (),
+        prefix_tokens: int = 0,
+        spare_kept: bool = False,
     ) -> Workspace | None:
         """A slot for a sequence of `tokens` whose first `prefix_tokens` are cached in the pool
         pages `prefix_pages`: the free slot that still holds the most of that prefix, with its
-        length set past what it holds; else the lowest free slot, empty. None when none is free
-        or `tokens` do not fit."""
+        length set past what it holds; else the lowest free slot, empty. With `spare_kept`,
+        else a free slot whose memory was written that far already if any (a first touch
+        faults its pages in), and among those one that remembers no pages (those that do are
+        kept for the chats they hold), then the lowest. None when none is free or `tokens` do
+        not fit."""
         if tokens > self.capacity or not self._free:
             return None
         page_size = self.pool.layout.page_size
@@ -240,6 +275,8 @@ class WorkspaceArena:
                 pages = mirror.matching_pages(self.pool, prefix)
                 if pages > best_pages:
                     best, best_pages = slot, pages
+        if best is None and spare_kept:
+            best = min(self._free, key=lambda s: (self._touched[s] < tokens, s in self._kept, s))
         if best is None:
             slot = heapq.heappop(self._free)
         else:
@@ -253,6 +290,7 @@ class WorkspaceArena:
     def give(self, workspace: Workspace) -> None:
         """A released slot: free again, remembering the pages whose whole KV it holds."""
         assert workspace.slot is not None
+        self._touched[workspace.slot] = max(self._touched[workspace.slot], workspace.length)
         full = min(workspace.length // self.pool.layout.page_size, len(workspace.mirrors))
         if full:
             self._kept[workspace.slot] = workspace.mirrors.head(full)

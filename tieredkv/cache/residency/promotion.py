@@ -58,6 +58,9 @@ class PromotionTicket:
     waiting_on: set[int] = field(default_factory=set)  # transfer ticket ids not yet applied
     staged: bool = False  # waits on prefetches to host; then copies their pages to the device
     hold_lock: bool = False  # when done, lock `ready_node` for the caller
+    # per page of the match, the device page it is in or is being copied to when the
+    # promotion started (None: not known yet, or not coming); see `planned_device_pages`
+    planned_pages: tuple[int | None, ...] = field(default=(), repr=False)
     ready_node: RadixNode | None = None  # deepest ready node; locked for the caller if hold_lock
 
     @property
@@ -91,6 +94,22 @@ class CopyPlan:
     staged_pages: int = 0
     prefetches: dict[int, TransferTicket] = field(default_factory=dict)
     source_tiers: list[Tier] = field(default_factory=list)
+
+
+def planned_device_pages(path: list[RadixNode], num_pages: int) -> tuple[int | None, ...]:
+    """Per page of the path's first `num_pages`, the device page holding it or copied to now
+    (None: neither yet, e.g. left to a second stage or not held at all)."""
+    pages: list[int | None] = []
+    for node in path:
+        if len(pages) >= num_pages:
+            break
+        if Tier.DEVICE in node.copies:
+            pages.extend(node.copies[Tier.DEVICE])
+        elif Tier.DEVICE in node.inflight:
+            pages.extend(node.inflight[Tier.DEVICE].dst_pages)
+        else:
+            pages.extend([None] * node.num_pages)
+    return tuple(pages[:num_pages])
 
 
 def _plan_copies(path: list[RadixNode], stage_prefetched: bool) -> CopyPlan:
@@ -161,6 +180,7 @@ class Promoter:
         ticket.staged = plan.staged_pages > 0
         started = self.residency.start_copy(plan.needed, Tier.DEVICE, frees_source=False)
         self._wait_for(ticket, [*started, *plan.shared.values(), *plan.prefetches.values()])
+        ticket.planned_pages = planned_device_pages(path, match.num_pages)
         if not ticket.waiting_on:
             self._finish(ticket, path)
         return ticket

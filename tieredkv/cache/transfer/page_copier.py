@@ -26,6 +26,7 @@ staging (the host pool is page-aligned, so O_DIRECT needs no bounce copy either)
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,7 @@ STAGE_BYTES = 32 << 20  # per staging buffer, two per worker thread: the store's
 # sharing cannot deadlock).
 HELPER_THREADS = 8
 HELPER_THREAD_PREFIX = "tkv-stage"
+LANDING_BATCH_PAGES = 16  # a remote read tells `device_landing_listeners` this many at a time
 
 
 def _index(pages: list[int], device: torch.device) -> torch.Tensor:
@@ -98,6 +100,9 @@ class PageCopier:
         self._device_rows = None if self.staged else PageRows.layer_major(device_pool.kv)
         self._helpers = ThreadPoolExecutor(HELPER_THREADS, thread_name_prefix=HELPER_THREAD_PREFIX)
         self._copy_helper = None if self.staged else self._helpers
+        # called with device pages whose verified KV a store read just put in the pool (on
+        # the reading thread): lets a promoted sequence's workspace fill while reads go on
+        self.device_landing_listeners: list[Callable[[list[int]], None]] = []
 
     def close(self) -> None:
         """Stop the helper threads (idle once every job has returned)."""
@@ -230,9 +235,18 @@ class PageCopier:
         into_cpu_pool = tier is Tier.HOST or self._device_rows is not None
         if into_cpu_pool and getattr(store, "hands_pages_on", False):
             rows = self._rows(tier)
-            return store.read_pages_into(  # type: ignore[union-attr]
-                slots, records, lambda index, data: rows.put(pages[index], data)
-            )
+            landed: list[int] = []  # told in batches: a listener's call costs per call
+
+            def put(index: int, data) -> None:
+                rows.put(pages[index], data)
+                landed.append(pages[index])
+                if len(landed) >= LANDING_BATCH_PAGES:
+                    self._landed(tier, landed[:])
+                    landed.clear()
+
+            page_ok = store.read_pages_into(slots, records, put)  # type: ignore[union-attr]
+            self._landed(tier, landed)
+            return page_ok
         chunks = self._chunks(len(pages))
         streamed = store.streams_reads and into_cpu_pool
         in_flight = 2 if streamed else 1
@@ -280,5 +294,11 @@ class PageCopier:
         def copy(start: int, end: int, flags: list[bool]) -> None:
             verified = [index for index, ok in zip(range(start, end), flags, strict=True) if ok]
             copy_pages(rows, [pages[index] for index in verified], staged, verified)
+            self._landed(tier, [pages[index] for index in verified])
 
         return copy
+
+    def _landed(self, tier: Tier, pages: list[int]) -> None:
+        if tier is Tier.DEVICE and pages:
+            for listener in self.device_landing_listeners:
+                listener(pages)
