@@ -160,19 +160,33 @@ def test_a_read_into_the_device_copies_only_verified_pages(
     tmp_path: Path, layout: PageLayout, stage_pages: int
 ) -> None:
     """A store read into a CPU device pool is copied out as it is verified, chunks two at a
-    time: every verified page lands, and a page that fails verification is never copied."""
+    time: every verified page lands, and a page that fails verification is never copied. The
+    landing listeners hear of each verified page once, when its bytes are already there."""
     store = open_store(tmp_path, layout=layout, capacity=1 << 20)
     copier = _copier(layout, staged=False, disk=store)
     copier.stage_pages = stage_pages
     records = chain(6, layout=layout)
     slots = store.alloc(6)
     device_pages = _shuffled(6, 12)[1]
+    told: list[int] = []
+
+    def landed(pages: list[int]) -> None:
+        for page in pages:
+            index = device_pages.index(page)
+            assert torch.equal(_device_page(copier, page), _host_page(copier, index))
+        told.extend(pages)
+
     try:
         copier.job(Tier.HOST, Tier.DISK, [0, 1, 2, 3, 4, 5], slots, records)()
+        assert not told  # a write to the disk lands nothing on the device
         before = [_device_page(copier, page).clone() for page in device_pages]
         wrong = [*records[:3], records[4], *records[4:]]  # slot 3 holds another key
+        copier.device_landing_listeners.append(landed)
         page_ok = copier.job(Tier.DISK, Tier.DEVICE, slots, device_pages, wrong)()
         assert page_ok == [True, True, True, False, True, True]
+        assert sorted(told) == sorted(p for i, p in enumerate(device_pages) if i != 3)
+        copier.job(Tier.DISK, Tier.HOST, slots, [14, 15, 16, 17, 18, 19], records)()
+        assert len(told) == 5  # nor does a read into host
         for index, page in enumerate(device_pages):
             want = before[index] if index == 3 else _host_page(copier, index)
             assert torch.equal(_device_page(copier, page), want)

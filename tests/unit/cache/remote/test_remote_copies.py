@@ -61,3 +61,35 @@ def test_remote_pages_land_in_their_pages(remote: RemoteTier, staged: bool, tier
         assert got.index(False) == 4  # the cache keeps the pages before the first miss
     finally:
         copier.close()
+
+
+def test_remote_pages_into_the_device_are_told_to_landing_listeners_in_batches(
+    remote: RemoteTier,
+) -> None:
+    device, host = DevicePool(LAYOUT, 40, "cpu"), HostPool(LAYOUT, 40)
+    payload = torch.empty((20, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
+    payload.view(torch.int16).random_(generator=torch.Generator().manual_seed(7))
+    records = chain(20, layout=LAYOUT)
+    remote.write_pages(list(range(20)), records, payload)
+    assert remote.store.flush_writes(FLUSH_S)
+    copier = PageCopier(device, host, None, remote=remote)
+    pages = random.Random(8).sample(range(40), 20)
+    calls: list[list[int]] = []
+
+    def landed(told: list[int]) -> None:
+        for page in told:  # the bytes are in before the listener hears of them
+            index = pages.index(page)
+            assert torch.equal(page_of(copier, Tier.DEVICE, page), payload[index].view(torch.int16))
+        calls.append(told)
+
+    copier.device_landing_listeners.append(landed)
+    try:
+        remote.store._link.client.delete(redis_key(records[18].key))  # evicted
+        got = copier.job(Tier.REMOTE, Tier.DEVICE, list(range(20)), pages, records)()
+        assert got.index(False) == 18
+        assert [len(call) for call in calls] == [16, 3]  # every page delivered: all but one
+        assert sorted(p for call in calls for p in call) == sorted(
+            p for i, p in enumerate(pages) if i != 18
+        )
+    finally:
+        copier.close()
