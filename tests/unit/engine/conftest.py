@@ -163,3 +163,15 @@ def make_harness(tiny_model: LoadedModel, tmp_path: Path, write_policy: WritePol
 def prompt(length: int, seed: int) -> list[int]:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(3, 300, (length,), generator=generator).tolist()
+
+
+def pushed_to_disk(make_harness, history: list[int]):
+    """A harness whose only copy of `history` (bar a page or so) is on disk."""
+    harness = make_harness(device_pages=70, host_pages=8, disk_pages=256)
+    harness.submit("first", history, max_tokens=2)
+    harness.run()
+    for i in range(6):  # other conversations push it down through host to disk
+        harness.submit(f"other{i}", prompt(60, seed=70 + i), max_tokens=2)
+        harness.run()
+    assert harness.cache.match(history, "").disk.num_pages > 0
+    return harness

@@ -3,7 +3,7 @@ clock, fp32 tiny model). check_integrity() runs after every step (see conftest.H
 
 from __future__ import annotations
 
-from tests.unit.engine.conftest import PAGE_SIZE, prompt
+from tests.unit.engine.conftest import PAGE_SIZE, prompt, pushed_to_disk
 from tieredkv.cache.tier import Tier
 from tieredkv.config import SchedulePolicy, WritePolicy
 from tieredkv.engine.protocol import FinishReason
@@ -193,19 +193,17 @@ def test_namespaces_share_nothing(make_harness) -> None:
 def test_history_demoted_to_disk_is_promoted_and_answers_the_same(make_harness) -> None:
     history = prompt(60, seed=60)
     expected = reference_outputs(make_harness, {"again": [*history, 7, 8]}, max_tokens=6)
-    harness = make_harness(device_pages=70, host_pages=8, disk_pages=256)
-    harness.submit("first", history, max_tokens=2)
-    harness.run()
-    for i in range(6):  # other conversations push it down through host to disk
-        harness.submit(f"other{i}", prompt(60, seed=70 + i), max_tokens=2)
-        harness.run()
-    assert harness.cache.match(history, "").disk.num_pages > 0
+    harness = pushed_to_disk(make_harness, history)
     harness.submit("again", [*history, 7, 8], max_tokens=6)
     harness.run()
     assert harness.tokens("again") == expected["again"]
     usage = harness.usage("again")
     assert usage.cached_tokens_by_tier["disk"] > 0
     assert harness.metrics.promotion_seconds.count(from_tier=Tier.DISK.label) == 1
+    # every page read went into the workspace as it landed (tieredkv.model.promotion_fill)
+    fills = harness.engine.runner.attention._promotion_fills
+    assert fills.landed_pages == usage.cached_tokens_by_tier["disk"] // PAGE_SIZE
+    assert len(fills) == 0 and harness.engine.runner.attention.num_workspaces == 0
 
 
 def test_a_sampling_error_ends_only_its_own_request(make_harness, monkeypatch) -> None:

@@ -1,12 +1,12 @@
-"""Through the engine: a history promoted from disk is copied into its sequence's workspace as
-its pages land, and the turn answers exactly as an uncached run (fp32); a page that fails
+"""Through the engine, a history promoted from disk is copied into its sequence's workspace as
+its pages land (test_engine's disk test checks every page landed): a page that fails
 verification, or a request that ends while promoting, leaves nothing behind to be served."""
 
 from __future__ import annotations
 
 import torch
 
-from tests.unit.engine.conftest import PAGE_SIZE, prompt
+from tests.unit.engine.conftest import PAGE_SIZE, prompt, pushed_to_disk
 from tests.unit.engine.test_engine import reference_outputs
 from tieredkv.cache.disk.store import DiskRecord
 from tieredkv.cache.index.page_key import page_key
@@ -14,36 +14,10 @@ from tieredkv.cache.tier import Tier
 from tieredkv.engine.protocol import FinishReason
 
 
-def pushed_to_disk(make_harness, history: list[int]):
-    """A harness whose only copy of `history` (bar a page or so) is on disk."""
-    harness = make_harness(device_pages=70, host_pages=8, disk_pages=256)
-    harness.submit("first", history, max_tokens=2)
-    harness.run()
-    for i in range(6):  # other conversations push it down through host to disk
-        harness.submit(f"other{i}", prompt(60, seed=70 + i), max_tokens=2)
-        harness.run()
-    assert harness.cache.match(history, "").disk.num_pages > 0
-    return harness
-
-
 def fills(harness):
     attention = harness.engine.runner.attention
     assert attention._promotion_fills is not None, "the CPU path has an arena"
     return attention._promotion_fills
-
-
-def test_a_disk_history_lands_in_the_workspace_while_read_and_answers_the_same(
-    make_harness,
-) -> None:
-    history = prompt(60, seed=60)
-    expected = reference_outputs(make_harness, {"again": [*history, 7, 8]}, max_tokens=6)
-    harness = pushed_to_disk(make_harness, history)
-    harness.submit("again", [*history, 7, 8], max_tokens=6)
-    harness.run()
-    assert harness.tokens("again") == expected["again"]
-    from_disk = harness.usage("again").cached_tokens_by_tier["disk"] // PAGE_SIZE
-    assert from_disk > 0 and fills(harness).landed_pages == from_disk
-    assert len(fills(harness)) == 0 and harness.engine.runner.attention.num_workspaces == 0
 
 
 def test_a_page_failing_verification_is_recomputed_not_taken_from_the_slot(

@@ -24,6 +24,25 @@ def random_pool(num_pages: int = 80) -> DevicePool:
     return pool
 
 
+def fills_over(slots: int, capacity: int) -> tuple[DevicePool, WorkspaceArena, PromotionFills]:
+    pool = random_pool()
+    arena = WorkspaceArena(pool, slots=slots, capacity=capacity)
+    return pool, arena, PromotionFills(pool, arena)
+
+
+def take_and_fill(
+    fills: PromotionFills, seq_id: int, sequence: list[int], tokens: int, helper=None
+) -> tuple[Workspace, np.ndarray]:
+    """The first chunk's part: take the slot, copy what did not land, and check the slot now
+    equals a plain gather of the sequence's pages."""
+    taken = fills.take(seq_id, sequence)
+    assert taken is not None
+    workspace, holds = taken
+    workspace.fill_from_pool(fills.pool, sequence, tokens, helper, holds)
+    assert torch.equal(workspace.kv[:, :, :, :tokens], gathered(fills.pool, sequence, tokens))
+    return workspace, holds
+
+
 def test_fill_skips_the_landed_positions_and_copies_the_others() -> None:
     pool = random_pool()
     pages = pool.alloc(10)
@@ -45,9 +64,7 @@ def test_fill_skips_the_landed_positions_and_copies_the_others() -> None:
 
 @pytest.mark.parametrize("helper", [False, True])
 def test_pages_landing_in_any_order_then_the_rest_equal_a_plain_fill(helper: bool) -> None:
-    pool = random_pool()
-    arena = WorkspaceArena(pool, slots=2, capacity=1024)
-    fills = PromotionFills(pool, arena)
+    pool, _, fills = fills_over(2, 1024)
     pages = pool.alloc(40)  # 640 tokens: long enough for the two-thread fill
     planned: list[int | None] = list(pages)
     planned[5] = None  # already on the device: not read, never lands
@@ -56,20 +73,14 @@ def test_pages_landing_in_any_order_then_the_rest_equal_a_plain_fill(helper: boo
     fills.landed([pages[i] for i in range(10, 20)])
     fills.landed([pages[5], 9999])  # not expected (or another sequence's): ignored
     assert fills.landed_pages == 15
-    taken = fills.take(7, pages)
-    assert taken is not None
-    workspace, holds = taken
-    assert holds.sum() == 15 and not holds[5] and holds[2] and holds[32]
     with fill_helper() as threads:
-        workspace.fill_from_pool(pool, pages, 630, threads if helper else None, holds)
-    assert torch.equal(workspace.kv[:, :, :, :630], gathered(pool, pages, 630))
+        _, holds = take_and_fill(fills, 7, pages, 630, threads if helper else None)
+    assert holds.sum() == 15 and not holds[5] and holds[2] and holds[32]
     assert fills.take(7, pages) is None and len(fills) == 0
 
 
 def test_a_landed_page_freed_and_allocated_again_is_copied_again() -> None:
-    pool = random_pool()
-    arena = WorkspaceArena(pool, slots=2, capacity=512)
-    fills = PromotionFills(pool, arena)
+    pool, _, fills = fills_over(2, 512)
     pages = pool.alloc(8)
     assert fills.expect(1, pages)
     fills.landed(pages)
@@ -77,32 +88,23 @@ def test_a_landed_page_freed_and_allocated_again_is_copied_again() -> None:
     again = pool.alloc(2)
     assert sorted(again) == sorted(pages[6:])
     pool.kv[:, :, again] = torch.randn(pool.kv[:, :, again].shape)
-    workspace, holds = fills.take(1, pages)  # type: ignore[misc]
+    _, holds = take_and_fill(fills, 1, pages, 128)
     assert holds.tolist() == [True] * 6 + [False] * 2
-    workspace.fill_from_pool(pool, pages, 128, None, holds)
-    assert torch.equal(workspace.kv[:, :, :, :128], gathered(pool, pages, 128))
 
 
 def test_a_sequence_whose_pages_changed_uses_only_the_positions_still_matching() -> None:
     """The tree can hand the sequence another copy of a page (a duplicate freed for the tree's
     own): a position counts only if the sequence's page is the one that landed."""
-    pool = random_pool()
-    arena = WorkspaceArena(pool, slots=2, capacity=512)
-    fills = PromotionFills(pool, arena)
+    pool, _, fills = fills_over(2, 512)
     pages, other = pool.alloc(4), pool.alloc(1)
     assert fills.expect(3, pages)
     fills.landed(pages)
-    sequence = [pages[0], other[0], pages[2], pages[3]]
-    workspace, holds = fills.take(3, sequence)  # type: ignore[misc]
+    _, holds = take_and_fill(fills, 3, [pages[0], other[0], pages[2], pages[3]], 64)
     assert holds.tolist() == [True, False, True, True]
-    workspace.fill_from_pool(pool, sequence, 64, None, holds)
-    assert torch.equal(workspace.kv[:, :, :, :64], gathered(pool, sequence, 64))
 
 
 def test_a_cancelled_sequence_frees_its_slot_holding_nothing() -> None:
-    pool = random_pool()
-    arena = WorkspaceArena(pool, slots=1, capacity=256)
-    fills = PromotionFills(pool, arena)
+    pool, arena, fills = fills_over(1, 256)
     pages = pool.alloc(4)
     assert fills.expect(1, pages)
     assert arena.take(16) is None  # the only slot is reserved
@@ -182,7 +184,9 @@ def test_a_promotion_whose_head_is_on_the_device_takes_the_slot_still_holding_it
     read = pool.alloc(6)  # the rest comes from disk
     assert fills.expect(9, [*head, *read])
     fills.landed(read)
-    workspace, holds = fills.take(9, [*head, *read])  # type: ignore[misc]
+    taken = fills.take(9, [*head, *read])
+    assert taken is not None
+    workspace, holds = taken
     assert workspace.slot == kept.slot and workspace.length == 64
     assert holds.tolist() == [False] * 4 + [True] * 6
     workspace.fill_from_pool(pool, [*head, *read], 160, None, holds)
