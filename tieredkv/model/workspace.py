@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from tieredkv.cache.pools.device_pool import DevicePool
-from tieredkv.cache.transfer.page_rows import paired_runs
+from tieredkv.cache.transfer.page_rows import Run, paired_runs
 
 ROUNDING = 256  # tokens; workspaces grow in these steps at least, doubling beyond
 _PARALLEL_MIN_TOKENS = 512  # below this one thread copies faster than two coordinate
@@ -145,7 +145,7 @@ class Workspace:
         self._copy_runs(pool, runs, 0, min(end, self.capacity), slice(None))
 
     def _copy_runs(
-        self, pool: DevicePool, runs: list, begin: int, length: int, layers: slice
+        self, pool: DevicePool, runs: list[Run], begin: int, length: int, layers: slice
     ) -> None:
         """Copy tokens begin..length of each run (pool start, workspace start page, count)
         from the pool, `layers` only: one strided block copy per run, layer and K/V."""

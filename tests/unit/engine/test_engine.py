@@ -7,6 +7,7 @@ from tests.unit.engine.conftest import PAGE_SIZE, prompt, pushed_to_disk
 from tieredkv.cache.tier import Tier
 from tieredkv.config import SchedulePolicy, WritePolicy
 from tieredkv.engine.protocol import FinishReason
+from tieredkv.model.workspace import Workspace
 
 
 def reference_outputs(make_harness, prompts: dict[str, list[int]], max_tokens: int) -> dict:
@@ -190,10 +191,20 @@ def test_namespaces_share_nothing(make_harness) -> None:
     assert harness.tokens("a") == harness.tokens("b") == harness.tokens("a2")
 
 
-def test_history_demoted_to_disk_is_promoted_and_answers_the_same(make_harness) -> None:
+def test_history_demoted_to_disk_is_promoted_and_answers_the_same(
+    make_harness, monkeypatch
+) -> None:
     history = prompt(60, seed=60)
     expected = reference_outputs(make_harness, {"again": [*history, 7, 8]}, max_tokens=6)
     harness = pushed_to_disk(make_harness, history)
+    skipped: list[int] = []  # per workspace fill, the page positions it found already there
+    fill = Workspace.fill_from_pool
+
+    def counting_fill(self, pool, page_ids, length, helper=None, landed=None):
+        skipped.append(0 if landed is None else int(landed.sum()))
+        fill(self, pool, page_ids, length, helper, landed)
+
+    monkeypatch.setattr(Workspace, "fill_from_pool", counting_fill)
     harness.submit("again", [*history, 7, 8], max_tokens=6)
     harness.run()
     assert harness.tokens("again") == expected["again"]
@@ -203,6 +214,7 @@ def test_history_demoted_to_disk_is_promoted_and_answers_the_same(make_harness) 
     # every page read went into the workspace as it landed (tieredkv.model.promotion_fill)
     fills = harness.engine.runner.attention._promotion_fills
     assert fills.landed_pages == usage.cached_tokens_by_tier["disk"] // PAGE_SIZE
+    assert skipped == [fills.landed_pages]  # and the first chunk used them, copying none again
     assert len(fills) == 0 and harness.engine.runner.attention.num_workspaces == 0
 
 
