@@ -44,3 +44,12 @@ def resolve_dtype(name: str, device: torch.device, cpuinfo: Path = _CPUINFO) -> 
     if torch.device(device).type == "cpu" and cpu_flags(cpuinfo) & _BF16_CPU_FLAGS:
         return torch.bfloat16
     return torch.float32
+
+
+def bf16_is_emulated(device: torch.device, flags: frozenset[str] | None = None) -> bool:
+    """Whether bf16 arithmetic on `device` is emulated: a CPU with neither AMX-BF16 nor
+    AVX512-BF16. There oneDNN's bf16 matmuls convert in software and ran 2-5x slower than fp32
+    ones on the same values (an AVX512 Xeon without bf16, from 2 rows up)."""
+    if torch.device(device).type != "cpu":
+        return False
+    return not (cpu_flags() if flags is None else flags) & _BF16_CPU_FLAGS

@@ -124,9 +124,23 @@ def _diagonal_mask(size: int, dtype: torch.dtype, device: torch.device) -> torch
 def prefers_matmul_attention(
     dtype: torch.dtype, device: torch.device, flags: frozenset[str] | None = None
 ) -> bool:
-    """Whether this path beats SDPA here: bf16 on a CPU without AMX. With AMX, SDPA's flash
-    kernel was the faster one (2k prefill 254 ms of attention; masks, GQA folding and splits
-    measured slower), and fp32 stays on SDPA, whose outputs match transformers' exactly."""
+    """Whether this path beats SDPA here: bf16 on a CPU with AVX512-BF16 but without AMX.
+    With AMX, SDPA's flash kernel was the faster one (2k prefill 254 ms of attention; masks, GQA
+    folding and splits measured slower); on a CPU that emulates bf16 it is too (a 2k causal
+    prefill 35 ms a layer against 111 ms here, an AVX512 Xeon without bf16 instructions); fp32
+    stays on SDPA, whose outputs match transformers' exactly."""
+    if torch.device(device).type != "cpu" or dtype != torch.bfloat16:
+        return False
+    flags = cpu_flags() if flags is None else flags
+    return "amx_bf16" not in flags and "avx512_bf16" in flags
+
+
+def prefers_c_decode(
+    dtype: torch.dtype, device: torch.device, flags: frozenset[str] | None = None
+) -> bool:
+    """Whether a step's decodes should attend in C (`cpu_kernels`, bf16 only): bf16 on a CPU
+    without AMX, whichever path its longer chunks take. Where bf16 is emulated SDPA's decode was
+    the slow one: a batch-1 step at 3k tokens 137 ms against 42 ms with the C decode."""
     if torch.device(device).type != "cpu" or dtype != torch.bfloat16:
         return False
     return "amx_bf16" not in (cpu_flags() if flags is None else flags)

@@ -19,7 +19,7 @@ from tieredkv.model.attention import AttentionBackend, PagedKernelAttention, Wor
 from tieredkv.model.cpu_kernels import load_cpu_kernels
 from tieredkv.model.forward_batch import ForwardBatch, SequenceChunk
 from tieredkv.model.llama import LlamaModel
-from tieredkv.model.matmul_attention import prefers_matmul_attention
+from tieredkv.model.matmul_attention import prefers_c_decode, prefers_matmul_attention
 
 DEFAULT_MAX_SEQS = 16  # running sequences whose CPU workspaces share one arena (EngineConfig's)
 
@@ -28,15 +28,14 @@ def make_attention(
     pool: DevicePool, backend: str = "auto", max_seqs: int = 0, max_len: int = 0
 ) -> AttentionBackend:
     """ "auto": Triton kernels on CUDA, the workspace path on CPU (an arena of `max_seqs`
-    workspaces of `max_len` tokens; SDPA, or blocked matmuls for bf16 on a CPU without AMX,
-    whose decodes then run in C where gcc built `cpu_kernels`).
+    workspaces of `max_len` tokens; SDPA, or blocked matmuls for bf16 on a CPU with AVX512-BF16
+    but without AMX; bf16 decodes on a CPU without AMX run in C where gcc built `cpu_kernels`).
     "reference": the torch reference kernels over pages in place (slow; for cross-checking)."""
     if backend == "auto":
         backend = "triton" if pool.device.type == "cuda" else "workspace"
     if backend == "workspace":
         matmul = prefers_matmul_attention(pool.layout.dtype, pool.device)
-        bf16 = pool.layout.dtype == torch.bfloat16
-        kernels = load_cpu_kernels() if matmul and bf16 else None  # the C decode is bf16 only
+        kernels = load_cpu_kernels() if prefers_c_decode(pool.layout.dtype, pool.device) else None
         return WorkspaceAttention(pool, max_seqs, max_len, matmul=matmul, kernels=kernels)
     from tieredkv.kernels.backend import select_backend
 

@@ -4,7 +4,11 @@ import pytest
 import torch
 
 from tieredkv.model.attention import causal_attention
-from tieredkv.model.matmul_attention import matmul_causal_attention, prefers_matmul_attention
+from tieredkv.model.matmul_attention import (
+    matmul_causal_attention,
+    prefers_c_decode,
+    prefers_matmul_attention,
+)
 
 
 def dense_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -82,8 +86,18 @@ def test_matmul_attention_reads_strided_workspace_views_in_bf16() -> None:
     assert (got - expected).abs().max() < 0.1
 
 
-def test_matmul_attention_is_chosen_for_bf16_on_a_cpu_without_amx() -> None:
+def test_matmul_attention_is_chosen_for_bf16_on_a_cpu_with_avx512_bf16_without_amx() -> None:
     cpu = torch.device("cpu")
     assert prefers_matmul_attention(torch.bfloat16, cpu, frozenset({"avx512_bf16"}))
     assert not prefers_matmul_attention(torch.bfloat16, cpu, frozenset({"amx_bf16"}))
+    assert not prefers_matmul_attention(torch.bfloat16, cpu, frozenset({"avx512f"}))  # emulated
     assert not prefers_matmul_attention(torch.float32, cpu, frozenset({"avx512_bf16"}))
+
+
+def test_c_decode_is_chosen_for_bf16_on_any_cpu_without_amx() -> None:
+    cpu = torch.device("cpu")
+    assert prefers_c_decode(torch.bfloat16, cpu, frozenset({"avx512_bf16"}))
+    assert prefers_c_decode(torch.bfloat16, cpu, frozenset({"avx512f"}))
+    assert not prefers_c_decode(torch.bfloat16, cpu, frozenset({"amx_bf16", "avx512_bf16"}))
+    assert not prefers_c_decode(torch.float32, cpu, frozenset({"avx512f"}))
+    assert not prefers_c_decode(torch.bfloat16, torch.device("meta"), frozenset())

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tieredkv.errors import ConfigError
-from tieredkv.model.dtype import cpu_flags, resolve_dtype
+from tieredkv.model.dtype import bf16_is_emulated, cpu_flags, resolve_dtype
 
 CPU = torch.device("cpu")
 
@@ -46,3 +46,10 @@ def test_explicit_names_and_errors() -> None:
     assert resolve_dtype("float32", torch.device("cuda")) == torch.float32
     with pytest.raises(ConfigError, match=r"got 'float16'"):
         resolve_dtype("float16", CPU)
+
+
+def test_bf16_is_emulated_on_a_cpu_with_neither_bf16_instruction() -> None:
+    assert bf16_is_emulated(CPU, frozenset({"avx2", "avx512f", "avx512_vnni"}))
+    assert not bf16_is_emulated(CPU, frozenset({"avx512f", "avx512_bf16"}))
+    assert not bf16_is_emulated(CPU, frozenset({"amx_bf16"}))
+    assert not bf16_is_emulated(torch.device("cuda"), frozenset())

@@ -1,10 +1,18 @@
-"""Linear layers: the oneDNN-packed bf16 path against F.linear, and when it is chosen."""
+"""Linear layers: the oneDNN-packed and widened bf16 paths against F.linear, and when each is
+chosen."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tieredkv.model.linear import PackedLinear, PlainLinear, make_linear, packed_linear_works
+from tieredkv.model import linear
+from tieredkv.model.linear import (
+    PackedLinear,
+    PlainLinear,
+    WidenedLinear,
+    make_linear,
+    packed_linear_works,
+)
 
 needs_packed = pytest.mark.skipif(
     not packed_linear_works(torch.bfloat16, torch.device("cpu")),
@@ -36,3 +44,36 @@ def test_packed_linear_matches_f_linear(rows: int, with_bias: bool) -> None:
     )
     plain = PlainLinear(weight, bias)
     torch.testing.assert_close(packed(x).float(), plain(x).float(), rtol=2e-2, atol=0.1)
+
+
+@needs_packed
+@pytest.mark.parametrize("rows", [1, 2, 300])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_widened_linear_rounds_an_fp32_product_of_the_bf16_values(
+    rows: int, with_bias: bool
+) -> None:
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 64, generator=generator).bfloat16()
+    bias = torch.randn(96, generator=generator).bfloat16() if with_bias else None
+    x = torch.randn(rows, 64, generator=generator).bfloat16()
+    residual = torch.randn(rows, 96, generator=generator).bfloat16()
+    widened = WidenedLinear(weight, bias)
+    expected = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    got, summed = widened(x), widened.add_to(residual, x)
+    assert got.dtype == summed.dtype == torch.bfloat16
+    if rows == 1:  # the packed bf16 weight: oneDNN's rounding
+        torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=0.1)
+        with_residual = residual.float() + expected
+        torch.testing.assert_close(summed.float(), with_residual, rtol=2e-2, atol=0.15)
+    else:  # fp32 products and sums, one rounding at the end
+        assert torch.equal(got, expected.bfloat16())
+        assert torch.equal(summed, (expected + residual.float()).bfloat16())
+
+
+@needs_packed
+@pytest.mark.parametrize("emulated", [False, True])
+def test_a_cpu_that_emulates_bf16_gets_widened_linears(monkeypatch, emulated: bool) -> None:
+    monkeypatch.setattr(linear, "bf16_is_emulated", lambda device: emulated)
+    weight = torch.ones(8, 4, dtype=torch.bfloat16)
+    assert isinstance(make_linear(weight, packed=True), WidenedLinear if emulated else PackedLinear)
+    assert isinstance(make_linear(weight, packed=False), PlainLinear)

@@ -10,9 +10,10 @@ import transformers
 
 from tieredkv.model import llama
 from tieredkv.model import runner as runner_module
+from tieredkv.model.dtype import bf16_is_emulated
 from tieredkv.model.forward_batch import SequenceChunk
 from tieredkv.model.hf_config import parse_model_config
-from tieredkv.model.linear import PackedLinear, PlainLinear, packed_linear_works
+from tieredkv.model.linear import PackedLinear, PlainLinear, WidenedLinear, packed_linear_works
 from tieredkv.model.pointwise import Pointwise
 from tieredkv.model.runner import ModelRunner, PagedSequence, generate_greedy
 
@@ -227,7 +228,9 @@ def test_bf16_fused_path_stays_close_to_eager(hf_and_runner, monkeypatch) -> Non
 
     fast, fused_logits = last_logits()
     packed = packed_linear_works(torch.bfloat16, torch.device("cpu"))
-    assert isinstance(fast.model.layers[0].qkv, PackedLinear) == packed
+    widened = bf16_is_emulated(torch.device("cpu"))
+    fast_kind = WidenedLinear if widened else PackedLinear
+    assert isinstance(fast.model.layers[0].qkv, fast_kind) == packed
     monkeypatch.setattr(llama, "packed_linear_works", lambda dtype, device: False)
     monkeypatch.setattr(llama, "make_pointwise", lambda config, dtype, device: Pointwise())
     plain, eager_logits = last_logits()
