@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c11", "-shared", "-fPIC")
 SEQ_FIELDS = 6  # the per-sequence table's columns, as `cpu_kernels.c` numbers them
+FEW_ROWS = 8  # the most rows `linear_few_rows` multiplies (FEW_ROWS in `cpu_kernels.c`)
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -62,6 +63,9 @@ class CpuKernels:
         self._softmax = library.tkv_softmax
         self._softmax.restype = ctypes.c_int
         self._softmax.argtypes = [_i64, _i64, _ptr, _i64]
+        self._linear = library.tkv_linear_few_rows
+        self._linear.restype = ctypes.c_int
+        self._linear.argtypes = [_i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr]
 
     def decode_attention(
         self,
@@ -129,6 +133,30 @@ class CpuKernels:
         out = torch.empty((rows, width), dtype=gate_up.dtype)
         self._silu_and_mul(rows, width, gate_up.data_ptr(), gate_up.stride(0), out.data_ptr())
         return out
+
+    def linear_few_rows(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
+        """bf16(x @ weight.T + bias + residual) for up to FEW_ROWS bf16 rows, fp32 inside,
+        rounded once; None for more rows (the caller takes another path)."""
+        rows, in_features = x.shape
+        out_features = weight.shape[0]
+        if rows > FEW_ROWS:
+            return None
+        assert x.dtype == weight.dtype == torch.bfloat16 and x.stride(1) == 1
+        assert weight.is_contiguous() and weight.shape[1] == in_features
+        for extra in (bias, residual):
+            assert extra is None or (extra.dtype == torch.bfloat16 and extra.is_contiguous())
+        out = torch.empty((rows, out_features), dtype=x.dtype)
+        status = self._linear(rows, in_features, out_features, x.data_ptr(), x.stride(0),
+                              weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                              0 if residual is None else residual.data_ptr(),
+                              out.data_ptr())  # fmt: skip
+        return None if status else out
 
     def softmax_(self, scores: torch.Tensor) -> torch.Tensor:
         """Softmax over the last dim of bf16 scores, in place (rows contiguous, any number of

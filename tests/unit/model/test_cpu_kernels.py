@@ -3,14 +3,15 @@ new token per sequence attends over its workspace (the kernel also stores that t
 for several sequences of different lengths at once, across the kernel's key chunks, with
 grouped queries, several head sizes and both workspace kinds (arena slots, spares); RMSNorm
 rounded exactly as transformers rounds it in bf16; RoPE and SiLU-and-multiply equal to the eager
-torch chains they replace, bit for bit; softmax as torch's bf16 softmax."""
+torch chains they replace, bit for bit; softmax as torch's bf16 softmax; a bf16 weight times a
+few rows as the fp32 product of the same values, rounded once."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tieredkv.model.cpu_kernels import decode_table, load_cpu_kernels
+from tieredkv.model.cpu_kernels import FEW_ROWS, decode_table, load_cpu_kernels
 from tieredkv.model.pointwise import silu_and_mul
 from tieredkv.model.rope import apply_rope
 
@@ -121,3 +122,31 @@ def test_silu_and_mul_equals_the_eager_chain_bit_for_bit(rows: int, width: int) 
     gate_up = (torch.randn(rows, 2 * width) * 6).to(BF16)
     gate_up[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -0.0])  # exp's clamp, both signs, zeros
     assert torch.equal(KERNELS.silu_and_mul(gate_up), silu_and_mul(gate_up))
+
+
+@pytest.mark.parametrize("rows", [1, 2, FEW_ROWS])
+@pytest.mark.parametrize(("in_features", "with_extras"), [(576, True), (100, False)])  # a tail
+def test_few_rows_times_a_weight_is_the_rounded_fp32_product(
+    rows: int, in_features: int, with_extras: bool
+) -> None:
+    assert KERNELS is not None
+    generator = torch.Generator().manual_seed(rows + in_features)
+    weight = torch.randn(300, in_features, generator=generator).to(BF16)
+    wide_x = torch.randn(rows, in_features + 7, generator=generator).to(BF16)
+    x = wide_x[:, :in_features]  # rows with a stride past their width
+    bias = torch.randn(300, generator=generator).to(BF16) if with_extras else None
+    residual = torch.randn(rows, 300, generator=generator).to(BF16) if with_extras else None
+    got = KERNELS.linear_few_rows(x, weight, bias, residual)
+    expected = x.double() @ weight.double().T
+    if with_extras:
+        expected += bias.double() + residual.double()
+    assert got is not None and got.dtype == BF16
+    # the sum is fp32 in another order than float64's: at most one bf16 step apart
+    torch.testing.assert_close(got.double(), expected, rtol=2**-7, atol=1e-3)
+    assert (got.double() == expected.to(BF16).double()).float().mean() > 0.95
+
+
+def test_more_rows_than_the_kernel_takes_are_left_to_the_caller() -> None:
+    assert KERNELS is not None
+    weight = torch.ones(4, 16, dtype=BF16)
+    assert KERNELS.linear_few_rows(torch.ones(FEW_ROWS + 1, 16, dtype=BF16), weight) is None

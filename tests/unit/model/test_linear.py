@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from tieredkv.model import linear
+from tieredkv.model.cpu_kernels import FEW_ROWS, load_cpu_kernels
 from tieredkv.model.linear import (
     PackedLinear,
     PlainLinear,
@@ -47,7 +48,7 @@ def test_packed_linear_matches_f_linear(rows: int, with_bias: bool) -> None:
 
 
 @needs_packed
-@pytest.mark.parametrize("rows", [1, 2, 300])
+@pytest.mark.parametrize("rows", [1, 2, FEW_ROWS, FEW_ROWS + 1, 300])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_widened_linear_rounds_an_fp32_product_of_the_bf16_values(
     rows: int, with_bias: bool
@@ -57,17 +58,20 @@ def test_widened_linear_rounds_an_fp32_product_of_the_bf16_values(
     bias = torch.randn(96, generator=generator).bfloat16() if with_bias else None
     x = torch.randn(rows, 64, generator=generator).bfloat16()
     residual = torch.randn(rows, 96, generator=generator).bfloat16()
-    widened = WidenedLinear(weight, bias)
+    widened = WidenedLinear(weight, bias, load_cpu_kernels())
     expected = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    with_residual = residual.float() + expected
     got, summed = widened(x), widened.add_to(residual, x)
     assert got.dtype == summed.dtype == torch.bfloat16
     if rows == 1:  # the packed bf16 weight: oneDNN's rounding
         torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=0.1)
-        with_residual = residual.float() + expected
         torch.testing.assert_close(summed.float(), with_residual, rtol=2e-2, atol=0.15)
-    else:  # fp32 products and sums, one rounding at the end
+    elif rows <= FEW_ROWS and load_cpu_kernels() is not None:  # fp32 in C: another sum order
+        torch.testing.assert_close(got.float(), expected, rtol=2**-7, atol=1e-3)
+        torch.testing.assert_close(summed.float(), with_residual, rtol=2**-7, atol=1e-3)
+    else:  # fp32 products and sums in torch, one rounding at the end
         assert torch.equal(got, expected.bfloat16())
-        assert torch.equal(summed, (expected + residual.float()).bfloat16())
+        assert torch.equal(summed, with_residual.bfloat16())
 
 
 @needs_packed
