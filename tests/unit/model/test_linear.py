@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from tieredkv.model import linear
-from tieredkv.model.cpu_kernels import FEW_ROWS, load_cpu_kernels
+from tieredkv.model.cpu_kernels import FEW_ROWS, CpuKernels, load_cpu_kernels
 from tieredkv.model.linear import (
     PackedLinear,
     PlainLinear,
@@ -47,6 +47,18 @@ def test_packed_linear_matches_f_linear(rows: int, with_bias: bool) -> None:
     torch.testing.assert_close(packed(x).float(), plain(x).float(), rtol=2e-2, atol=0.1)
 
 
+class CountedKernels:
+    """The C kernels, counting the products they computed."""
+
+    def __init__(self, inner: CpuKernels | None) -> None:
+        self.inner, self.calls = inner, 0
+
+    def linear_few_rows(self, *args: torch.Tensor | None) -> torch.Tensor | None:
+        out = None if self.inner is None else self.inner.linear_few_rows(*args)
+        self.calls += out is not None
+        return out
+
+
 @needs_packed
 @pytest.mark.parametrize("rows", [1, 2, FEW_ROWS, FEW_ROWS + 1, 300])
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -58,7 +70,8 @@ def test_widened_linear_rounds_an_fp32_product_of_the_bf16_values(
     bias = torch.randn(96, generator=generator).bfloat16() if with_bias else None
     x = torch.randn(rows, 64, generator=generator).bfloat16()
     residual = torch.randn(rows, 96, generator=generator).bfloat16()
-    widened = WidenedLinear(weight, bias, load_cpu_kernels())
+    kernels = CountedKernels(load_cpu_kernels())
+    widened = WidenedLinear(weight, bias, kernels)  # type: ignore[arg-type]
     expected = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
     with_residual = residual.float() + expected
     got, summed = widened(x), widened.add_to(residual, x)
@@ -66,12 +79,14 @@ def test_widened_linear_rounds_an_fp32_product_of_the_bf16_values(
     if rows == 1:  # the packed bf16 weight: oneDNN's rounding
         torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=0.1)
         torch.testing.assert_close(summed.float(), with_residual, rtol=2e-2, atol=0.15)
-    elif rows <= FEW_ROWS and load_cpu_kernels() is not None:  # fp32 in C: another sum order
+    elif rows <= FEW_ROWS and kernels.inner is not None:  # the C product: another sum order
         torch.testing.assert_close(got.float(), expected, rtol=2**-7, atol=1e-3)
         torch.testing.assert_close(summed.float(), with_residual, rtol=2**-7, atol=1e-3)
     else:  # fp32 products and sums in torch, one rounding at the end
         assert torch.equal(got, expected.bfloat16())
         assert torch.equal(summed, with_residual.bfloat16())
+    took_c = 1 < rows <= FEW_ROWS and kernels.inner is not None
+    assert kernels.calls == (2 if took_c else 0)
 
 
 @needs_packed
