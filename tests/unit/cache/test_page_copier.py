@@ -3,7 +3,9 @@ on both data paths (CPU page by page, and the staged path CUDA uses), in chunks,
 
 from __future__ import annotations
 
+import itertools
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -159,7 +161,7 @@ def test_a_record_that_fails_verification_is_a_miss_and_zeroed(
 def test_a_read_into_the_device_copies_only_verified_pages(
     tmp_path: Path, layout: PageLayout, stage_pages: int
 ) -> None:
-    """A store read into a CPU device pool is copied out as it is verified, chunks two at a
+    """A store read into a CPU device pool is copied out as it is verified, chunks three at a
     time: every verified page lands, and a page that fails verification is never copied. The
     landing listeners hear of each verified page once, when its bytes are already there."""
     store = open_store(tmp_path, layout=layout, capacity=1 << 20)
@@ -190,6 +192,33 @@ def test_a_read_into_the_device_copies_only_verified_pages(
         for index, page in enumerate(device_pages):
             want = before[index] if index == 3 else _host_page(copier, index)
             assert torch.equal(_device_page(copier, page), want)
+    finally:
+        store.close()
+
+
+def test_a_streamed_read_keeps_three_chunks_in_flight(tmp_path: Path, layout: PageLayout) -> None:
+    """Chunk k + 2's read must not wait for chunk k to be copied out (the disk sat idle
+    meanwhile): the first three store reads of a disk -> device job run at once."""
+    store = open_store(tmp_path, layout=layout, capacity=1 << 20)
+    copier = _copier(layout, staged=False, disk=store)
+    copier.stage_pages = 1
+    records, slots = chain(5, layout=layout), store.alloc(5)
+    all_started = threading.Barrier(3, timeout=10)
+    calls = itertools.count()
+    read_pages = store.read_pages
+
+    def read_three_at_once(*args):  # the first three reads wait for each other
+        if next(calls) < 3:
+            all_started.wait()  # BrokenBarrierError, failing the job, if only two are in flight
+        return read_pages(*args)
+
+    try:
+        copier.job(Tier.HOST, Tier.DISK, [0, 1, 2, 3, 4], slots, records)()
+        store.read_pages = read_three_at_once  # type: ignore[method-assign]
+        device_pages = _shuffled(5, 13)[1]
+        assert copier.job(Tier.DISK, Tier.DEVICE, slots, device_pages, records)() == [True] * 5
+        for index, page in enumerate(device_pages):  # five chunks through three staging slots
+            assert torch.equal(_device_page(copier, page), _host_page(copier, index))
     finally:
         store.close()
 

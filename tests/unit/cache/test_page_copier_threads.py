@@ -18,7 +18,7 @@ from tieredkv.cache.tier import Tier
 from tieredkv.cache.transfer.executor import ThreadTransferExecutor
 from tieredkv.cache.transfer.page_copier import PageCopier
 from tieredkv.cache.transfer.page_rows import paired_runs
-from tieredkv.cache.transfer.page_staging import StagingBuffers
+from tieredkv.cache.transfer.page_staging import HOST_SLOTS, StagingBuffers
 
 # 4 KiB pages, bf16
 LAYOUT = PageLayout(num_layers=2, num_kv_heads=2, head_dim=64, page_size=4, dtype=torch.bfloat16)
@@ -100,7 +100,10 @@ def test_staging_is_reused_per_thread_and_never_shared() -> None:
     staging = StagingBuffers(LAYOUT, pinned=False, device=torch.device("cpu"))
     first = staging.host(4)
     assert staging.host(3).data_ptr() == first.data_ptr()  # reused on this thread
-    assert staging.host(4, slot=1).data_ptr() != first.data_ptr()  # double buffering
+    slots = {staging.host(4, slot=slot).data_ptr() for slot in range(HOST_SLOTS)}
+    assert len(slots) == HOST_SLOTS == 3  # double buffering, and a third streamed chunk
+    with pytest.raises(AssertionError):
+        staging.host(4, slot=HOST_SLOTS)
     assert first.data_ptr() % 4096 == 0 and tuple(first.shape) == (4, *LAYOUT.page_shape)
     other: list[int] = []
     thread = threading.Thread(target=lambda: other.append(staging.host(4).data_ptr()))

@@ -21,12 +21,13 @@ from typing import Any
 
 
 class ChunkPipeline:
-    """The store's I/O threads. Thread-safe: any number of disk workers may `run` at once."""
+    """I/O threads of the store (one pipeline for its reads, one for its writes).
+    Thread-safe: any number of disk workers may `run` at once."""
 
-    def __init__(self, io_threads: int, depth: int) -> None:
+    def __init__(self, io_threads: int, depth: int, name: str = "tieredkv-disk-io") -> None:
         assert io_threads >= 1 and depth >= 1, f"io_threads={io_threads}, depth={depth}"
         self.depth = depth
-        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="tieredkv-disk-io")
+        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix=name)
 
     def run(
         self,

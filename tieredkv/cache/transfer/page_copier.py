@@ -17,7 +17,7 @@ thread alone cannot reach memcpy speed on these strided copies (see page_rows).
 Staging is reused (per worker thread, see page_staging) and bounded: a staged transfer moves
 at most STAGE_BYTES at a time, double-buffered. A store transfer overlaps its staging copies
 with its I/O: while a helper thread writes one chunk, the job stages the next. A disk read into
-CPU pools has two chunks in flight, each copied out piece by piece on its reading thread as the
+CPU pools has three chunks in flight, each copied out piece by piece on its reading thread as the
 store verifies it; a remote read (or one into a CUDA pool) has one, the job unstaging the
 previous chunk meanwhile. A chunk whose host pages are consecutive moves in place, without
 staging (the host pool is page-aligned, so O_DIRECT needs no bounce copy either).
@@ -37,7 +37,7 @@ from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.transfer.executor import CopyJob
 from tieredkv.cache.transfer.page_rows import PageRows, copy_pages, paired_runs
-from tieredkv.cache.transfer.page_staging import StagingBuffers
+from tieredkv.cache.transfer.page_staging import HOST_SLOTS, StagingBuffers
 from tieredkv.kernels.backend import select_backend
 
 if TYPE_CHECKING:
@@ -51,6 +51,10 @@ STAGE_BYTES = 32 << 20  # per staging buffer, two per worker thread: the store's
 HELPER_THREADS = 8
 HELPER_THREAD_PREFIX = "tkv-stage"
 LANDING_BATCH_PAGES = 16  # a remote read tells `device_landing_listeners` this many at a time
+# A streamed disk read into a CPU pool keeps this many chunks in flight (one staging slot each):
+# with two, chunk k + 2 started only once chunk k was out, and the disk sat idle meanwhile
+# (session 19: 8 of a 3k-token promotion's 62 ms)
+STREAMED_CHUNKS_IN_FLIGHT = HOST_SLOTS
 
 
 def _index(pages: list[int], device: torch.device) -> torch.Tensor:
@@ -226,12 +230,12 @@ class PageCopier:
     ) -> list[bool]:
         """Chunks are read on helper threads into staging slots k % 2 (or in place).
 
-        From the disk into CPU pools, two chunks are read at once, so the store always has
-        the next chunk to read, and a staged chunk is copied out piece by piece on its reading
-        thread as the store verifies it, overlapping the reads still in flight; chunk k + 2
-        starts once chunk k is out. From the remote store into CPU pools, one fetch hands each
-        page to be copied into its page. Otherwise (into a CUDA pool) chunk k + 1 is read
-        while this thread copies chunk k out."""
+        From the disk into CPU pools, STREAMED_CHUNKS_IN_FLIGHT chunks are read at once, so
+        the store always has the next chunk to read, and a staged chunk is copied out piece by
+        piece on its reading thread as the store verifies it, overlapping the reads still in
+        flight; chunk k + 3 starts once chunk k is out. From the remote store into CPU pools,
+        one fetch hands each page to be copied into its page. Otherwise (into a CUDA pool)
+        chunk k + 1 is read while this thread copies chunk k out."""
         into_cpu_pool = tier is Tier.HOST or self._device_rows is not None
         if into_cpu_pool and getattr(store, "hands_pages_on", False):
             rows = self._rows(tier)
@@ -249,7 +253,9 @@ class PageCopier:
             return page_ok
         chunks = self._chunks(len(pages))
         streamed = store.streams_reads and into_cpu_pool
-        in_flight = 2 if streamed else 1
+        in_flight = STREAMED_CHUNKS_IN_FLIGHT if streamed else 1
+        # staging slots: one per chunk in flight, else this thread unstages one while one is read
+        num_staging = in_flight if streamed else 2
 
         def submit(index: int) -> tuple[Future, torch.Tensor | None]:
             """Start chunk `index`'s read; returns it and the staging this thread unstages."""
@@ -258,7 +264,7 @@ class PageCopier:
             to_unstage = None
             copy_out: tuple[PagesVerified, ...] = ()  # the store's `on_verified`, if streamed
             if out is None:
-                out = self.staging.host(end - start, index % 2)
+                out = self.staging.host(end - start, index % num_staging)
                 if streamed:
                     copy_out = (self._copy_out(tier, pages[start:end], out),)
                 else:
@@ -279,7 +285,7 @@ class PageCopier:
                 if index + in_flight < len(chunks):
                     pending.append(submit(index + in_flight))  # its slot is free
                 if to_unstage is not None:
-                    self._write(tier, pages[start:end], to_unstage, index % 2)
+                    self._write(tier, pages[start:end], to_unstage, index % num_staging)
         finally:
             for future, _ in pending:
                 _settle(future)

@@ -15,9 +15,13 @@ import torch
 
 from tieredkv.cache.page_layout import PageLayout, aligned_empty
 
+# Host slots per thread: two for double buffering, a third for a streamed store read's third
+# chunk in flight (see PageCopier._from_store)
+HOST_SLOTS = 3
+
 
 class StagingBuffers:
-    """Thread-local, grow-only page-major buffers: `host(n, slot)` on the CPU (two slots),
+    """Thread-local, grow-only page-major buffers: `host(n, slot)` on the CPU (HOST_SLOTS),
     `device_buffer(n)` on the device pool's device (CUDA only)."""
 
     def __init__(self, layout: PageLayout, pinned: bool, device: torch.device) -> None:
@@ -27,8 +31,9 @@ class StagingBuffers:
         self._local = threading.local()
 
     def host(self, count: int, slot: int = 0) -> torch.Tensor:
-        """(count, *page_shape) CPU staging `slot` (0 or 1: double buffering) of this thread;
-        its old contents are garbage."""
+        """(count, *page_shape) CPU staging `slot` (0 .. HOST_SLOTS - 1) of this thread; its
+        old contents are garbage."""
+        assert 0 <= slot < HOST_SLOTS, f"staging slot {slot} of {HOST_SLOTS}"
         fences: dict[int, torch.cuda.Event] = self._state("fences")
         fence = fences.pop(slot, None)
         if fence is not None:
@@ -40,10 +45,10 @@ class StagingBuffers:
         return buffer[:count]
 
     def prefault(self, count: int) -> None:
-        """Give this thread both host slots of `count` pages now (an I/O worker at start): a
+        """Give this thread every host slot of `count` pages now (an I/O worker at start): a
         first touch inside a request's copy costs its page faults there, and in a VM that
         returns freed memory to its host those are slow."""
-        for slot in (0, 1):
+        for slot in range(HOST_SLOTS):
             self.host(count, slot)
 
     def device_buffer(self, count: int) -> torch.Tensor:
