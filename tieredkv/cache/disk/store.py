@@ -55,8 +55,7 @@ IO_DEPTH = 2
 IO_THREADS = 4  # the store's read threads, shared by every read
 # Writes have threads of their own: a write's chunks, submitted before a read began, must not
 # hold the threads the read needs (a write's pipeline keeps up to three chunks submitted, and
-# shared threads numbered four; session 19's first disk turn, read beside a 47 MB
-# write-through, took 115 ms against 72 for the two turns after it).
+# the shared threads numbered four: two write-throughs could hold them all).
 WRITE_IO_THREADS = 2
 MIN_CHUNKS = 4
 MIN_CHUNK_BYTES = 1 << 20
