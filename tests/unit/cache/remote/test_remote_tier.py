@@ -28,7 +28,10 @@ def replicas(redis_server: RedisServer) -> Iterator[Callable[..., TieredCache]]:
     caches: list[TieredCache] = []
 
     def replica(**fields: object) -> TieredCache:
-        settings: dict = {"host_cache_bytes": 0, **fields}
+        # budgets 20x the defaults (400 ms a lookup): under a loaded CI host a 20 ms lookup ran
+        # past its budget and the test saw a degraded store's miss; the budgets' own behaviour
+        # is tested in test_remote_failures.py
+        settings: dict = {"host_cache_bytes": 0, "remote_budget_scale": 20.0, **fields}
         config = CacheConfig(
             page_size=LAYOUT.page_size,
             device_cache_bytes=32 * LAYOUT.page_bytes,
@@ -167,7 +170,7 @@ def test_redis_down_costs_hits_only(replicas, redis_server) -> None:
     handle = second.new_handle(NAMESPACE)
     started = time.monotonic()
     handle.look_up(tokens)
-    assert time.monotonic() - started < 1.0  # bounded (the budget is tens of milliseconds)
+    assert time.monotonic() - started < 1.0  # bounded: a refused connection, not the budget
     assert sum(handle.matched_tokens_by_tier.values()) == 0
     assert not second.tier_healthy(Tier.REMOTE) and second.tier_enabled(Tier.REMOTE)
     compute(second, tokens, NAMESPACE)  # inserting still works; nothing is written remotely
