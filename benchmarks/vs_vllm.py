@@ -27,7 +27,9 @@ bandwidth measured in the same run at the store's request sizes and requests in 
 of three shapes), before and after the turns, the faster of the two (this shared disk's speed
 drifts within minutes).
 
-Each figure is the median of `--repeats` fresh prompts, with min and max. vLLM runs as its docs
+Each figure is the median of `--repeats` fresh prompts, with min and max, and beside it the most
+cores other processes on this shared machine took during any of its samples (`OtherLoad`: a
+sample slowed by a neighbour shows). vLLM runs as its docs
 recommend for CPUs (benchmarks/vllm_cpu.sh: tcmalloc and Intel OpenMP preloaded, OMP threads
 bound to the cores). Run:
 
@@ -42,6 +44,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,6 +56,7 @@ import torch
 
 from tieredkv.bench.disk_check import disk_read_bandwidth, drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
+from tieredkv.bench.machine_load import OtherLoad
 from tieredkv.bench.managed import ManagedServer, free_port
 from tieredkv.bench.prom_text import Samples, counter_delta, parse_samples, select
 from tieredkv.bench.records import percentile
@@ -143,60 +147,74 @@ def decode_window(records: list[dict]) -> tuple[float, float]:
     return ms_per_token, sum(counts) / (end - begin)
 
 
-def spread(values: list[float]) -> dict:
-    return {
+def spread(values: list[float], others: list[float | None] | None = None) -> dict:
+    """Median, min and max of `values`; with `others` (each sample's `OtherLoad`), the most
+    cores the rest of the machine took during any of them."""
+    result = {
         "median": statistics.median(values),
         "min": min(values),
         "max": max(values),
         "n": len(values),
     }
+    known = [cores for cores in others or () if cores is not None]
+    if known:
+        result["others_cores_max"] = max(known)
+    return result
 
 
-async def measure(url: str, prompts: Prompts, repeats: int) -> dict:
+async def measure(url: str, prompts: Prompts, repeats: int, server_pid: int) -> dict:
+    """Every figure for the server at `url`; beside each, the cores processes other than the
+    server (`server_pid` and its children) and this client took during its samples."""
     async with httpx.AsyncClient(timeout=600) as http:
         model = (await http.get(url + "/v1/models")).json()["data"][0]["id"]
         await stream(http, url, model, prompts.fresh(256), 4)  # warm-up
         result: dict = {"prefill_tok_per_s": {}, "warm_ttft_s": {}, "decode": {}}
         for length in PREFILL_LENGTHS:
             await stream(http, url, model, prompts.fresh(length), 1)  # warm-up
-            speeds = []
+            speeds, others = [], []
             for _ in range(repeats):
-                record = await stream(http, url, model, prompts.fresh(length), 1)
+                with OtherLoad([server_pid]) as load:
+                    record = await stream(http, url, model, prompts.fresh(length), 1)
                 speeds.append(length / record["ttft_s"])
-            result["prefill_tok_per_s"][length] = spread(speeds)
+                others.append(load.others_cores)
+            result["prefill_tok_per_s"][length] = spread(speeds, others)
             print(f"  cold prefill {length}: {statistics.median(speeds):.0f} tok/s", flush=True)
         for length in HISTORY_LENGTHS:
-            ttfts, cached = [], []
+            ttfts, cached, others = [], [], []
             for repeat in range(repeats + 1):  # the first is a warm-up
                 history = prompts.fresh(length)
                 await stream(http, url, model, history, 1)
                 turn = history + prompts.fresh(QUESTION_TOKENS)
-                record = await stream(http, url, model, turn, 1)
+                with OtherLoad([server_pid]) as load:
+                    record = await stream(http, url, model, turn, 1)
                 if repeat == 0:
                     continue
                 ttfts.append(record["ttft_s"])
+                others.append(load.others_cores)
                 details = (record["usage"] or {}).get("prompt_tokens_details") or {}
                 cached.append(details.get("cached_tokens"))
-            result["warm_ttft_s"][length] = {**spread(ttfts), "cached_tokens": cached}
+            result["warm_ttft_s"][length] = {**spread(ttfts, others), "cached_tokens": cached}
             print(f"  warm turn {length}: {statistics.median(ttfts) * 1000:.0f} ms", flush=True)
         for streams, context in ((1, 2700), (8, 1024)):
-            per_token, throughput = [], []
+            per_token, throughput, others = [], [], []
             for repeat in range(repeats + 1):  # the first is a warm-up
-                records = await asyncio.gather(
-                    *(
-                        stream(http, url, model, prompts.fresh(context), DECODE_TOKENS)
-                        for _ in range(streams)
+                with OtherLoad([server_pid]) as load:  # the prefills too: a close bound
+                    records = await asyncio.gather(
+                        *(
+                            stream(http, url, model, prompts.fresh(context), DECODE_TOKENS)
+                            for _ in range(streams)
+                        )
                     )
-                )
                 if repeat == 0:
                     continue
                 ms_per_token, tokens_per_s = decode_window(records)
                 per_token.append(ms_per_token)
                 throughput.append(tokens_per_s)
+                others.append(load.others_cores)
             result["decode"][streams] = {
                 "context_tokens": context,
-                "ms_per_token": spread(per_token),
-                "tokens_per_s": spread(throughput),
+                "ms_per_token": spread(per_token, others),
+                "tokens_per_s": spread(throughput, others),
             }
             print(
                 f"  decode x{streams}: {statistics.median(per_token):.1f} ms/token, "
@@ -282,8 +300,11 @@ async def send_histories(url: str, histories: list[list[int]]) -> None:
             await asyncio.sleep(0.2)
 
 
-async def turns_by_tier(url: str, histories: list[list[int]], prompts: Prompts) -> list[dict]:
-    """Per history: a turn with it on disk, one with it on the device, one recomputed."""
+async def turns_by_tier(
+    url: str, histories: list[list[int]], prompts: Prompts, server_pid: int
+) -> list[dict]:
+    """Per history: a turn with it on disk, one with it on the device, one recomputed; beside
+    the first two, the cores other processes took during each."""
     rows = []
     async with httpx.AsyncClient(timeout=600) as http:
         model = (await http.get(url + "/v1/models")).json()["data"][0]["id"]
@@ -293,12 +314,15 @@ async def turns_by_tier(url: str, histories: list[list[int]], prompts: Prompts) 
         for i, history in enumerate(histories):
             turn = history + prompts.fresh(QUESTION_TOKENS)
             before = await settled_metrics(http, url)
-            on_disk = await stream(http, url, model, turn, 1)
+            with OtherLoad([server_pid]) as disk_load:
+                on_disk = await stream(http, url, model, turn, 1)
             after = await settled_metrics(http, url)
             disk_bytes_read = counter_delta(
                 before, after, "tieredkv_transfer_bytes_total", from_tier="disk"
             )
-            on_device = await stream(http, url, model, history + prompts.fresh(QUESTION_TOKENS), 1)
+            with OtherLoad([server_pid]) as device_load:
+                next_turn = history + prompts.fresh(QUESTION_TOKENS)
+                on_device = await stream(http, url, model, next_turn, 1)
             after_device = await settled_metrics(http, url)
             recomputed = await stream(http, url, model, turn, 1, salt=f"recompute-{i}")
             details = on_disk["usage"]["prompt_tokens_details"]
@@ -311,6 +335,8 @@ async def turns_by_tier(url: str, histories: list[list[int]], prompts: Prompts) 
                     "disk_bytes_read": disk_bytes_read or 0.0,
                     "disk_split": server_split(before, after, on_disk["ttft_s"]),
                     "device_split": server_split(after, after_device, on_device["ttft_s"]),
+                    "disk_others_cores": disk_load.others_cores,
+                    "device_others_cores": device_load.others_cores,
                     "device_cached_by_tier": on_device["usage"]["prompt_tokens_details"][
                         "cached_tokens_by_tier"
                     ],
@@ -342,8 +368,9 @@ def measure_tiers(out: Path, prompts: Prompts, repeats: int) -> dict:
     before = disk_read_limit(out)
     with ManagedServer(serve_args, out / "tieredkv-tiers-2.log") as server:
         drop_page_cache(disk_dir)
-        rows = asyncio.run(turns_by_tier(server.base_url, histories, prompts))
+        rows = asyncio.run(turns_by_tier(server.base_url, histories, prompts, server.process.pid))
     after = disk_read_limit(out)
+    shutil.rmtree(disk_dir)  # a preallocated 4 GiB store: a few runs would fill the disk
     # this shared disk's speed drifts within minutes (session 12: the same probe read 0.86 GB/s
     # in one run and 2.15 a few minutes later, and promotions beat a probe taken before them):
     # the faster of a probe before and one after the turns is the limit (the stricter rule)
@@ -370,11 +397,12 @@ def measure_tiers(out: Path, prompts: Prompts, repeats: int) -> dict:
             flush=True,
         )
         for where in ("disk", "device"):
-            split = row[f"{where}_split"]
+            split, others = row[f"{where}_split"], row[f"{where}_others_cores"]
             print(
                 f"    {where}: queued {split['queue_s'] * 1000:.0f} ms (promotion "
                 f"{split['promotion_s'] * 1000:.0f} ms), then {split['after_queue_s'] * 1000:.0f}"
-                " ms to the first token",
+                f" ms to the first token; other processes "
+                f"{'?' if others is None else f'{others:.2f}'} cores",
                 flush=True,
             )
     return {"disk_read": bandwidth, "turns": rows}
@@ -476,6 +504,13 @@ def targets_table(report: dict) -> str:
     return "\n".join(rows)
 
 
+def over_runs(figures: list[dict]) -> dict:
+    """One figure of several runs: the spread of their medians, and the most cores others took
+    during any of their samples."""
+    others = [figure.get("others_cores_max") for figure in figures]
+    return spread([figure["median"] for figure in figures], others)
+
+
 def combine(reports: list[dict]) -> dict:
     """Several runs' reports as one: each server figure the median of the runs' medians, with
     the runs' min and max; the tiers and overflow sections from the runs that have them."""
@@ -487,10 +522,10 @@ def combine(reports: list[dict]) -> dict:
         merged: dict = {"prefill_tok_per_s": {}, "warm_ttft_s": {}, "decode": {}}
         for section in ("prefill_tok_per_s", "warm_ttft_s"):
             for key in runs[0][section]:
-                merged[section][key] = spread([run[section][key]["median"] for run in runs])
+                merged[section][key] = over_runs([run[section][key] for run in runs])
         for key in runs[0]["decode"]:
             merged["decode"][key] = {
-                figure: spread([run["decode"][key][figure]["median"] for run in runs])
+                figure: over_runs([run["decode"][key][figure] for run in runs])
                 for figure in ("ms_per_token", "tokens_per_s")
             }
         combined[server] = merged
@@ -507,8 +542,13 @@ def combine(reports: list[dict]) -> dict:
 
 
 def spread_table(report: dict) -> str:
-    """Every figure as median (min-max) for both servers."""
-    rows = ["| figure | tieredkv | vLLM |", "|---|---|---|"]
+    """Every figure as median (min-max) for both servers, and the most cores other processes
+    took during any sample behind it (tieredkv's / vLLM's; blank where not measured)."""
+    rows = ["| figure | tieredkv | vLLM | others' cores, max |", "|---|---|---|---|"]
+
+    def others(*figures: dict | None) -> str:
+        cores = [(figure or {}).get("others_cores_max") for figure in figures]
+        return " / ".join("-" if c is None else f"{c:.2f}" for c in cores)
 
     def cell(value: dict | None, scale: float, spec: str) -> str:
         if value is None:
@@ -520,23 +560,24 @@ def spread_table(report: dict) -> str:
 
     ours, peer = report.get("tieredkv", {}), report.get("vllm", {})
     for key in ours.get("prefill_tok_per_s", {}):
+        mine, theirs = ours["prefill_tok_per_s"][key], peer.get("prefill_tok_per_s", {}).get(key)
         rows.append(
-            f"| cold prefill {key} tokens, tok/s | "
-            f"{cell(ours['prefill_tok_per_s'][key], 1, ',.0f')} | "
-            f"{cell(peer.get('prefill_tok_per_s', {}).get(key), 1, ',.0f')} |"
+            f"| cold prefill {key} tokens, tok/s | {cell(mine, 1, ',.0f')} | "
+            f"{cell(theirs, 1, ',.0f')} | {others(mine, theirs)} |"
         )
     for key in ours.get("warm_ttft_s", {}):
+        mine, theirs = ours["warm_ttft_s"][key], peer.get("warm_ttft_s", {}).get(key)
         rows.append(
-            f"| warm turn TTFT, {key}-token history, ms | "
-            f"{cell(ours['warm_ttft_s'][key], 1000, ',.0f')} | "
-            f"{cell(peer.get('warm_ttft_s', {}).get(key), 1000, ',.0f')} |"
+            f"| warm turn TTFT, {key}-token history, ms | {cell(mine, 1000, ',.0f')} | "
+            f"{cell(theirs, 1000, ',.0f')} | {others(mine, theirs)} |"
         )
     for key in ours.get("decode", {}):
         for figure, scale, spec in (("ms_per_token", 1, ".1f"), ("tokens_per_s", 1, ".1f")):
+            mine = ours["decode"][key][figure]
             theirs = peer.get("decode", {}).get(key, {}).get(figure)
             rows.append(
-                f"| decode x{key}, {figure.replace('_', ' ')} | "
-                f"{cell(ours['decode'][key][figure], scale, spec)} | {cell(theirs, scale, spec)} |"
+                f"| decode x{key}, {figure.replace('_', ' ')} | {cell(mine, scale, spec)} | "
+                f"{cell(theirs, scale, spec)} | {others(mine, theirs)} |"
             )
     return "\n".join(rows)
 
@@ -577,7 +618,7 @@ def main() -> int:
         if name == "vllm":
             process, url = start_vllm(args.kv_gib, args.out / "vllm.log")
             try:
-                report[name] = asyncio.run(measure(url, prompts, args.repeats))
+                report[name] = asyncio.run(measure(url, prompts, args.repeats, process.pid))
             finally:
                 process.terminate()
                 process.wait(60)
@@ -586,7 +627,9 @@ def main() -> int:
             serve_args += ["--device-cache-size", f"{args.kv_gib}GiB", "--host-cache-size", "0"]
             serve_args += args.tieredkv_args.split()
             with ManagedServer(serve_args, args.out / "tieredkv.log") as server:
-                report[name] = asyncio.run(measure(server.base_url, prompts, args.repeats))
+                report[name] = asyncio.run(
+                    measure(server.base_url, prompts, args.repeats, server.process.pid)
+                )
     if args.overflow:
         report["overflow"] = {}
         if not args.skip_vllm:
@@ -602,8 +645,9 @@ def main() -> int:
         serve_args += ["8GiB", *args.tieredkv_args.split()]
         with ManagedServer(serve_args, args.out / "tieredkv-overflow.log") as server:
             report["overflow"]["tieredkv"] = overflow_run(server.base_url, "tieredkv", args.seed)
+        shutil.rmtree(args.out / "kv-overflow")
     (args.out / "report.json").write_text(json.dumps(report, indent=2))
-    table = targets_table(report)
+    table = targets_table(report) + "\n\n" + spread_table(report)
     (args.out / "targets.md").write_text(table + "\n")
     print(table)
     print(f"report: {args.out / 'report.json'}")
