@@ -28,8 +28,8 @@ of three shapes), before and after the turns, the faster of the two (this shared
 drifts within minutes).
 
 Each figure is the median of `--repeats` fresh prompts, with min and max, and beside it the most
-cores other processes on this shared machine took during any of its samples (`OtherLoad`: a
-sample slowed by a neighbour shows). vLLM runs as its docs
+cores others took during any of its samples: other processes on this shared machine and the
+hypervisor's steal (`OtherLoad`: a sample slowed by a neighbour shows). vLLM runs as its docs
 recommend for CPUs (benchmarks/vllm_cpu.sh: tcmalloc and Intel OpenMP preloaded, OMP threads
 bound to the cores). Run:
 
@@ -337,6 +337,8 @@ async def turns_by_tier(
                     "device_split": server_split(after, after_device, on_device["ttft_s"]),
                     "disk_others_cores": disk_load.others_cores,
                     "device_others_cores": device_load.others_cores,
+                    "disk_steal_cores": disk_load.steal_cores,
+                    "device_steal_cores": device_load.steal_cores,
                     "device_cached_by_tier": on_device["usage"]["prompt_tokens_details"][
                         "cached_tokens_by_tier"
                     ],
@@ -398,11 +400,12 @@ def measure_tiers(out: Path, prompts: Prompts, repeats: int) -> dict:
         )
         for where in ("disk", "device"):
             split, others = row[f"{where}_split"], row[f"{where}_others_cores"]
+            steal = row[f"{where}_steal_cores"]
             print(
                 f"    {where}: queued {split['queue_s'] * 1000:.0f} ms (promotion "
                 f"{split['promotion_s'] * 1000:.0f} ms), then {split['after_queue_s'] * 1000:.0f}"
-                f" ms to the first token; other processes "
-                f"{'?' if others is None else f'{others:.2f}'} cores",
+                f" ms to the first token; others took "
+                f"{'?' if others is None else f'{others:.2f} cores (steal {steal:.2f})'}",
                 flush=True,
             )
     return {"disk_read": bandwidth, "turns": rows}

@@ -27,15 +27,16 @@ def _ticks_per_s() -> int:
         return 100
 
 
-def machine_busy_ticks(proc: Path = PROC) -> int | None:
-    """All cores' busy time since boot, in clock ticks (None without /proc)."""
+def machine_busy_ticks(proc: Path = PROC) -> tuple[int, int] | None:
+    """All cores' busy time since boot and the part of it the hypervisor gave to other
+    machines (steal), in clock ticks (None without /proc)."""
     try:
         with open(proc / "stat") as stat:
             fields = [int(value) for value in stat.readline().split()[1:]]
     except (OSError, ValueError):
         return None
-    idle, iowait = fields[3], fields[4]
-    return sum(fields[:8]) - idle - iowait  # user nice system idle iowait irq softirq steal
+    idle, iowait, steal = fields[3], fields[4], fields[7]
+    return sum(fields[:8]) - idle - iowait, steal  # user nice system idle iowait irq softirq steal
 
 
 def _stat_fields(pid: int, proc: Path) -> list[str] | None:
@@ -75,15 +76,17 @@ def with_descendants(roots: Iterable[int], proc: Path = PROC) -> set[int]:
 
 class OtherLoad:
     """`with OtherLoad(pids) as load: ...`; then `load.others_cores`: the average number of
-    cores that processes outside `pids`, their descendants and this one used meanwhile."""
+    cores that processes outside `pids`, their descendants and this one used meanwhile, and of
+    those `load.steal_cores`: time the hypervisor gave to other virtual machines."""
 
     def __init__(self, pids: Iterable[int], proc: Path = PROC) -> None:
         self.roots = {*pids, os.getpid()}
         self.proc = proc
         self.others_cpu_s: float | None = None  # CPU seconds
         self.others_cores: float | None = None  # the same over the window's wall time
+        self.steal_cores: float | None = None  # the part of it stolen by the hypervisor
 
-    def _snapshot(self) -> tuple[int | None, dict[int, int], float]:
+    def _snapshot(self) -> tuple[tuple[int, int] | None, dict[int, int], float]:
         pids = with_descendants(self.roots, self.proc)
         ticks = {pid: process_ticks(pid, self.proc) for pid in pids}
         return machine_busy_ticks(self.proc), ticks, time.monotonic()
@@ -93,11 +96,14 @@ class OtherLoad:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        busy_end, ours_end, end = self._snapshot()
-        busy_start, ours_start, start = self._start
-        if busy_start is None or busy_end is None or end <= start:
+        machine_end, ours_end, end = self._snapshot()
+        machine_start, ours_start, start = self._start
+        if machine_start is None or machine_end is None or end <= start:
             return
+        busy = machine_end[0] - machine_start[0]
+        steal = machine_end[1] - machine_start[1]
         # a process that started inside the window counts from 0; one that ended, not at all
         ours = sum(ticks - ours_start.get(pid, 0) for pid, ticks in ours_end.items())
-        self.others_cpu_s = max(0, busy_end - busy_start - ours) / _ticks_per_s()
+        self.others_cpu_s = max(0, busy - ours) / _ticks_per_s()
         self.others_cores = self.others_cpu_s / (end - start)
+        self.steal_cores = steal / _ticks_per_s() / (end - start)

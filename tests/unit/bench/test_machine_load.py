@@ -22,9 +22,10 @@ from tieredkv.bench.machine_load import (
 )
 
 
-def write_stat(proc: Path, user: int, system: int, idle: int, iowait: int) -> None:
+def write_stat(proc: Path, user: int, system: int, idle: int, iowait: int, steal: int = 0) -> None:
     # cpu user nice system idle iowait irq softirq steal guest guest_nice
-    (proc / "stat").write_text(f"cpu  {user} 0 {system} {idle} {iowait} 0 0 0 0 0\ncpu0 0\n")
+    fields = f"{user} 0 {system} {idle} {iowait} 0 0 {steal} 0 0"
+    (proc / "stat").write_text(f"cpu  {fields}\ncpu0 0\n")
 
 
 def write_process(proc: Path, pid: int, ppid: int, utime: int, stime: int) -> None:
@@ -42,27 +43,29 @@ def test_the_measured_tree_and_this_process_are_not_others(tmp_path: Path) -> No
     write_process(tmp_path, 102, 100, 40, 0)  # a helper that exits inside the window
     write_process(tmp_path, 300, 1, 70, 0)  # someone else's
     assert with_descendants([100], tmp_path) == {100, 101, 102}
-    assert machine_busy_ticks(tmp_path) == 1500
+    assert machine_busy_ticks(tmp_path) == (1500, 0)
     assert process_ticks(101, tmp_path) == 50 and process_ticks(999, tmp_path) == 0
 
     load = OtherLoad([100], tmp_path)
     with load:
-        write_stat(tmp_path, user=1000 + 400, system=500 + 100, idle=9500, iowait=400)
+        write_stat(tmp_path, user=1000 + 350, system=500 + 100, idle=9500, iowait=400, steal=50)
         write_process(tmp_path, me, 1, 10 + 20, 0)
         write_process(tmp_path, 100, 1, 200 + 150, 100 + 50)
         write_process(tmp_path, 101, 100, 50 + 100, 0)
         (tmp_path / "102" / "stat").unlink()  # exited: its time inside the window is lost
         write_process(tmp_path, 103, 101, 30, 0)  # started inside the window, below the server
         write_process(tmp_path, 300, 1, 70 + 150, 0)
-    # 500 busy ticks: ours 20 + 200 + 100 + 30 = 350, the other 150 (someone else's)
+    # 500 busy ticks: ours 20 + 200 + 100 + 30 = 350, the other 150 (someone else's 100, and
+    # 50 the hypervisor gave to other machines)
     assert load.others_cpu_s == pytest.approx(150 / _ticks_per_s())
-    assert load.others_cores is not None and load.others_cores > 0
+    assert load.others_cores is not None and load.steal_cores is not None
+    assert load.steal_cores == pytest.approx(load.others_cores / 3)
 
 
 def test_without_proc_the_figure_is_unknown(tmp_path: Path) -> None:
     with OtherLoad([1], tmp_path / "absent") as load:
         pass
-    assert load.others_cpu_s is None and load.others_cores is None
+    assert load.others_cpu_s is None and load.others_cores is None and load.steal_cores is None
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs Linux's /proc")
