@@ -148,8 +148,8 @@ def decode_window(records: list[dict]) -> tuple[float, float]:
 
 
 def spread(values: list[float], others: list[float | None] | None = None) -> dict:
-    """Median, min and max of `values`; with `others` (each sample's `OtherLoad`), the most
-    cores the rest of the machine took during any of them."""
+    """Median, min and max of `values`; with `others` (each sample's
+    `OtherLoad.others_cores`), the most cores the rest of the machine took during any of them."""
     result = {
         "median": statistics.median(values),
         "min": min(values),
@@ -545,8 +545,9 @@ def combine(reports: list[dict]) -> dict:
 
 
 def spread_table(report: dict) -> str:
-    """Every figure as median (min-max) for both servers, and the most cores other processes
-    took during any sample behind it (tieredkv's / vLLM's; blank where not measured)."""
+    """Every figure as median (min-max) for both servers, and the most cores others (other
+    processes, the hypervisor's steal) took during any sample behind it (tieredkv's / vLLM's;
+    "-" where not measured)."""
     rows = ["| figure | tieredkv | vLLM | others' cores, max |", "|---|---|---|---|"]
 
     def others(*figures: dict | None) -> str:

@@ -27,7 +27,7 @@ def _ticks_per_s() -> int:
         return 100
 
 
-def machine_busy_ticks(proc: Path = PROC) -> tuple[int, int] | None:
+def machine_cpu_ticks(proc: Path = PROC) -> tuple[int, int] | None:
     """All cores' busy time since boot and the part of it the hypervisor gave to other
     machines (steal), in clock ticks (None without /proc)."""
     try:
@@ -89,7 +89,7 @@ class OtherLoad:
     def _snapshot(self) -> tuple[tuple[int, int] | None, dict[int, int], float]:
         pids = with_descendants(self.roots, self.proc)
         ticks = {pid: process_ticks(pid, self.proc) for pid in pids}
-        return machine_busy_ticks(self.proc), ticks, time.monotonic()
+        return machine_cpu_ticks(self.proc), ticks, time.monotonic()
 
     def __enter__(self) -> OtherLoad:
         self._start = self._snapshot()

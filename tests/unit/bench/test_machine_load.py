@@ -16,7 +16,7 @@ import pytest
 from tieredkv.bench.machine_load import (
     OtherLoad,
     _ticks_per_s,
-    machine_busy_ticks,
+    machine_cpu_ticks,
     process_ticks,
     with_descendants,
 )
@@ -43,7 +43,7 @@ def test_the_measured_tree_and_this_process_are_not_others(tmp_path: Path) -> No
     write_process(tmp_path, 102, 100, 40, 0)  # a helper that exits inside the window
     write_process(tmp_path, 300, 1, 70, 0)  # someone else's
     assert with_descendants([100], tmp_path) == {100, 101, 102}
-    assert machine_busy_ticks(tmp_path) == (1500, 0)
+    assert machine_cpu_ticks(tmp_path) == (1500, 0)
     assert process_ticks(101, tmp_path) == 50 and process_ticks(999, tmp_path) == 0
 
     load = OtherLoad([100], tmp_path)
