@@ -14,6 +14,12 @@ them: another replica's remote fetch, the copy threads of a promotion, Redis. Tw
 on this 2-core machine, a turn's history fetched from Redis: TTFT p50 240 ms -> 197 ms
 (session 14, one run each; the forward itself measured the same at 1, 10 and 200 ms, and
 0 made it ~2x slower).
+
+With tcmalloc it also sets TCMALLOC_RELEASE_RATE=0 (unless already set): tcmalloc otherwise
+hands freed spans back to the kernel bit by bit, and the next request faults them in again
+(microseconds a 4 KiB page in a VM). A 64-token turn after a 3k-token prefill paid 340-625 minor
+faults in its forward; with the rate at 0, 0-8 (session 22). The process then keeps the memory
+its largest step used.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ TCMALLOC_PATHS = (
 )
 _DONE = "TIEREDKV_PRELOADED"  # set in the re-executed process: never loop
 OPENMP_BLOCKTIME_MS = "5"
+TCMALLOC_RELEASE_RATE = "0"  # never hand freed memory back: the next step would fault it in
 
 
 def preload_libraries() -> list[str]:
@@ -50,6 +57,8 @@ def reexec_with_preload() -> None:
     env = dict(os.environ, LD_PRELOAD=" ".join([*missing, preload]).strip(), **{_DONE: "1"})
     if any(Path(path).name == "libiomp5.so" for path in missing):
         env.setdefault("KMP_BLOCKTIME", OPENMP_BLOCKTIME_MS)
+    if any("tcmalloc" in Path(path).name for path in missing):
+        env.setdefault("TCMALLOC_RELEASE_RATE", TCMALLOC_RELEASE_RATE)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, sys.orig_argv, env)

@@ -21,6 +21,7 @@ def exec_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     monkeypatch.setattr(preload, "preload_libraries", lambda: ["/lib/libtcmalloc_minimal.so.4"])
     for name in ("LD_PRELOAD", "TIEREDKV_PRELOADED", "TIEREDKV_NO_PRELOAD", "KMP_BLOCKTIME"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("TCMALLOC_RELEASE_RATE", raising=False)
     return calls
 
 
@@ -55,3 +56,16 @@ def test_intel_openmp_sleeps_after_5_ms_unless_told_otherwise(exec_calls, monkey
     monkeypatch.setenv("KMP_BLOCKTIME", "200")
     preload.reexec_with_preload()
     assert [env["KMP_BLOCKTIME"] for _, _, env in exec_calls] == ["5", "200"]
+
+
+def test_tcmalloc_keeps_freed_memory_unless_told_otherwise(exec_calls, monkeypatch) -> None:
+    """Memory handed back to the kernel faults in again on the next step (hundreds of faults in
+    a turn after a long prefill); only a preloaded tcmalloc is tuned."""
+    preload.reexec_with_preload()
+    monkeypatch.setenv("TCMALLOC_RELEASE_RATE", "1")
+    preload.reexec_with_preload()
+    monkeypatch.delenv("TCMALLOC_RELEASE_RATE")
+    monkeypatch.setattr(preload, "preload_libraries", lambda: ["/venv/lib/libiomp5.so"])
+    preload.reexec_with_preload()
+    rates = [env.get("TCMALLOC_RELEASE_RATE") for _, _, env in exec_calls]
+    assert rates == ["0", "1", None]
