@@ -29,7 +29,9 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 MADV_POPULATE_WRITE = 23  # <linux/mman.h>; Python's mmap module names it from 3.13 only
-CHUNK_BYTES = 1 << 20  # ~0.3-5 ms of faults on session 12's machine: what a request may wait
+# what a request that arrives meanwhile may wait for: 1 MiB chunks took 1-54 ms on session 22's
+# machine (the README's Performance section has the A/B)
+CHUNK_BYTES = 256 << 10
 
 
 @functools.cache
