@@ -43,7 +43,7 @@ def test_a_flooding_tenant_does_not_push_out_the_others_chats(tmp_path: Path) ->
         for i in range(4):  # ~700 tokens each, all unique: 176 pages, device + host hold 136
             flood = [{"role": "user", "content": document(60 + i, 520)}]
             turn("flood", flood, 1)
-        pages = httpx.get(server.base_url + "/debug/cache").json()["namespaces"]
+        pages = httpx.get(server.base_url + "/debug/cache", timeout=30).json()["namespaces"]
         assert set(pages) == {"flood", *chats} and pages["flood"]["host"] > 0, pages
         for salt, first in firsts.items():  # every chat's full pages, still on host
             assert pages[salt]["host"] >= first.usage.prompt_tokens // 16, pages

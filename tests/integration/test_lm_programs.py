@@ -50,7 +50,7 @@ def hf_log_softmax(model: transformers.PreTrainedModel, ids: list[int]) -> torch
 
 
 def metric(server: ServerProcess, name: str) -> float:
-    text = httpx.get(server.base_url + "/metrics").text
+    text = httpx.get(server.base_url + "/metrics", timeout=30).text
     return float(re.search(rf"^{name} (\S+)$", text, re.MULTILINE).group(1))
 
 

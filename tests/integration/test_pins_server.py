@@ -23,6 +23,9 @@ ARGS = [
 ]  # fmt: skip
 SYSTEM = [{"role": "system", "content": "You answer from this handbook. " + document(3, 180)}]
 FILE_PROMPT = "Reference sheet: " + document(9, 120)
+# a pin computes its prefix: 0.4 s alone here, but CI's other worker shares the two cores, and
+# httpx's default of 5 s once ran out (a `ReadTimeout` on the first pin)
+TIMEOUT = 120.0
 
 
 def start(tmp_path: Path, disk: Path, name: str, *extra: str) -> ServerProcess:
@@ -54,7 +57,7 @@ def ask(server: ServerProcess, question: str) -> dict[str, int]:
 def wait_for_pins(server: ServerProcess, count: int) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if httpx.get(server.base_url + "/debug/cache").json()["pins"] >= count:
+        if httpx.get(server.base_url + "/debug/cache", timeout=TIMEOUT).json()["pins"] >= count:
             return
         time.sleep(0.5)  # test code: the server pins in the background at start
     raise AssertionError(f"{count} pins not made within 120 s")
@@ -66,7 +69,9 @@ def test_pins_hold_on_host_under_pressure_and_survive_a_restart(tmp_path: Path) 
     pin_file.write_text("# pinned at start\n\n" + json.dumps({"prompt": FILE_PROMPT}) + "\n")
     server = start(tmp_path, disk, "first.log")
     try:
-        pinned = httpx.post(server.base_url + "/v1/cache/pin", json={"messages": SYSTEM})
+        pinned = httpx.post(
+            server.base_url + "/v1/cache/pin", json={"messages": SYSTEM}, timeout=TIMEOUT
+        )
         assert pinned.status_code == 200, pinned.text
         body = pinned.json()
         assert body["pinned_pages"] >= 10 and body["budget_pages"] == 22
@@ -81,13 +86,15 @@ def test_pins_hold_on_host_under_pressure_and_survive_a_restart(tmp_path: Path) 
             model=MODEL, prompt=control + " More.", max_tokens=1
         )
         assert after.usage.prompt_tokens_details.model_extra["cached_tokens_by_tier"]["disk"] > 0
-        too_big = httpx.post(server.base_url + "/v1/cache/pin", json={"prompt": document(7, 400)})
+        too_big = httpx.post(
+            server.base_url + "/v1/cache/pin", json={"prompt": document(7, 400)}, timeout=TIMEOUT
+        )
         assert too_big.status_code == 400
         assert too_big.json()["error"]["code"] == "pin_budget_exceeded"
         url = server.base_url + "/v1/cache/pin"
-        short = httpx.post(url, json={"prompt": "x"})  # no full page
+        short = httpx.post(url, json={"prompt": "x"}, timeout=TIMEOUT)  # no full page
         assert short.status_code == 400 and short.json()["error"]["code"] == "prompt_too_short"
-        assert httpx.post(url, json={}).status_code == 400  # names nothing
+        assert httpx.post(url, json={}, timeout=TIMEOUT).status_code == 400  # names nothing
     finally:
         assert server.stop() < 10.0
     restarted = start(tmp_path, disk, "second.log", "--pin-file", str(pin_file))
@@ -103,10 +110,16 @@ def test_pins_hold_on_host_under_pressure_and_survive_a_restart(tmp_path: Path) 
         tiers = file_hit.usage.prompt_tokens_details.model_extra["cached_tokens_by_tier"]
         assert tiers["device"] + tiers["host"] >= 96, tiers  # its full pages: 112 tokens
         url = restarted.base_url + "/v1/cache/pin"
-        assert httpx.request("DELETE", url, json={"messages": SYSTEM}).status_code == 200
-        gone = httpx.request("DELETE", url, json={"messages": SYSTEM})
+        assert (
+            httpx.request("DELETE", url, json={"messages": SYSTEM}, timeout=TIMEOUT).status_code
+            == 200
+        )
+        gone = httpx.request("DELETE", url, json={"messages": SYSTEM}, timeout=TIMEOUT)
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "pin_not_found"
-        assert httpx.post(url, json={"prompt": "hi", "messages": SYSTEM}).status_code == 400
+        assert (
+            httpx.post(url, json={"prompt": "hi", "messages": SYSTEM}, timeout=TIMEOUT).status_code
+            == 400
+        )
     finally:
         restarted.stop()
 
