@@ -492,7 +492,7 @@ def targets_table(report: dict) -> str:
         limits = tiers["disk_read"].get("runs_bytes_per_s", [tiers["disk_read"]["bytes_per_s"]])
         limit = f"{statistics.median(limits) / 1e9:.2f} GB/s"
         if len(limits) > 1:  # combined runs: each run's turns were bound by its own limit
-            limit = f"median {limit} ({min(limits) / 1e9:.2f}-{max(limits) / 1e9:.2f})"
+            limit = f"median {limit}{runs_range(limits, 1e-9, '.2f')}"
         rows.append(
             f"| TTFT, history on disk ({met} of {len(turns)} within) | {disk:,.0f} ms | | | "
             f"<= on device + 1.5 x bytes / disk read (median bound {bound:,.0f} ms, disk "
@@ -512,11 +512,15 @@ def targets_table(report: dict) -> str:
 
 def overflow_ms(summary: dict) -> str:
     """An overflow p50 in ms; combined runs: the median of the runs' p50s, their range beside."""
-    text = f"{summary['ttft_p50_s'] * 1000:,.0f} ms"
     runs = summary.get("runs_ttft_p50_s", [])
-    if len(runs) > 1:
-        text += f" ({min(runs) * 1000:,.0f}-{max(runs) * 1000:,.0f})"
-    return text
+    return f"{summary['ttft_p50_s'] * 1000:,.0f} ms{runs_range(runs, 1000, ',.0f')}"
+
+
+def runs_range(values: list[float], scale: float, spec: str) -> str:
+    """The " (min-max)" of several runs' figures, scaled and formatted; "" for one run."""
+    if len(values) < 2:
+        return ""
+    return f" ({min(values) * scale:{spec}}-{max(values) * scale:{spec}})"
 
 
 def over_runs(figures: list[dict]) -> dict:

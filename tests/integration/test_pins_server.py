@@ -25,7 +25,7 @@ SYSTEM = [{"role": "system", "content": "You answer from this handbook. " + docu
 FILE_PROMPT = "Reference sheet: " + document(9, 120)
 # a pin computes its prefix: 0.4 s alone here, but CI's other worker shares the two cores, and
 # httpx's default of 5 s once ran out (a `ReadTimeout` on the first pin)
-TIMEOUT = 120.0
+HTTP = httpx.Client(timeout=120.0)
 
 
 def start(tmp_path: Path, disk: Path, name: str, *extra: str) -> ServerProcess:
@@ -57,7 +57,7 @@ def ask(server: ServerProcess, question: str) -> dict[str, int]:
 def wait_for_pins(server: ServerProcess, count: int) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if httpx.get(server.base_url + "/debug/cache", timeout=TIMEOUT).json()["pins"] >= count:
+        if HTTP.get(server.base_url + "/debug/cache").json()["pins"] >= count:
             return
         time.sleep(0.5)  # test code: the server pins in the background at start
     raise AssertionError(f"{count} pins not made within 120 s")
@@ -69,9 +69,7 @@ def test_pins_hold_on_host_under_pressure_and_survive_a_restart(tmp_path: Path) 
     pin_file.write_text("# pinned at start\n\n" + json.dumps({"prompt": FILE_PROMPT}) + "\n")
     server = start(tmp_path, disk, "first.log")
     try:
-        pinned = httpx.post(
-            server.base_url + "/v1/cache/pin", json={"messages": SYSTEM}, timeout=TIMEOUT
-        )
+        pinned = HTTP.post(server.base_url + "/v1/cache/pin", json={"messages": SYSTEM})
         assert pinned.status_code == 200, pinned.text
         body = pinned.json()
         assert body["pinned_pages"] >= 10 and body["budget_pages"] == 22
@@ -86,15 +84,13 @@ def test_pins_hold_on_host_under_pressure_and_survive_a_restart(tmp_path: Path) 
             model=MODEL, prompt=control + " More.", max_tokens=1
         )
         assert after.usage.prompt_tokens_details.model_extra["cached_tokens_by_tier"]["disk"] > 0
-        too_big = httpx.post(
-            server.base_url + "/v1/cache/pin", json={"prompt": document(7, 400)}, timeout=TIMEOUT
-        )
+        too_big = HTTP.post(server.base_url + "/v1/cache/pin", json={"prompt": document(7, 400)})
         assert too_big.status_code == 400
         assert too_big.json()["error"]["code"] == "pin_budget_exceeded"
         url = server.base_url + "/v1/cache/pin"
-        short = httpx.post(url, json={"prompt": "x"}, timeout=TIMEOUT)  # no full page
+        short = HTTP.post(url, json={"prompt": "x"})  # no full page
         assert short.status_code == 400 and short.json()["error"]["code"] == "prompt_too_short"
-        assert httpx.post(url, json={}, timeout=TIMEOUT).status_code == 400  # names nothing
+        assert HTTP.post(url, json={}).status_code == 400  # names nothing
     finally:
         assert server.stop() < 10.0
     restarted = start(tmp_path, disk, "second.log", "--pin-file", str(pin_file))
@@ -110,16 +106,10 @@ def test_pins_hold_on_host_under_pressure_and_survive_a_restart(tmp_path: Path) 
         tiers = file_hit.usage.prompt_tokens_details.model_extra["cached_tokens_by_tier"]
         assert tiers["device"] + tiers["host"] >= 96, tiers  # its full pages: 112 tokens
         url = restarted.base_url + "/v1/cache/pin"
-        assert (
-            httpx.request("DELETE", url, json={"messages": SYSTEM}, timeout=TIMEOUT).status_code
-            == 200
-        )
-        gone = httpx.request("DELETE", url, json={"messages": SYSTEM}, timeout=TIMEOUT)
+        assert HTTP.request("DELETE", url, json={"messages": SYSTEM}).status_code == 200
+        gone = HTTP.request("DELETE", url, json={"messages": SYSTEM})
         assert gone.status_code == 404 and gone.json()["error"]["code"] == "pin_not_found"
-        assert (
-            httpx.post(url, json={"prompt": "hi", "messages": SYSTEM}, timeout=TIMEOUT).status_code
-            == 400
-        )
+        assert HTTP.post(url, json={"prompt": "hi", "messages": SYSTEM}).status_code == 400
     finally:
         restarted.stop()
 
