@@ -17,6 +17,17 @@ from tieredkv.model.fingerprint import file_digest_uncached, model_fingerprint, 
 from tieredkv.model.loader import load_model
 
 
+def _expected_weights_digest(files: list[Path]) -> bytes:
+    """The documented formula, computed here from the raw bytes: xxh3_128 over each file's
+    name, size and the xxh3_128 of its content."""
+    digest = xxhash.xxh3_128()
+    for path in files:
+        data = path.read_bytes()
+        digest.update(f"{path.name}:{len(data)}:".encode())
+        digest.update(xxhash.xxh3_128(data).digest())
+    return digest.digest()
+
+
 def _layout(model: object, page_size: int = 16, dtype: torch.dtype = torch.float32) -> PageLayout:
     return PageLayout.for_model(model.config, page_size, dtype)  # type: ignore[attr-defined]
 
@@ -37,10 +48,12 @@ def test_weights_digest_is_cached_by_size_and_mtime(
     real = fingerprint.file_digest_uncached
     monkeypatch.setattr(fingerprint, "file_digest_uncached", lambda p: hashed.append(p) or real(p))
     first = weights_digest([path])
+    assert first == _expected_weights_digest([path])
     assert weights_digest([path]) == first and hashed == [path]  # second call: from the cache
     assert len(list((private_cache / "digests").iterdir())) == 1
     path.write_bytes(b"b" * 1000)  # same size, new mtime and content
-    assert weights_digest([path]) != first and len(hashed) == 2
+    assert weights_digest([path]) == _expected_weights_digest([path]) and len(hashed) == 2
+    assert _expected_weights_digest([path]) != first
 
 
 def test_weights_digest_without_a_writable_cache(
@@ -51,7 +64,16 @@ def test_weights_digest_without_a_writable_cache(
     monkeypatch.setenv("TIEREDKV_CACHE_DIR", str(blocker))
     path = tmp_path / "w.safetensors"
     path.write_bytes(b"abc")
-    assert weights_digest([path]) == weights_digest([path])
+    other = tmp_path / "x.safetensors"
+    other.write_bytes(b"defg")
+    hashed: list[Path] = []
+    real = fingerprint.file_digest_uncached
+    monkeypatch.setattr(fingerprint, "file_digest_uncached", lambda p: hashed.append(p) or real(p))
+    expected = _expected_weights_digest([path, other])
+    assert weights_digest([path, other]) == expected
+    assert weights_digest([path, other]) == expected
+    assert hashed == [path, other] * 2  # nothing could be cached, so both calls hash
+    assert weights_digest([other, path]) != expected  # the order is part of the digest
 
 
 def test_fingerprint_covers_weights_tokenizer_dtype_and_layout(tmp_path: Path) -> None:
