@@ -78,19 +78,57 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,bench}")
     serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     add = serve.add_argument
-    add("--model", default=None, help="safetensors dir or GGUF file (default: SmolLM2-135M)")
-    add("--served-model-name", default=None, help="default: the model directory's name")
-    add("--host", default="127.0.0.1")
-    add("--port", type=_port, default=8000)
-    add("--dtype", choices=("auto", "bfloat16", "float32"), default="auto")
-    add("--max-model-len", type=_positive_int, default=None, help="default: the model's")
-    add("--page-size", type=_positive_int, default=16, help="tokens per KV page")
-    add("--device-cache-size", type=_size, default=DEFAULT_DEVICE_CACHE, metavar="SIZE")
+    add(
+        "--model",
+        default=None,
+        metavar="PATH",
+        help="safetensors dir or GGUF file (default: SmolLM2-135M)",
+    )
+    add(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="default: the model directory's name",
+    )
+    add("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    add("--port", type=_port, default=8000, help="TCP port to listen on (0: any free port)")
+    add(
+        "--dtype",
+        choices=("auto", "bfloat16", "float32"),
+        default="auto",
+        help="weights, activations and KV (auto: bf16 where the hardware is fast at it, else fp32)",
+    )
+    add(
+        "--max-model-len",
+        type=_positive_int,
+        default=None,
+        help="most prompt + max_tokens tokens per request (default: the model's context)",
+    )
+    add(
+        "--page-size",
+        type=_positive_int,
+        default=16,
+        help="tokens per KV page (a power of two): the unit of reuse, eviction, transfer",
+    )
+    add(
+        "--device-cache-size",
+        type=_size,
+        default=DEFAULT_DEVICE_CACHE,
+        metavar="SIZE",
+        help="KV pool on the device (GPU memory, or RAM on a CPU-only machine); must hold one "
+        "--max-model-len sequence",
+    )
     add("--host-cache-size", type=_size, default=DEFAULT_HOST_CACHE, metavar="SIZE",
         help="0 disables the host tier")  # fmt: skip
     add("--disk-cache-dir", type=Path, default=None, metavar="DIR",
         help="enables the disk tier (with --disk-cache-size > 0)")  # fmt: skip
-    add("--disk-cache-size", type=_size, default=DEFAULT_DISK_CACHE, metavar="SIZE")
+    add(
+        "--disk-cache-size",
+        type=_size,
+        default=DEFAULT_DISK_CACHE,
+        metavar="SIZE",
+        help="size of the disk tier's store file in --disk-cache-dir (0: no disk tier)",
+    )
     add("--remote-cache-url", default=None, metavar="redis://HOST:PORT/DB",
         help="the remote tier: a Redis, or any Redis Cluster node (no password)")  # fmt: skip
     add("--remote-compression", choices=("none", "lz4"), default="none",
@@ -126,17 +164,50 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=EngineConfig.session_think_time_s,
         metavar="SECONDS",
-        help="a named conversation's pages stay on host this long (0: off)",
+        help="a conversation named by X-Session-ID or `user` keeps its pages on host this long "
+        "after each turn (0: off)",
     )
-    add("--write-policy", choices=[p.value for p in WritePolicy], default=None)
-    add("--schedule-policy", choices=[p.value for p in SchedulePolicy], default="lpm")
-    add("--max-batch-tokens", type=_positive_int, default=EngineConfig.max_batch_tokens)
-    add("--max-num-seqs", type=_positive_int, default=EngineConfig.max_num_seqs)
-    add("--max-queue", type=_positive_int, default=EngineConfig.max_queue)
-    add("--max-request-bytes", type=_size, default=DEFAULT_MAX_REQUEST_BYTES, metavar="SIZE")
+    add(
+        "--write-policy",
+        choices=[p.value for p in WritePolicy],
+        default=None,
+        help="write_through (default): copy new pages down in the background, so eviction is "
+        "free; write_back: copy a page down only when it is evicted",
+    )
+    add(
+        "--schedule-policy",
+        choices=[p.value for p in SchedulePolicy],
+        default="lpm",
+        help="lpm: longest cached prefix first (by tier, with aging); fcfs: arrival order",
+    )
+    add(
+        "--max-batch-tokens",
+        type=_positive_int,
+        default=EngineConfig.max_batch_tokens,
+        help="tokens forwarded per step: decodes plus prefill chunks",
+    )
+    add(
+        "--max-num-seqs",
+        type=_positive_int,
+        default=EngineConfig.max_num_seqs,
+        help="sequences running or promoting at once",
+    )
+    add(
+        "--max-queue",
+        type=_positive_int,
+        default=EngineConfig.max_queue,
+        help="requests waiting to run; one more is answered 429",
+    )
+    add(
+        "--max-request-bytes",
+        type=_size,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        metavar="SIZE",
+        help="largest request body; a larger one is answered 413",
+    )
     add("--max-connections", type=_positive_int, default=ServerConfig.max_connections,
         help="open connections; one more is answered 503 and closed")  # fmt: skip
-    add("--api-key", default=None,
+    add("--api-key", default=None, metavar="KEY",
         help=f"an admin Bearer token (better: --api-key-file or ${API_KEY_ENV})")  # fmt: skip
     add("--api-key-file", type=Path, default=None, metavar="PATH",
         help="a file holding the admin key (mode 600)")  # fmt: skip
