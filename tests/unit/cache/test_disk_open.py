@@ -3,11 +3,14 @@ locking across processes, O_DIRECT fallback."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from disk_cases import (
 from tieredkv.cache.disk.direct_io import DiskIOBackend, FaultInjectingIO
 from tieredkv.cache.disk.directory import SET_ASIDE_INFIX, STORE_FILE
 from tieredkv.cache.disk.error_reason import DiskErrorReason
+from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.errors import DiskStoreError
 
@@ -135,28 +139,96 @@ def test_no_space_for_any_page_raises(tmp_path: Path) -> None:
     assert not (tmp_path / STORE_FILE).exists()
 
 
-@pytest.mark.parametrize("io", [FaultInjectingIO(refuse_direct=True), DiskIOBackend(False)])
-def test_buffered_fallback_when_o_direct_is_refused(tmp_path: Path, io: DiskIOBackend) -> None:
-    store = open_store(tmp_path, io=io)
-    assert not store.direct_io
+def _accepts_o_direct(directory: Path) -> bool:
+    """Whether `directory`'s filesystem opens a file with O_DIRECT, asked without the store."""
+    probe = directory / f".o-direct-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o600)
+    except OSError as error:
+        if error.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+    os.close(fd)
+    return True
+
+
+def _payload_calls_direct(store: DiskStore, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Write four pages and read them back; for each 4 KiB-aligned system call (the payloads),
+    whether the descriptor it went through had O_DIRECT set at the time of the call."""
+    seen: list[bool] = []
+    real_pwrite, real_preadv = os.pwrite, os.preadv
+
+    def note(fd: int, offset: int, nbytes: int) -> None:
+        if offset % 4096 == 0 and nbytes > 0 and nbytes % 4096 == 0:
+            seen.append(bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT))
+
+    def pwrite(fd: int, data, offset: int) -> int:
+        note(fd, offset, memoryview(data).nbytes)
+        return real_pwrite(fd, data, offset)
+
+    def preadv(fd: int, buffers: list, offset: int) -> int:
+        note(fd, offset, sum(memoryview(b).nbytes for b in buffers))
+        return real_preadv(fd, buffers, offset)
+
     records, pages = chain(4), random_pages(4)
     slots = store.alloc(4)
-    store.write_pages(slots, records, pages)
     out = torch.empty_like(pages)
-    assert store.read_pages(slots, records, out) == [True] * 4
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "pwrite", pwrite)
+        patch.setattr(os, "preadv", preadv)
+        store.write_pages(slots, records, pages)
+        assert store.read_pages(slots, records, out) == [True] * 4
     assert same_bytes(out, pages)
+    return seen
+
+
+@pytest.mark.parametrize("io", [FaultInjectingIO(refuse_direct=True), DiskIOBackend(False)])
+def test_buffered_fallback_when_o_direct_is_refused(
+    tmp_path: Path, io: DiskIOBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(tmp_path, io=io)
+    assert not store.direct_io
+    seen = _payload_calls_direct(store, monkeypatch)
+    assert seen and not any(seen)  # every payload went through the page cache
     store.close()
 
 
-def test_o_direct_is_reported_where_the_filesystem_allows_it(tmp_path: Path) -> None:
-    probe = DiskIOBackend()
-    handle = probe.open(tmp_path / "probe", 4096, create=True)
-    allowed = probe.is_direct(handle)
-    probe.close(handle)
-    (tmp_path / "probe").unlink()
-    store = open_store(tmp_path)
-    assert store.direct_io == allowed
-    store.close()
+def _disk_directory() -> Path:
+    """A directory on a disk filesystem (not tmpfs) whose O_DIRECT opens succeed."""
+    for candidate in (Path("/var/tmp"), TESTS_DIR):
+        if candidate.is_dir() and os.access(candidate, os.W_OK) and _accepts_o_direct(candidate):
+            return candidate
+    pytest.skip("no writable directory here accepts O_DIRECT")
+
+
+def test_o_direct_is_in_effect_where_the_filesystem_allows_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with tempfile.TemporaryDirectory(dir=_disk_directory(), prefix="tieredkv-o-direct-") as name:
+        store = open_store(Path(name))
+        assert store.direct_io
+        seen = _payload_calls_direct(store, monkeypatch)
+        assert seen and all(seen)  # every payload write and read bypassed the page cache
+        store.close()
+
+
+def test_o_direct_is_reported_as_the_filesystem_decides_on_tmpfs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """tmpfs refuses O_DIRECT before Linux 6.6 and accepts it since; either way the store's
+    report and its descriptors follow what the filesystem says to an independent open."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        pytest.skip("no writable /dev/shm")
+    allowed = _accepts_o_direct(shm)
+    with tempfile.TemporaryDirectory(dir=shm, prefix="tieredkv-o-direct-") as name:
+        store = open_store(Path(name))
+        assert store.direct_io == allowed
+        seen = _payload_calls_direct(store, monkeypatch)
+        assert seen and all(direct == allowed for direct in seen)
+        store.close()
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
