@@ -54,7 +54,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from tieredkv.bench.disk_check import disk_read_bandwidth, drop_page_cache
+from tieredkv.bench.disk_check import disk_read_limit, drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.machine_load import OtherLoad
 from tieredkv.bench.managed import ManagedServer, free_port
@@ -62,7 +62,6 @@ from tieredkv.bench.prom_text import Samples, counter_delta, parse_samples, sele
 from tieredkv.bench.records import percentile
 from tieredkv.bench.workload import Workload, WorkloadConfig, prose
 from tieredkv.bench.workload_run import run_workload
-from tieredkv.cache.disk.store import CHUNK_BYTES, IO_DEPTH, IO_THREADS, MIN_CHUNKS
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.model.default_model import default_model_dir
 from tieredkv.model.hf_config import parse_model_config, read_config_json
@@ -345,18 +344,6 @@ async def turns_by_tier(
                 }
             )
     return rows
-
-
-def disk_read_limit(directory: Path) -> dict:
-    """The disk's read bandwidth at the store's request sizes and parallelism, the best of:
-    whole chunks IO_DEPTH + 1 at a time (one transfer's pipeline), and a staging buffer's
-    quarter-chunks (a 32 MiB read splits into MIN_CHUNKS) and whole chunks on all IO_THREADS
-    (transfers at once). Session 12: 8 MiB x 4 in flight read 1.5x faster than 8 MiB x 3, and
-    the store's promotions beat the one-shape probe."""
-    shapes = [(CHUNK_BYTES, IO_DEPTH + 1), (CHUNK_BYTES // MIN_CHUNKS, IO_THREADS),
-              (CHUNK_BYTES, IO_THREADS)]  # fmt: skip
-    probes = [disk_read_bandwidth(directory, chunk_bytes=c, in_flight=n) for c, n in shapes]
-    return max(probes, key=lambda probe: probe["bytes_per_s"])
 
 
 def measure_tiers(out: Path, prompts: Prompts, repeats: int) -> dict:

@@ -1,7 +1,7 @@
 """Keep disk figures honest: drop the disk store from the page cache before timed rounds (so a
-"disk" hit is never served from RAM), and measure this disk's sequential read bandwidth in the
-same run (the limit a disk promotion is compared against), with the store's own request size
-and number of requests in flight."""
+"disk" hit is never served from RAM), and measure this disk's read bandwidth in the same run
+(the limit a disk promotion is compared against) at the store's own request sizes and numbers
+of requests in flight: `disk_read_limit`, the one probe every benchmark uses."""
 
 from __future__ import annotations
 
@@ -12,11 +12,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tieredkv.cache.disk.store import CHUNK_BYTES, IO_DEPTH
+from tieredkv.cache.disk.store import CHUNK_BYTES, IO_DEPTH, IO_THREADS, MIN_CHUNKS
 
 log = logging.getLogger(__name__)
 
 ALIGN_BYTES = 4096
+# (request bytes, requests in flight) the store issues: whole chunks IO_DEPTH + 1 at a time (one
+# transfer's pipeline), a staging buffer's quarter-chunks (a 32 MiB read splits into MIN_CHUNKS)
+# and whole chunks on all IO_THREADS (transfers at once)
+STORE_SHAPES = (
+    (CHUNK_BYTES, IO_DEPTH + 1),
+    (CHUNK_BYTES // MIN_CHUNKS, IO_THREADS),
+    (CHUNK_BYTES, IO_THREADS),
+)
 
 
 def drop_page_cache(directory: Path) -> int:
@@ -100,6 +108,17 @@ def disk_read_bandwidth(
         for buffer in buffers:
             buffer.close()
         path.unlink(missing_ok=True)
+
+
+def disk_read_limit(directory: Path, num_bytes: int = 256 * 2**20) -> dict:
+    """The disk's read limit for the store: the fastest of `disk_read_bandwidth` at each of
+    STORE_SHAPES (a promotion may issue any of them); adds every shape's bytes/s."""
+    probes = [
+        disk_read_bandwidth(directory, num_bytes, chunk_bytes=c, in_flight=n)
+        for c, n in STORE_SHAPES
+    ]
+    best = max(probes, key=lambda probe: probe["bytes_per_s"])
+    return {**best, "shapes_bytes_per_s": [probe["bytes_per_s"] for probe in probes]}
 
 
 def drop_file(path: Path) -> None:
