@@ -117,12 +117,25 @@ def test_streamed_choices_interleave_and_equal_the_non_streamed_ones(client) -> 
     assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
 
 
-def test_chat_logprobs_equal_transformers_log_softmax(client, hf_model) -> None:
+def test_completion_logprobs_equal_transformers_log_softmax(client, hf_model) -> None:
     prompt = "The longest river in Europe is"
     num_prompt, _ = prompt_ids(client, prompt)
     response = client.completions.create(
         model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=3
     )
+    ids = hf_ids(hf_model, prompt)
+    assert len(ids) == num_prompt
+    logprobs = response.choices[0].logprobs
+    generated = [hf_token_id(hf_model, t) for t in logprobs.tokens]
+    expected = hf_log_softmax(hf_model, ids + generated)
+    for step, value in enumerate(logprobs.token_logprobs):
+        row = expected[len(ids) - 1 + step]
+        assert int(row.argmax()) == generated[step]  # greedy: the top one
+        assert value == pytest.approx(float(row.max()), abs=TOLERANCE)
+        assert_same_top(hf_model, logprobs.top_logprobs[step], row, 3)
+
+
+def test_chat_logprobs_equal_transformers_log_softmax(client, hf_model) -> None:
     chat = client.chat.completions.create(
         model=MODEL,
         messages=QUESTION,
@@ -132,22 +145,32 @@ def test_chat_logprobs_equal_transformers_log_softmax(client, hf_model) -> None:
         top_logprobs=4,
     )
     content = chat.choices[0].logprobs.content
-    assert len(content) == chat.usage.completion_tokens
-    assert all(len(entry.top_logprobs) == 4 for entry in content)
-    assert all(entry.top_logprobs[0].logprob >= entry.logprob - 1e-6 for entry in content)
+    assert len(content) == chat.usage.completion_tokens == 6
     assert all(entry.bytes == list(entry.token.encode()) for entry in content)
-    # the completion's ids, scored by transformers
-    ids = hf_ids(hf_model, prompt)
-    assert len(ids) == num_prompt
-    logprobs = response.choices[0].logprobs
-    generated = [hf_token_id(hf_model, t) for t in logprobs.tokens]
+    # the prompt as transformers' own chat template renders it, scored by transformers
+    ids = hf_tokenizer(hf_model).apply_chat_template(QUESTION, add_generation_prompt=True)
+    ids = list(getattr(ids, "input_ids", ids))
+    assert len(ids) == chat.usage.prompt_tokens
+    generated = [hf_token_id(hf_model, entry.token) for entry in content]
     expected = hf_log_softmax(hf_model, ids + generated)
-    for step, value in enumerate(logprobs.token_logprobs):
+    for step, entry in enumerate(content):
         row = expected[len(ids) - 1 + step]
-        assert value == pytest.approx(float(row.max()), abs=TOLERANCE)  # greedy: the top one
-        assert len(logprobs.top_logprobs[step]) == 3
-        top3 = sorted(logprobs.top_logprobs[step].values(), reverse=True)
-        assert top3 == pytest.approx(row.topk(3).values.tolist(), abs=TOLERANCE)
+        assert int(row.argmax()) == generated[step]  # greedy: the top one
+        assert entry.logprob == pytest.approx(float(row.max()), abs=TOLERANCE)
+        top = {choice.token: choice.logprob for choice in entry.top_logprobs}
+        assert len(top) == len(entry.top_logprobs) == 4
+        assert_same_top(hf_model, top, row, 4)
+
+
+def assert_same_top(hf_model, ours: dict[str, float], row: torch.Tensor, k: int) -> None:
+    """`ours` (token text -> logprob) holds transformers' top k of `row`: the same tokens, each
+    with its own value."""
+    values, indices = row.topk(k)
+    tokenizer = hf_tokenizer(hf_model)
+    expected = {tokenizer.decode([int(i)]): float(v) for v, i in zip(values, indices, strict=True)}
+    assert set(ours) == set(expected), (ours, expected)
+    for token, value in expected.items():
+        assert ours[token] == pytest.approx(value, abs=TOLERANCE), token
 
 
 _TOKENIZERS: dict[int, transformers.PreTrainedTokenizerBase] = {}
