@@ -46,14 +46,18 @@ def pages_per_user(shape: ChatShape) -> int:
     return (shape.max_prompt + shape.answer[1]) // PAGE_SIZE + 1
 
 
-def summary(samples_ns: list[int]) -> dict[str, float]:
-    """p50 / p99 / mean in µs of per-call nanosecond samples."""
+MIN_P99_SAMPLES = 100  # below this, a "p99" is one of the few slowest calls
+
+
+def summary(samples_ns: list[int]) -> dict[str, float | None]:
+    """p50 / p99 / mean in µs of per-call nanosecond samples (p99 None under 100 samples)."""
     ordered = sorted(samples_ns)
     count = len(ordered)
+    p99 = ordered[min(count - 1, count * 99 // 100)] / 1e3
     return {
         "count": count,
         "p50_us": ordered[count // 2] / 1e3,
-        "p99_us": ordered[min(count - 1, count * 99 // 100)] / 1e3,
+        "p99_us": p99 if count >= MIN_P99_SAMPLES else None,
         "mean_us": statistics.fmean(ordered) / 1e3,
     }
 

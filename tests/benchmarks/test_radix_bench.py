@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.radix.radix import main
 from benchmarks.radix.radix_driver import ChatDriver
 from benchmarks.radix.radix_phases import chat_calls, eviction_cost, tiny_cache
@@ -17,9 +19,12 @@ SCRIPT = Path(__file__).parents[2] / "benchmarks" / "radix_ops.py"
 
 def check_summary(summary: dict) -> None:
     assert summary["count"] > 0
-    for name in ("p50_us", "p99_us", "mean_us"):
+    for name in ("p50_us", "mean_us"):
         assert math.isfinite(summary[name]) and summary[name] > 0, name
-    assert summary["p50_us"] <= summary["p99_us"]
+    if summary["count"] < 100:  # too few calls for a p99
+        assert summary["p99_us"] is None
+    else:
+        assert summary["p50_us"] <= summary["p99_us"]
 
 
 def test_the_script_runs_from_any_directory(tmp_path: Path) -> None:
@@ -30,9 +35,10 @@ def test_the_script_runs_from_any_directory(tmp_path: Path) -> None:
     assert "radix_ops.py" in done.stdout
 
 
-def test_main_writes_the_report(tmp_path: Path) -> None:
+def test_main_writes_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "radix.json"
     assert main(["--quick", "--profile", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
     report = json.loads(out.read_text())
     machine = report["machine"]
     for when in ("before", "after"):
@@ -47,7 +53,12 @@ def test_main_writes_the_report(tmp_path: Path) -> None:
         check_summary(chat[name])
     assert chat["match"]["count"] == 2 * chat["turns"]  # on arrival and at admission
     assert chat["pack"]["count"] == chat["turns"]  # once per request
-    assert report["sglang_reference_us"] == {"match": 26.0, "insert": 39.0}
+    # SGLang is not run here, so no SGLang figure appears anywhere
+    assert not [key for key in report if "sglang" in key.lower()]
+    sglang_lines = [line for line in printed.splitlines() if "SGLang" in line]
+    assert len(sglang_lines) == 1 and "not measured" in sglang_lines[0]
+    assert not any(ch.isdigit() for ch in sglang_lines[0])
+    assert chat["insert"]["count"] >= 100 and chat["insert"]["p99_us"] is not None
     check_summary(report["eviction"]["evict_1"])
     check_summary(report["eviction"]["evict_batch"])
     points = report["match_scaling"]
