@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# SGLang 0.5.23's RadixCache beside tieredkv's tree, for benchmarks/radix_vs_sglang.py.
+# SGLang's RadixCache beside tieredkv's tree, for benchmarks/radix_vs_sglang.py (run from the
+# repository root). SGLang is pinned (SGLANG_SPEC): its radix cache's API and costs change
+# between releases, and the result names the version it measured.
 #
 #   benchmarks/sglang_radix.sh install        # .venv-sglang: SGLang and what its import needs
-#   benchmarks/sglang_radix.sh run [ARGS...]  # python benchmarks/radix_vs_sglang.py ARGS
+#   benchmarks/sglang_radix.sh run [ARGS...]  # python -m benchmarks.radix_vs_sglang ARGS
 #
 # .venv-sglang is a venv of its own layered on the project's .venv (`make install` first): a
 # .pth adds .venv's site-packages after its own, so tieredkv and torch==2.13.0 (the CPU build
@@ -11,8 +13,8 @@
 # which the radix cache uses; the packages below are exactly what importing
 # sglang.srt.mem_cache.radix_cache needs (found by importing it until nothing was missing).
 # torchvision is not among them: PyPI's is a CUDA build whose ops fail to register on CPU torch,
-# and sglang's model configs import it at module level, so radix_vs_sglang.py puts a stand-in
-# module in its place (the radix cache never calls it).
+# and sglang's model configs import it at module level, so benchmarks/radix/sglang_replay.py
+# puts a stand-in module in its place (the radix cache never calls it).
 #
 # Environment: SGLANG_VENV (default .venv-sglang), TIEREDKV_VENV (default .venv).
 set -euo pipefail
@@ -44,19 +46,19 @@ install() {
         "${pip[@]}" "$TORCH_SPEC"  # the layered venv has another torch: pin this one here
     fi
     "${pip[@]}" "$SGLANG_SPEC" "${IMPORT_DEPS[@]}"
-    "$SGLANG_VENV/bin/python" -c 'import sys; sys.path.insert(0, "benchmarks")
-import radix_vs_sglang as b, torch
-sg = b.load_sglang()
-print("sglang", sg.sglang.__version__, "torch", torch.__version__)' 2>&1 | grep -v -i warn
+    "$SGLANG_VENV/bin/python" -c 'import torch
+from benchmarks.radix.sglang_replay import load_sglang
+print("sglang", load_sglang().sglang.__version__, "torch", torch.__version__)' 2>&1 \
+        | grep -v -i warn
 }
 
 run() {
     [[ -x "$SGLANG_VENV/bin/python" ]] || die "no $SGLANG_VENV: run '$0 install' first"
-    OMP_NUM_THREADS=1 exec "$SGLANG_VENV/bin/python" benchmarks/radix_vs_sglang.py "$@"
+    OMP_NUM_THREADS=1 exec "$SGLANG_VENV/bin/python" -m benchmarks.radix_vs_sglang "$@"
 }
 
 case "${1:-}" in
     install) install ;;
     run) shift; run "$@" ;;
-    *) die "usage: $0 install | run [radix_vs_sglang.py args]" ;;
+    *) die "usage: $0 install | run [benchmarks.radix_vs_sglang args]" ;;
 esac

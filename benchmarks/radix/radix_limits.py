@@ -7,6 +7,8 @@
   least any tree that keeps tokens as ints must spend to confirm a whole-prompt match.
 - Packed floor: packing the same new ints into int32 bytes once, plus one memcmp with a stored
   packed run: the least a tree of packed runs (this one) spends on a prompt it has never seen.
+- Memcmp floor: one memcmp of a prompt already packed with a stored packed copy: the least a
+  match of a whole prompt handed over as a ready key can cost.
 """
 
 from __future__ import annotations
@@ -54,6 +56,20 @@ def _floor_us(
         times.append(time.perf_counter_ns() - begin)
         assert equal
     return statistics.median(times) / 1e3
+
+
+def memcmp_floor_samples_ns(num_tokens: int, repeats: int, seed: int) -> list[int]:
+    """Nanoseconds of `stored == packed` per repeat, both `num_tokens` tokens as int32 bytes
+    in separate buffers (equal contents, so the comparison reads every byte)."""
+    ids = np.random.default_rng(seed).integers(256, 49152, num_tokens).tolist()
+    stored, packed = token_bytes(ids), token_bytes(ids)
+    times = []
+    for _ in range(repeats):
+        begin = time.perf_counter_ns()
+        equal = stored == packed
+        times.append(time.perf_counter_ns() - begin)
+        assert equal
+    return times
 
 
 def compare_floor_us(num_tokens: int, repeats: int, seed: int) -> float:
