@@ -6,10 +6,10 @@
 
 The trace (benchmarks/radix/replay_trace.py): 64 users x 8 rounds of a multi-turn chat,
 prompts of 2.5k-3.4k tokens, page size 16; 8,192 device pages (60% of the final working set),
-so most requests evict (about 43% of prompt tokens hit: LRU keeps the histories of users who
-come back soon). tieredkv is driven through the engine's own `RequestPages`
-(radix/tieredkv_replay.py), SGLang's `RadixCache` as its scheduler drives it
-(radix/sglang_replay.py); both see the same inserts. Timed on both: match, insert, evict.
+so most requests evict (LRU keeps the histories of users who come back soon). tieredkv is
+driven through the engine's own `RequestPages` (radix/tieredkv_replay.py), SGLang's
+`RadixCache` as its scheduler drives it (radix/sglang_replay.py); both see the same inserts.
+Timed on both: match, insert, evict.
 
 Both replays alternate request by request (who goes first alternates too), so machine noise
 hits both alike. Each run replays the whole trace on fresh caches after a warm-up of one round
