@@ -8,6 +8,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 TIERS = ("device", "host", "disk", "remote")
+P99_MIN_SAMPLES = 100  # fewer samples than this: no p99 (it would be the maximum, or near it)
 
 
 @dataclasses.dataclass
@@ -58,6 +59,27 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+def percentiles(values: Sequence[float]) -> dict[str, float | int | None]:
+    """{"n", "p50", "p90", "p99"} of `values`; p99 only from P99_MIN_SAMPLES samples on."""
+    enough = len(values) >= P99_MIN_SAMPLES
+    return {
+        "n": len(values),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99) if enough else None,
+    }
+
+
+def spread(values: Sequence[float]) -> dict[str, float | int | None]:
+    """{"n", "median", "min", "max"} of repeated runs' figures (None where there are none)."""
+    return {
+        "n": len(values),
+        "median": percentile(values, 50),
+        "min": min(values, default=None),
+        "max": max(values, default=None),
+    }
+
+
 def known_sum(values: Iterable[int | float | None]) -> float | None:
     """The sum, or None when any value is unknown (or there are none)."""
     total = 0.0
@@ -89,8 +111,8 @@ def summarize(records: Sequence[RequestRecord]) -> dict:
     return {
         "requests": len(records),
         "errors": len(records) - len(done),
-        "ttft_s": {f"p{q}": percentile(ttfts, q) for q in (50, 90, 99)},
-        "latency_s": {f"p{q}": percentile(latencies, q) for q in (50, 90, 99)},
+        "ttft_s": percentiles(ttfts),
+        "latency_s": percentiles(latencies),
         "prompt_tokens": prompt,
         "output_tokens": output,
         "wall_s": wall,
@@ -112,3 +134,18 @@ def fmt(value: float | None, spec: str = ".3f", scale: float = 1.0) -> str:
 def fmt_times(value: float | None) -> str:
     """A speed-up factor ("12.3x"), or "unknown"."""
     return "unknown" if value is None else f"{value:.1f}x"
+
+
+def fmt_p99(figures: dict, spec: str = ".0f", scale: float = 1.0) -> str:
+    """A `percentiles` p99, or "n<100" where too few samples back one."""
+    if figures.get("p99") is None and (figures.get("n") or 0) < P99_MIN_SAMPLES:
+        return f"n<{P99_MIN_SAMPLES}"
+    return fmt(figures.get("p99"), spec, scale)
+
+
+def fmt_spread(figures: dict, spec: str = ".0f", scale: float = 1.0) -> str:
+    """A `spread` as "median (min-max)"; "unknown" without runs."""
+    if figures["median"] is None:
+        return "unknown"
+    low, high = fmt(figures["min"], spec, scale), fmt(figures["max"], spec, scale)
+    return f"{fmt(figures['median'], spec, scale)} ({low}-{high})"

@@ -25,15 +25,14 @@ def print_report(report: dict) -> None:
             f"write {r['write_gbps']:.2f} GB/s, read {r['read_gbps']:.2f} GB/s"
         )
     print(
-        f"{'path':<14}{'via':<42}{'pages':>6}{'thr':>4}{'GB/s':>8}  {'limit':<15}{'GB/s':>7}"
-        f"{'share':>7}{'target':>7}{'of 2t':>7}"
+        f"{'path':<14}{'via':<42}{'pages':>6}{'thr':>4}{'GB/s':>8}  {'limit':<20}{'GB/s':>7}"
+        f"{'share':>7}{'target':>7}"
     )
     for row in report["rows"]:
         mark = ("" if row["meets_target"] else "  MISS") + ("" if row["verified"] else "  BAD")
-        share_2t = "" if row["share_2t"] is None else f"{row['share_2t']:.0%}"
         threads = "" if row["threads"] is None else row["threads"]
         print(
             f"{row['path']:<14}{row['via']:<42}{row['batch_pages']:>6}{threads:>4}"
-            f"{row['gbps']:>8.2f}  {row['limit']:<15}{row['limit_gbps']:>7.2f}"
-            f"{row['share']:>7.0%}{row['target']:>7.0%}{share_2t:>7}{mark}"
+            f"{row['gbps']:>8.2f}  {row['limit']:<20}{row['limit_gbps']:>7.2f}"
+            f"{row['share']:>7.0%}{row['target']:>7.0%}{mark}"
         )

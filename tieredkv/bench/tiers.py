@@ -1,7 +1,7 @@
 """`tieredkv bench tiers`: tier transfer bandwidth beside this machine's limits, in one run.
 
     tieredkv bench tiers [--dir DIR] [--batches 64,256,1024] [--reps 5] [--json PATH]
-                         [--memory-only]
+                         [--out DIR] [--memory-only]
 
 Limits (tier_limits): numpy memcpy on one thread and on two, xxh3 on one core, raw O_DIRECT
 write and read of a file of --raw-bytes (>= 1 GiB by default) under --dir. Tiers, for realistic
@@ -9,8 +9,9 @@ pages (the default model in bf16, 368,640 B) in batches: host<->device and host<
 the mover's PageCopier jobs (tier_copies), and the DiskStore on its own from aligned memory
 (tier_store). host<->device rows are the jobs as the server runs them (a job of 16+ pages shares
 its copy with a helper thread; `threads` says how many copied). Targets: disk paths >= 80% of
-raw disk, memory paths >= 70% of one-thread memcpy (the share of two-thread memcpy is reported
-beside it). --memory-only skips every disk figure. Seeded, one warm-up, medians.
+raw disk, memory paths >= 70% of memcpy on as many threads as the job copied on. --memory-only
+skips every disk figure. Seeded, one warm-up, medians. `--out DIR` writes DIR/result.json
+(benchmarks/tier_bandwidth.py renders such files for docs/benchmarks.md).
 (benchmarks/tier_breakdown.py times each stage of the jobs.)
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tieredkv.bench.result_file import write_result
 from tieredkv.bench.tier_copies import make_copier, mover_disk_gbps
 from tieredkv.bench.tier_limits import RAW_PATTERNS, memcpy_gbps, raw_disk_gbps, xxh3_gbps
 from tieredkv.bench.tier_report import print_report
@@ -51,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--dir", type=Path, default=None, help="where temp files go (default: ~/.cache/tieredkv)")
     add("--json", type=Path, default=None, metavar="PATH", help="also write the report here")
+    add("--out", type=Path, default=None, metavar="DIR", help="write DIR/result.json")
     add(
         "--batches",
         type=_counts,
@@ -94,7 +97,9 @@ def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
     if args.memory_only:
         copier = make_copier(2 * max(batches), None, args.seed)
         try:
-            rows = memory_rows(copier, args.batches, args.reps, args.seed, (memcpy, memcpy_2t))
+            rows = memory_rows(
+                copier, args.batches, args.reps, args.seed, {1: memcpy, 2: memcpy_2t}
+            )
         finally:
             copier.close()
         direct_io = None
@@ -153,7 +158,8 @@ def _all_rows(
         try:
             memcpy, memcpy_2t = limits["memcpy_gbps"], limits["memcpy_2t_gbps"]
             assert isinstance(memcpy, float) and isinstance(memcpy_2t, float)
-            rows = memory_rows(copier, args.batches, args.reps, args.seed, (memcpy, memcpy_2t))
+            memcpy_by_threads = {1: memcpy, 2: memcpy_2t}
+            rows = memory_rows(copier, args.batches, args.reps, args.seed, memcpy_by_threads)
             for batch in batches:
                 write, read, ok = mover_disk_gbps(copier, store, batch, args.reps, rng)
                 rows.append(disk_row("host->disk", MOVER, batch, write, ok))
@@ -187,4 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     print_report(report)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.out is not None:
+        summary = {"limits": report["limits"], "store_direct_io": report["store_direct_io"]}
+        settings = {**report["settings"], "batches": args.batches, "dir": str(root)}
+        argv = ["tieredkv", "bench", "tiers", *(sys.argv[1:] if argv is None else argv)]
+        path = write_result(args.out, "tier_bandwidth", settings=settings, summary=summary,
+                            records=report["rows"], argv=argv)  # fmt: skip
+        print(f"result: {path}")
     return 0

@@ -2,7 +2,17 @@
 
 import pytest
 
-from tieredkv.bench.records import RequestRecord, fmt, known_sum, percentile, summarize
+from tieredkv.bench.records import (
+    RequestRecord,
+    fmt,
+    fmt_p99,
+    fmt_spread,
+    known_sum,
+    percentile,
+    percentiles,
+    spread,
+    summarize,
+)
 
 
 def record(user: int, rnd: int, ttft: float, prompt: int | None, cached: int | None, **tiers):
@@ -71,5 +81,21 @@ def test_errors_are_counted_and_left_out_of_the_figures() -> None:
     summary = summarize([record(0, 1, 0.2, 10, 5, device=5), failed])
     assert summary["requests"] == 2
     assert summary["errors"] == 1
-    assert summary["ttft_s"]["p99"] == pytest.approx(0.2)
+    assert summary["ttft_s"]["n"] == 1 and summary["ttft_s"]["p50"] == pytest.approx(0.2)
     assert summary["hit_ratio"] == pytest.approx(0.5)
+
+
+def test_p99_needs_a_hundred_samples() -> None:
+    few = percentiles([float(i) for i in range(99)])
+    assert few["n"] == 99 and few["p50"] == 49.0 and few["p99"] is None
+    assert fmt_p99(few) == "n<100"
+    many = percentiles([float(i) for i in range(101)])
+    assert many["p99"] == pytest.approx(99.0)
+    assert fmt_p99(many, ".1f") == "99.0"
+
+
+def test_spread_is_the_median_with_min_and_max() -> None:
+    runs = spread([3.0, 1.0, 2.0])
+    assert runs == {"n": 3, "median": 2.0, "min": 1.0, "max": 3.0}
+    assert fmt_spread(runs, ".1f") == "2.0 (1.0-3.0)"
+    assert fmt_spread(spread([])) == "unknown"

@@ -60,17 +60,19 @@ def test_every_path_and_batch_has_a_verified_row(report: dict) -> None:
         assert row["limit"].startswith(want)
 
 
-def test_memory_rows_say_how_many_threads_copied(report: dict) -> None:
-    memcpy_2t = report["limits"]["memcpy_2t_gbps"]
+def test_memory_rows_are_judged_at_the_parallelism_they_copied_at(report: dict) -> None:
+    memcpy = {1: report["limits"]["memcpy_gbps"], 2: report["limits"]["memcpy_2t_gbps"]}
     memory = [r for r in report["rows"] if "device" in r["path"]]
     assert len(memory) == 2 * 2  # 2 paths x 2 batches, as the server runs them
+    assert {r["threads"] for r in memory} == {1, 2}  # batch 4 alone, batch 16 split
     for row in memory:
-        assert row["threads"] == (2 if row["batch_pages"] >= SPLIT_MIN_PAGES else 1), row
-        assert row["limit_2t_gbps"] == memcpy_2t
-        assert row["share_2t"] == pytest.approx(row["gbps"] / memcpy_2t)
+        threads = 2 if row["batch_pages"] >= SPLIT_MIN_PAGES else 1
+        assert row["threads"] == threads, row
+        assert row["limit"] == f"memcpy {threads} thread(s)"
+        assert row["limit_gbps"] == memcpy[threads]
     for row in report["rows"]:
         if "disk" in row["path"]:
-            assert row["threads"] is None and row["share_2t"] is None
+            assert row["threads"] is None
 
 
 def test_memory_only_measures_no_disk(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
