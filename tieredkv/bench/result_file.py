@@ -99,8 +99,20 @@ def write_result(
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / RESULT_NAME
-    path.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    path.write_text(_dumps(result))
     return path
+
+
+def _dumps(result: dict) -> str:
+    """Indented JSON, except that each record takes one line: a run's thousands of samples
+    stay a small file that still diffs record by record."""
+    placeholder = '"records": "__records__"'
+    head = json.dumps({**result, "records": "__records__"}, indent=1, sort_keys=True)
+    lines = ",\n  ".join(
+        json.dumps(record, sort_keys=True, separators=(",", ":")) for record in result["records"]
+    )
+    body = f'"records": [\n  {lines}\n ]' if lines else '"records": []'
+    return head.replace(placeholder, body) + "\n"
 
 
 def load_results(root: Path) -> dict[str, list[dict]]:
