@@ -3,7 +3,8 @@ tier on a real Redis, behind SGLang's real router (`sglang-router`, policy `cach
 driven by the official openai client: the router registers both under the served model's
 name, a conversation's follow-up turns reach the replica that holds its prefix (and reuse it),
 a new conversation goes to the other replica, and a stopped replica's conversation moves to
-the one left, which finds its history in Redis: the same answer, not computed again."""
+the one left, which finds its history in Redis: the same greedy tokens as the stopped replica
+gave, from the history's pages, not computed again."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ REPLICA_ARGS = [
     *("--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "4"),
     *("--device-cache-size", "64MiB", "--host-cache-size", "0"),  # 91 fp32 pages
 ]
+PAGE_SIZE = 16  # the default
 REDIS_PASSWORD = "router-test-redis"  # from the environment: never on a command line
 
 
@@ -75,23 +77,30 @@ class Conversation:
         system = f"Conversation {seed}. Remember this text: {document(seed, 150)}"
         self.messages: list[dict] = [{"role": "system", "content": system}]
 
-    def ask(self, question: str) -> int:
-        """One turn; returns its cached_tokens (`last_by_tier`: per tier)."""
-        self.messages.append({"role": "user", "content": question})
+    def ask(self, question: str, keep: bool = True) -> int:
+        """One greedy turn; returns its cached_tokens (`last_by_tier`: per tier, `last_tokens`:
+        the answer's tokens). `keep=False` leaves the question and answer out of the history."""
+        messages = [*self.messages, {"role": "user", "content": question}]
         reply = self.client.chat.completions.create(
-            model=MODEL, messages=self.messages, max_tokens=6, temperature=0.0
+            model=MODEL, messages=messages, max_tokens=6, temperature=0.0, logprobs=True
         )
         answer = reply.choices[0].message.content
         assert answer, reply
-        self.messages.append({"role": "assistant", "content": answer})
+        self.last_tokens = [entry.token for entry in reply.choices[0].logprobs.content]
+        assert "".join(self.last_tokens) == answer
+        if keep:
+            self.messages = [*messages, {"role": "assistant", "content": answer}]
+        self.last_prompt_tokens = reply.usage.prompt_tokens
         details = reply.usage.prompt_tokens_details.model_dump()
         self.last_by_tier = details["cached_tokens_by_tier"]
         return details["cached_tokens"]
 
-    def turn(self, question: str, replicas: list[ServerProcess]) -> tuple[int, int]:
+    def turn(
+        self, question: str, replicas: list[ServerProcess], keep: bool = True
+    ) -> tuple[int, int]:
         """One turn, alone in flight; returns (the replica that answered, cached_tokens)."""
         before = [prompt_tokens(server) for server in replicas]
-        cached = self.ask(question)
+        cached = self.ask(question, keep)
         grew = [i for i, server in enumerate(replicas) if prompt_tokens(server) > before[i]]
         assert len(grew) == 1, (before, grew)
         return grew[0], cached
@@ -122,10 +131,18 @@ def test_cache_aware_router_keeps_conversations_on_their_replica(
     with pytest.raises(openai.AuthenticationError):  # the replicas' key rules still apply
         stranger.chat.completions.create(model=MODEL, messages=first.messages, max_tokens=1)
 
+    # the next turn's answer from the replica that holds the history: the reference answer
+    replica, _ = first.turn("And the third word?", replicas, keep=False)
+    assert replica == home_a
+    reference = first.last_tokens
+
     replicas[home_a].stop()
     router.wait_for(urls - {replicas[home_a].base_url})
     replica, cached = first.turn("And the third word?", replicas)
     # answered by the replica left, which never saw this conversation: its history (computed
-    # on the stopped replica) comes from Redis
-    assert replica == home_b and cached > 0
+    # on the stopped replica) comes from Redis, every full page of the prompt, and gives the
+    # same greedy answer
+    assert replica == home_b
+    assert first.last_tokens == reference
+    assert cached >= first.last_prompt_tokens - PAGE_SIZE
     assert first.last_by_tier["remote"] > 0 and sum(first.last_by_tier.values()) == cached
