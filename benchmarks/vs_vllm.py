@@ -24,6 +24,8 @@ import asyncio
 import datetime
 import json
 import shutil
+import signal
+import sys
 from pathlib import Path
 
 from benchmarks.vllm_compare import agreement, overflow
@@ -181,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         print(render_markdown(load_results(args.render).get(BENCHMARK, [])))
         return 0
+    # SIGTERM unwinds like an exception, so the servers' context managers stop them
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     args.work_dir.mkdir(parents=True, exist_ok=True)
     first = first_server(args)
     order = ["tieredkv"] if args.skip_vllm else [first, *({"vllm", "tieredkv"} - {first})]

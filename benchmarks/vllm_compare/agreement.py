@@ -6,8 +6,8 @@
 - Ours against transformers in fp32, on one short chat prompt: in fp32 a correct forward
   generates exactly what transformers does, so this is an equality check, not a share.
 
-Tokens are compared as each token's own text (`logprobs.tokens`), which both servers return
-the same way (a token id's own decoding), so the check needs no field only one server has.
+Tokens are compared as each token id's own decoding by the model's tokenizer: vLLM returns the
+ids (`return_token_ids`), decoded here; tieredkv returns that decoding (`logprobs.tokens`).
 """
 
 from __future__ import annotations
@@ -28,15 +28,23 @@ PARITY_TOKENS = 32
 PARITY_MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def greedy_tokens(url: str, prompt: list[int], max_tokens: int) -> list[str]:
-    """The server's greedy completion of `prompt`, one text per generated token."""
+def greedy_tokens(
+    url: str, prompt: list[int], max_tokens: int, tokenizer: ChatTokenizer
+) -> list[str]:
+    """The server's greedy completion of `prompt`, one text per generated token: its token ids
+    decoded one by one where it returns them (vLLM, `return_token_ids`), else its
+    `logprobs.tokens` (tieredkv's, the same decoding)."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-    body["logprobs"] = 1
+    body.update(logprobs=1, return_token_ids=True)
     with httpx.Client(timeout=600) as http:
         body["model"] = http.get(url + "/v1/models").json()["data"][0]["id"]
         response = http.post(url + "/v1/completions", json=body)
     response.raise_for_status()
-    tokens = response.json()["choices"][0]["logprobs"]["tokens"]
+    choice = response.json()["choices"][0]
+    if choice.get("token_ids") is not None:
+        tokens = [tokenizer.decode([i], skip_special_tokens=False) for i in choice["token_ids"]]
+    else:
+        tokens = choice["logprobs"]["tokens"]
     if len(tokens) != max_tokens:
         raise RuntimeError(f"{url}: {len(tokens)} tokens, asked for {max_tokens} (ignore_eos)")
     return tokens
@@ -45,7 +53,10 @@ def greedy_tokens(url: str, prompt: list[int], max_tokens: int) -> list[str]:
 def agreement_outputs(url: str, seed: int) -> list[list[str]]:
     """Each agreement prompt's greedy tokens (the same prompts for every server)."""
     prompts = Prompts(seed)
-    return [greedy_tokens(url, prompts.fresh(n), AGREEMENT_TOKENS) for n in AGREEMENT_LENGTHS]
+    tokenizer = prompts.tokenizer
+    return [
+        greedy_tokens(url, prompts.fresh(n), AGREEMENT_TOKENS, tokenizer) for n in AGREEMENT_LENGTHS
+    ]
 
 
 def first_divergence(a: list[str], b: list[str]) -> int | None:
@@ -103,7 +114,7 @@ def fp32_parity(log_dir: Path) -> dict:
     ]
     args = ["--dtype", "float32", "--max-model-len", "1024", "--device-cache-size", "64MiB"]
     with ManagedServer(args, log_dir / "tieredkv-fp32.log") as server:
-        ours = greedy_tokens(server.base_url, prompt, PARITY_TOKENS)
+        ours = greedy_tokens(server.base_url, prompt, PARITY_TOKENS, tokenizer)
     at = first_divergence(ours, expected)
     result = {"prompt_tokens": len(prompt), "generated_tokens": PARITY_TOKENS}
     result.update({"equal": at is None, "first_divergence": at})
