@@ -1,6 +1,6 @@
 """Start `tieredkv serve` with tcmalloc and Intel OpenMP preloaded when the machine has them.
 
-Both matter on CPU (the README's "Where the code departs" has the figures): the engine runs the
+Both matter on CPU (docs/architecture.md, "Where the code departs"): the engine runs the
 model on its own thread, where GNU OpenMP slows every step and Intel OpenMP does not; glibc's
 allocator hands large freed blocks back to the kernel, so every step's big activations fault
 their pages in again, and tcmalloc keeps them. vLLM's CPU docs recommend the same pair. A
@@ -9,17 +9,15 @@ with LD_PRELOAD set. TIEREDKV_NO_PRELOAD=1 opts out.
 
 With Intel OpenMP it also sets KMP_BLOCKTIME=5 (unless already set), as vLLM's CPU worker
 does: after a parallel region OpenMP's threads spin this many milliseconds before sleeping
-(default 200). Spinning 200 ms after every step took both cores from whatever ran next on
-them: another replica's remote fetch, the copy threads of a promotion, Redis. Two replicas
-on this 2-core machine, a turn's history fetched from Redis: TTFT p50 240 ms -> 197 ms
-(session 14, one run each; the forward itself measured the same at 1, 10 and 200 ms, and
-0 made it ~2x slower).
+(default 200). Spinning 200 ms after every step takes the cores from whatever runs next on
+them: another replica's remote fetch, the copy threads of a promotion, Redis. A few
+milliseconds keep the threads ready between the layers of one step without holding the
+cores between steps; 0 would put them to sleep inside a step, and the forward slows down.
 
 With tcmalloc it also sets TCMALLOC_RELEASE_RATE=0 (unless already set): tcmalloc otherwise
 hands freed spans back to the kernel bit by bit, and the next request faults them in again
-(microseconds a 4 KiB page in a VM). A 64-token turn after a 3k-token prefill paid 340-625 minor
-faults in its forward; with the rate at 0, 0-8 (session 22). The process then keeps the memory
-its largest step used.
+(microseconds a 4 KiB page in a VM): a short turn after a long prefill would pay hundreds of
+page faults in its forward. The process then keeps the memory its largest step used.
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@ waits for it, a write is background work (write-through, a demotion). While any 
 flight, each write chunk waits, at most `max_wait_s` (writes are never starved: a demotion may
 be what frees room for a request).
 
-Measured on session 11's machine: a 3k-token history read from disk right after another
-request's 70.8 MB write-through took 180-480 ms to the first token; with the write done first,
-150-260 ms (the read alone: ~50-80 ms). On session 12's, a replica's first lookup in Redis after
-it computed a 3k-token prompt queued behind that prompt's 75 MB of writes, ran past its 20 ms
-budget, and the turn was recomputed (2.5 s)."""
+A write-through of one request's history is tens of MB; a read queued behind it on the same
+device or connection waits for all of it, and the request waiting for that read waits too. On
+Redis, which serves one command at a time, a lookup queued behind a prompt's writes runs past
+its budget, the tier turns degraded and the turn is recomputed. Letting reads go first keeps a
+request's read as fast as the store alone allows."""
 
 from __future__ import annotations
 

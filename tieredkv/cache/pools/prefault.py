@@ -1,15 +1,14 @@
 """Faulting in pool memory ahead of use, without writing it.
 
 An anonymous mapping gets its memory page by page, on first write. On a VM that reports free
-memory to its host (session 12's machine: `page_reporting`), a first write costs ~0.25-3 ms a
-MB: a 74 MB write-through into fresh host pages took 22-69 ms against 4-5 ms into pages
-written before, and the request after it paid for it. So the host pool is faulted in ahead of
-use. Doing all of it before serving cost 5.7 s for 2 GiB and 13 s for 4 GiB there; a thread
-of its own at nice 19 made requests slower, not faster (it holds the memory map's lock while
-descheduled, and every other thread's faults and mappings wait). So the engine thread does it,
-a short chunk at a time, only when it has nothing else to do (`Prefaulter`): a request that
-arrives waits for one chunk at most. It keeps a window ahead of the pages in use, not the
-whole pool: an idle server with a 4 GiB pool would otherwise spend ~12 s of CPU there on
+memory to its host (`page_reporting`), a first write costs far more than a write into memory
+already mapped, so a write-through into fresh host pages is slow and the request after it pays
+for it. So the host pool is faulted in ahead of use. Doing all of it before serving would delay
+the start by seconds per GiB; a thread of its own at low priority makes requests slower, not
+faster (it holds the memory map's lock while descheduled, and every other thread's faults and
+mappings wait). So the engine thread does it, a short chunk at a time, only when it has nothing
+else to do (`Prefaulter`): a request that arrives waits for one chunk at most. It keeps a window
+ahead of the pages in use, not the whole pool: an idle server would otherwise spend CPU on
 memory it may not need for hours (and a test suite full of idle servers, minutes).
 `MADV_POPULATE_WRITE` (Linux 5.14) maps the pages writable as a write would, without the
 writes, so it is safe while mover threads copy into pages already in use.
@@ -29,8 +28,8 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 MADV_POPULATE_WRITE = 23  # <linux/mman.h>; Python's mmap module names it from 3.13 only
-# what a request that arrives meanwhile may wait for: 1 MiB chunks took 1-54 ms on session 22's
-# machine (the README's Performance section has the A/B)
+# what a request that arrives meanwhile may wait for: small enough that the wait is short
+# beside a request's own time, large enough that the calls' overhead stays small
 CHUNK_BYTES = 256 << 10
 
 

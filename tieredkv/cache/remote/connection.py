@@ -60,8 +60,8 @@ class RemoteTimeouts:
 
 
 # The parser reads the socket this much at a time (redis-py's default is 64 KiB). A page is
-# ~368 KB in bf16: pipelined GETs of 200 pages on loopback, redis-py with hiredis, 2 cores:
-# 0.83-0.87 GB/s at 64 KiB, 0.96-1.12 at 1 MiB, 0.82-0.90 at 2 and 4 MiB (session 13).
+# ~368 KB in bf16, so 64 KiB reads take several system calls per page; 1 MiB reads a few pages
+# a call, and larger reads only grow the buffer without reading pipelined GETs any faster.
 SOCKET_READ_BYTES = 1 << 20
 
 

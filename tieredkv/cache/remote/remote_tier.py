@@ -45,8 +45,7 @@ class RemoteTier(PagePool):
     tier = Tier.REMOTE
     # one fetch at a time (a copier reads chunk k + 1 while it copies chunk k out): the store's
     # one call thread keeps each fetch inside its own budget, and Redis serves one command at a
-    # time; two fetches at once on two threads and connections measured no faster (session 13,
-    # one noisy A/B pair: 0.45 against 0.54 GB/s)
+    # time, so a second fetch on a second connection would only queue behind the first
     streams_reads = False
     hands_pages_on = True  # `read_pages_into`: pages go from the fetch to their destination
 

@@ -42,10 +42,10 @@ from tieredkv.errors import ConfigError
 
 T = TypeVar("T")
 # A fetch's GETs go out this many at a time, two windows in flight. Redis copies the replies to
-# the commands of one read into its output buffers before it writes the first: a turn's 188
-# pages (69 MB) in one pipeline made the first reply wait ~230 ms on a Redis that had not sent
-# that much before (memory it had never touched; this VM's first touch costs 0.25-3 ms a MB).
-# In windows of 8: 28-57 ms for the first fetch, against 238-307 ms at once (session 15).
+# the commands of one read into its output buffers before it writes the first: a turn's whole
+# history (tens of MB) in one pipeline makes the first reply wait until Redis has buffered all
+# of it, in memory it may never have touched before. Small windows keep Redis's buffers small
+# and the first page arriving at once, while the second window hides the round trip.
 WINDOW_KEYS = 8
 WINDOWS_IN_FLIGHT = 2
 PageSink = Callable[[int, memoryview], None]  # (index of the key, the page's verified bytes)

@@ -52,8 +52,8 @@ HELPER_THREADS = 8
 HELPER_THREAD_PREFIX = "tkv-stage"
 LANDING_BATCH_PAGES = 16  # a remote read tells `device_landing_listeners` this many at a time
 # A streamed disk read into a CPU pool keeps this many chunks in flight (one staging slot each):
-# with two, chunk k + 2 started only once chunk k was out, and the disk sat idle meanwhile
-# (session 19: 8 of a 3k-token promotion's 62 ms)
+# with two, chunk k + 2 could start only once chunk k was copied out, and the disk would sit
+# idle meanwhile
 STREAMED_CHUNKS_IN_FLIGHT = HOST_SLOTS
 
 
