@@ -124,9 +124,9 @@ class CacheConfig:
     host_cache_bytes: int = 2 << 30
     disk_cache_dir: Path | None = None
     disk_cache_bytes: int = 0
-    # the benchmark's choice: write-through at page 16 had the lowest reuse-round TTFT p50 in
-    # two runs of the write-policy x page-size grid (benchmarks/policy_grid.py) in bf16 (142 ms
-    # vs 157-165 for write-back; README "Performance")
+    # the benchmark's choice: write-through at page 16 gives the lowest reuse-round TTFT of the
+    # write-policy x page-size grid (benchmarks/policy_grid.py): a page leaving the device
+    # already has its lower copy, so eviction costs nothing on a request's path
     write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
     enable_prefix_reuse: bool = True  # False is `--no-cache`: the recompute baseline
     # the remote tier: a Redis (or Redis Cluster node) URL without a password, the codec of its

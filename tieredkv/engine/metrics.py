@@ -98,7 +98,7 @@ class EngineMetrics:
             [(r,) for r in SUCCESS_REASONS],
         )
         self.preemptions = self._counter("preemptions_total", "Running requests preempted.")
-        # extensions (README "Metrics beyond the contract")
+        # extensions beyond the contract (docs/operations.md, "Metrics")
         self.deferred_admissions = self._counter(
             "deferred_admissions_total",
             "Requests that waited for a running request computing a prefix they share (lpm).",

@@ -17,8 +17,8 @@ logger = logging.getLogger(__name__)
 
 _WARMUP_TOKENS = 256  # past FUSED_MIN_TOKENS (the fused ops compile here) and the split path
 # eager ops on a CPU compile nothing and create no per-shape kernels: a short prefill, a chunk
-# after it and a decode create the thread pools and the allocator's first blocks (3 s -> 0.3
-# s of every fp32 start on a 2-core machine)
+# after it and a decode create the thread pools and the allocator's first blocks, which a
+# longer warm-up would only make every start wait for
 _EAGER_CPU_WARMUP_TOKENS = 32
 
 

@@ -68,10 +68,9 @@ class WidenedLinear:
     bf16 weight; up to `FEW_ROWS` rows (a batch of decodes) go to `cpu_kernels`' product, which
     reads each bf16 weight row once for all of them; more rows are multiplied in fp32 on an
     fp32 copy of the weight, holding exactly its bf16 values. Every path sums in fp32 and
-    rounds once to bf16, which is what a bf16 matmul computes. Measured here (AVX512 Xeon, no
-    bf16 instructions, 2 threads, a 576 -> 3,072 weight): 2,048 rows 26.8 ms in fp32 against
-    123 ms packed bf16; 8 rows 0.34 ms in C against 0.71 packed and 0.48 in fp32; one row 0.14
-    packed against 0.20 in C and 0.17 in fp32."""
+    rounds once to bf16, which is what a bf16 matmul computes. Without bf16 instructions oneDNN
+    emulates the packed bf16 product slowly for many rows, the C product reads each weight row
+    once for a few rows, and a single row is cheapest packed."""
 
     def __init__(
         self,

@@ -1,11 +1,10 @@
 """Causal attention as blocked batched matmuls, for bf16 on a CPU without AMX.
 
-There torch's fused CPU attention (SDPA's flash kernel) is slow in bf16: on a 2-core
-AVX512-BF16 machine with no AMX, a 2,048-token causal prefill took ~40 ms a layer and one decode
-query over 2,700 keys 1.3 ms, while oneDNN's bf16 matmuls run at full speed. This path computes
-the scores with a bf16 `bmm`, adds the diagonal block's causal mask, takes a bf16 softmax (fp32
-inside) and a second `bmm` with the values: ~20-30 ms a layer there; a decode's single query
-takes plain matmuls per kv head, ~0.1-0.3 ms a layer at 2.7k keys (1.3 ms in SDPA).
+There torch's fused CPU attention (SDPA's flash kernel) is slow in bf16, for a long causal
+prefill and for a single decode query alike, while oneDNN's bf16 matmuls run at full speed.
+This path computes the scores with a bf16 `bmm`, adds the diagonal block's causal mask, takes a
+bf16 softmax (fp32 inside) and a second `bmm` with the values; a decode's single query takes
+plain matmuls per kv head.
 It is what transformers' "eager" attention computes in bf16 (scores rounded to bf16 before the
 softmax), so its rounding differs from the flash kernel's by bf16 steps; fp32 never comes here.
 
@@ -22,7 +21,7 @@ import torch
 
 from tieredkv.model.dtype import cpu_flags
 
-BLOCK_QUERIES = 128  # 64-256 measured within 15% at 2k tokens; 128 was the best
+BLOCK_QUERIES = 128  # a block's scores stay in cache; 64-256 perform alike, 128 best
 
 
 def torch_softmax(scores: torch.Tensor) -> torch.Tensor:
@@ -125,10 +124,9 @@ def prefers_matmul_attention(
     dtype: torch.dtype, device: torch.device, flags: frozenset[str] | None = None
 ) -> bool:
     """Whether this path beats SDPA here: bf16 on a CPU with AVX512-BF16 but without AMX.
-    With AMX, SDPA's flash kernel was the faster one (2k prefill 254 ms of attention; masks, GQA
-    folding and splits measured slower); on a CPU that emulates bf16 it is too (a 2k causal
-    prefill 35 ms a layer against 111 ms here, an AVX512 Xeon without bf16 instructions); fp32
-    stays on SDPA, whose outputs match transformers' exactly."""
+    With AMX, SDPA's flash kernel is the faster one; on a CPU that emulates bf16 it is too
+    (emulated bf16 matmuls are slower still); fp32 stays on SDPA, whose outputs match
+    transformers' exactly."""
     if torch.device(device).type != "cpu" or dtype != torch.bfloat16:
         return False
     flags = cpu_flags() if flags is None else flags

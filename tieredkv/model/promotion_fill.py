@@ -1,16 +1,15 @@
 """Filling a promoted sequence's workspace while its pages are still being read.
 
 A request whose cached prefix is on disk waits for the store's reads, which leave the cores
-mostly idle; then its first chunk copied the whole prefix from the pool into a workspace
-(a 3k-token history is 70.8 MB: 6-10 ms of the turn here, after the read). Instead, when its
+mostly idle; copying the whole prefix from the pool into a workspace afterwards would add
+tens of MB of copying to the turn, after the read. Instead, when its
 promotion starts the engine reserves it an arena slot with the pool page each prefix page will
 land in (`expect`), the copier reports device pages as they land verified (`landed`, on its
 reading threads), and each is copied into the slot at its position then, beside the reads
 still in flight. The slot is the one a released sequence left holding the prefix's head, if
 its head is on the device already, else one whose memory a sequence wrote that far already:
-a first touch of a slot's memory faults it in, 3-17 us a 4 KiB page in this VM, which made
-the first version of this fill slower than the copy it replaced (a 3k-token history's
-reads took 230-300 ms instead of ~50).
+a first touch of a slot's memory faults it in page by page, which on a VM costs more than
+the copy itself and would hold up the reading threads.
 
 The sequence's first chunk takes the slot (`take`) with the positions that hold their page:
 a position counts only if the sequence's page there is the page that landed, under the same

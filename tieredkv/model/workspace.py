@@ -2,8 +2,8 @@
 
 The workspace is head-major, (layers, 2, kv_heads, capacity, head_dim): attention reads a
 layer's keys for a kv head as one contiguous run of tokens, which batched matmuls take as they are
-(the pool's token-major order made them copy a layer's keys and values on every step: 14 ms of a
-35 ms decode step at 2.7k tokens, bf16, 2 cores). A run of pages consecutive in the pool moves in
+(in the pool's token-major order they would copy a layer's keys and values on every step, a
+large share of a decode step). A run of pages consecutive in the pool moves in
 with one strided block copy per layer and K/V (numpy releases the GIL: a long fill splits the
 layers with one helper thread).
 
@@ -17,8 +17,7 @@ that finds no free slot gets a workspace of its own; released ones are kept as s
 A released slot remembers which pool pages its KV mirrors, with their allocation stamps
 (`DevicePool.stamps`). A new sequence whose cached prefix starts with those pages, still held by
 the same allocations, takes that slot and copies in only the rest: a chat's next turn finds its
-history where the previous turn left it (a 4k-token history is 94 MB to copy: 6 ms for 3k
-tokens measured alone, 10-28 ms of a 64-token turn here).
+history where the previous turn left it instead of copying tens of MB again.
 A page reallocated since has a new stamp, and from there on the slot is filled from the pool.
 """
 
@@ -244,7 +243,7 @@ class WorkspaceArena:
         self._kept: dict[int, PageMirror] = {}  # free slots' full pages, as they were released
         self.reused_tokens = 0  # tokens taken over from released slots, not copied again
         # how far each slot's memory has been written (tokens): a first touch faults its
-        # pages in, 3-17 us a 4 KiB page in this VM (a 3k-token slot: 50-300 ms)
+        # pages in one 4 KiB page at a time, slow on a VM, so written slots are preferred
         self._touched = [0] * slots
 
     @property

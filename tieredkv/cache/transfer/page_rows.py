@@ -12,7 +12,7 @@ threads copy in parallel; the Python loop costs about a microsecond per run.
 
 One thread cannot reach memcpy speed on the layer-major side's scattered runs, and two threads
 overlap their cache misses, so a batch of at least `SPLIT_MIN_PAGES` pages is shared with one
-helper thread (`copy_pages(..., helper=...)`; the README's Performance section has the figures).
+helper thread (`copy_pages(..., helper=...)`; `benchmarks/tier_bandwidth.py` measures it).
 """
 
 from __future__ import annotations
