@@ -139,9 +139,8 @@ static inline __m512 widen_bf16(const uint16_t *src) {
 
 /* The same unit for 64-dim heads on an AVX512 CPU. The scores: with the bf16 dot instruction
  * (pairs of bf16 products summed in fp32) where the CPU has AVX512-BF16; else each key widened
- * to fp32 once, in four registers, for all the group's queries (not A/B-timed against the
- * plain loop: a batch-1 decode's attention at ~3k tokens took 8.2 ms a step before and
- * 6.6-7.2 ms after, in runs minutes apart). The values' weighted sum in registers. */
+ * to fp32 once, in four registers, for all the group's queries (each key is read once for
+ * the whole group instead of once per query). The values' weighted sum in registers. */
 static void attend_unit_avx512(const uint16_t *keys, const uint16_t *values, int64_t n,
                                const uint16_t *query_rows, int64_t q_head_stride, float scale,
                                const int64_t group, float *partial) {

@@ -1,9 +1,9 @@
 """bf16 kernels in C (`cpu_kernels.c`) for a CPU without AMX: decode attention, RMSNorm and
 the prefill attention's softmax.
 
-A decode step at 2.7k tokens there spent ~17 of its ~30 ms in 180 small bf16 matmuls (a kv
-head's three queries against its keys: oneDNN runs that shape at a few GB/s) and ~4 ms in
-RMSNorm, which torch runs as eight ops on a 576-wide row. `decode_attention` stores every
+Without AMX, most of a bf16 decode step in torch goes to many small bf16 matmuls (a kv head's
+three queries against its keys: oneDNN runs that shape at a few GB/s) and to RMSNorm, which
+torch runs as eight ops on a 576-wide row. `decode_attention` stores every
 decode's new K/V and attends them all in one call a layer (sequences x kv heads x key chunks
 in parallel, fp32 inside); `rms_norm` is one pass; `softmax_` replaces torch's bf16 softmax
 between the prefill attention's two matmuls.

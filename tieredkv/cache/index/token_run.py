@@ -1,10 +1,10 @@
 """Token ids packed as int32 little-endian bytes: what the radix tree stores and compares.
 
-Comparing two lists of Python ints compares object by object (about 21 µs for a 3k-token prompt
-here); the same tokens packed compare with one memcmp (about 0.1 µs). Packing costs one pass
-over the ints, so a caller that matches and inserts the same sequence several times packs it
-once: `PackedTokens.from_ids` for a prompt, `TokenPacker` for a sequence that grows token by
-token. The bytes are exactly those `page_key` hashes (`page_key.token_bytes`).
+Comparing two lists of Python ints compares object by object; the same tokens packed compare
+with one memcmp, two orders of magnitude faster for a prompt of thousands of tokens. Packing
+costs one pass over the ints, so a caller that matches and inserts the same sequence several
+times packs it once: `PackedTokens.from_ids` for a prompt, `TokenPacker` for a sequence that
+grows token by token. The bytes are exactly those `page_key` hashes (`page_key.token_bytes`).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ not a page. Keys seen present are remembered (a bounded LRU set) and skipped at 
 
 Batches are small (`BATCH_PAGES`, ~3 MB of bf16 default-model KV) and each waits while this
 replica has a lookup or a fetch in flight (`ReadsFirst`): Redis runs one command at a time, so
-a lookup sent behind a prompt's 75 MB of writes waited for them and ran past its 20 ms budget;
-now it waits for one small batch at most.
+a lookup sent behind a prompt's tens of MB of writes would wait for all of them and run past
+its budget; this way it waits for one small batch at most.
 """
 
 from __future__ import annotations
