@@ -93,3 +93,17 @@ def test_configuration_doc_lists_every_serve_option() -> None:
     text = render()
     missing = [option for option in options if f"`{option}" not in text]
     assert not missing, f"flags missing from docs/configuration.md: {missing}"
+
+
+def test_operations_doc_names_every_exported_metric() -> None:
+    from tieredkv.engine.metrics import EngineMetrics
+
+    exported = [
+        line.split()[2]
+        for line in EngineMetrics().render().splitlines()
+        if line.startswith("# TYPE")
+    ]
+    assert "tieredkv_cache_hit_tokens_total" in exported
+    text = (DOCS / "operations.md").read_text(encoding="utf-8")
+    missing = [name for name in exported if f"`{name}`" not in text]
+    assert not missing, f"metrics missing from docs/operations.md: {missing}"
