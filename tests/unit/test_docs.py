@@ -107,3 +107,24 @@ def test_operations_doc_names_every_exported_metric() -> None:
     text = (DOCS / "operations.md").read_text(encoding="utf-8")
     missing = [name for name in exported if f"`{name}`" not in text]
     assert not missing, f"metrics missing from docs/operations.md: {missing}"
+
+
+def test_architecture_module_map_names_every_module() -> None:
+    """Every module of the library, the server and the kernels (the benchmarks' modules are
+    described as a group) has its line in docs/architecture.md's module map."""
+    text = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    modules = [
+        path
+        for top in ("tieredkv", "server", "kernels")
+        for path in sorted((ROOT / top).rglob("*"))
+        if path.suffix in (".py", ".c")
+        and path.name != "__init__.py"
+        and "bench" not in path.relative_to(ROOT).parts
+    ]
+    assert len(modules) > 50
+    missing = [
+        path.relative_to(ROOT).as_posix()
+        for path in modules
+        if not re.search(r"[`/]" + re.escape(path.name) + "`", text)
+    ]
+    assert not missing, f"modules missing from the module map: {missing}"
