@@ -1,4 +1,4 @@
-"""`tieredkv serve | bench ...`: the command line (DESIGN "Public contract / CLI").
+"""`tieredkv serve | bench ...`: the command line (docs/configuration.md).
 
 Bad flags end in a one-line error (argparse's usage + message, exit 2); a model or cache that
 cannot be loaded or opened ends in `tieredkv serve: error: ...` (exit 1); never a traceback.

@@ -1,4 +1,4 @@
-"""Counters behind the cache's Prometheus metrics (DESIGN "Prometheus metrics").
+"""Counters behind the cache's Prometheus metrics (docs/operations.md, "Metrics").
 
 Updated only on the engine thread; the engine's metrics module reads them when it renders.
   hit_tokens           cache_hit_tokens_total{tier}

@@ -73,7 +73,7 @@ def _default_memory_executor(device: torch.device) -> TransferExecutor:
 
 
 class TieredCache:
-    """Device, host and disk KV pages indexed by one radix tree (see DESIGN "The KV cache").
+    """Device, host and disk KV pages indexed by one radix tree (see docs/architecture.md).
 
     `fingerprint` identifies the model (weights, tokenizer, dtype, layout, page size); it roots
     every namespace's key chain. With `config.disk_enabled`, the disk store is opened (its

@@ -1,4 +1,4 @@
-"""Every `tieredkv_*` Prometheus metric of the public contract (DESIGN "Prometheus metrics").
+"""Every `tieredkv_*` Prometheus metric of the public contract (docs/operations.md, "Metrics").
 
 `EngineMetrics` owns the registry. The engine thread calls the `on_*` / `set_*` / `sync_cache`
 methods (each a few locked additions); the server calls `render()` for `GET /metrics`. The
