@@ -1,38 +1,43 @@
-"""Slow and stuck clients (issue #14): half-sent headers, a body that never finishes, a stream
-nobody reads, more connections than allowed. Each is cut off within its bound, and a normal
-client is still served. The server runs under uvicorn as `tieredkv serve` runs it."""
+"""Slow and stuck clients: half-sent headers, a body that never finishes, a stream nobody
+reads, more connections than allowed. Each is cut off within its bound, and a normal client is
+still served. The real engine (a tiny random Llama) and app run under uvicorn as `tieredkv
+serve` runs them, with 1 s bounds (`ServerConfig` fields no flag sets)."""
 
 from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from tieredkv.server.app import create_app
 
-from tests.unit.server.conftest import MODEL_NAME, serve, tiny_chat_tokenizer
-from tests.unit.server.fake_engine import FakeEngine
+from tests.reliability.harness import parse_metrics
+from tests.reliability.live_engine import TINY_NAME, live_server, tiny_llama
 from tieredkv.config import ServerConfig
+from tieredkv.model.loader import LoadedModel
 
 LIMITS = ServerConfig(
     max_connections=8, header_timeout_s=1.0, body_timeout_s=1.0, stall_timeout_s=1.0
 )
 PATIENCE_S = 30.0  # how long a test waits for something that must happen (not a timing check)
-CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+CHAT = {
+    "model": TINY_NAME,
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 5,
+    "ignore_eos": True,
+}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    return tiny_llama(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture
-def engine(tmp_path: Path) -> FakeEngine:
-    return FakeEngine(tiny_chat_tokenizer(tmp_path))
-
-
-@pytest.fixture
-def live(engine: FakeEngine) -> Iterator[str]:
-    app = create_app(engine, engine.tokenizer, LIMITS, MODEL_NAME, 1 << 20)
-    with serve(app, LIMITS) as base_url:
+def live(model: LoadedModel) -> Iterator[str]:
+    with live_server(model, LIMITS) as base_url:
         yield base_url
 
 
@@ -57,17 +62,30 @@ def _normal_request(base_url: str) -> httpx.Response:
     return httpx.post(f"{base_url}/v1/chat/completions", json=CHAT, timeout=PATIENCE_S)
 
 
+def _served(reply: httpx.Response) -> bool:
+    """A 200 whose answer the engine generated: all five tokens."""
+    return reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 5
+
+
+def _finished(base_url: str) -> dict[str, float]:
+    """`request_success_total` by finished_reason."""
+    metrics = parse_metrics(httpx.get(f"{base_url}/metrics", timeout=PATIENCE_S).text)
+    return {
+        reason: metrics[f'request_success_total{{finished_reason="{reason}"}}']
+        for reason in ("stop", "length", "abort")
+    }
+
+
 def test_half_sent_headers_are_cut_off_and_a_normal_client_is_served(live: str) -> None:
     slow = [_connect(live) for _ in range(6)]
     for sock in slow:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Ty")
-    reply = _normal_request(live)  # served beside the slow connections
-    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
+    assert _served(_normal_request(live))  # served beside the slow connections
     for sock in slow:  # each is answered 408 and closed once its header time is up
         answer = _read_all(sock)
         assert answer.startswith(b"HTTP/1.1 408 "), answer[:80]
         sock.close()
-    assert _normal_request(live).status_code == 200
+    assert _served(_normal_request(live))
 
 
 def test_a_connection_that_sends_nothing_is_closed(live: str) -> None:
@@ -83,7 +101,7 @@ def test_connections_over_the_limit_are_refused_and_slots_come_back(live: str) -
     extra.close()
     for sock in held:
         sock.close()
-    assert _normal_request(live).status_code == 200  # closed slots are free again
+    assert _served(_normal_request(live))  # closed slots are free again
 
 
 def test_a_body_that_never_finishes_gets_408(live: str) -> None:
@@ -101,19 +119,25 @@ def test_a_body_that_never_finishes_gets_408(live: str) -> None:
     assert error["code"] == "request_timeout"
 
 
-def test_a_stream_nobody_reads_is_dropped_and_its_request_ends(
-    live: str, engine: FakeEngine
-) -> None:
-    engine.reply = "Hello there, the cache is warm! " * 20000  # megabytes of events
-    request = {**CHAT, "stream": True, "max_tokens": 1 << 19}
+def test_a_stream_nobody_reads_is_dropped_and_its_request_ends(live: str) -> None:
+    # 16 choices x 400 tokens, each event with 20 top logprobs: about 10 MB of events, far
+    # more than the socket buffers hold
+    request = {**CHAT, "stream": True, "n": 16, "max_tokens": 400}
+    request |= {"logprobs": True, "top_logprobs": 20}
     body = json.dumps(request).encode()
+    before = _finished(live)
     sock = _connect(live, rcvbuf=4096)
     head = (
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\n\r\n"
     )
     sock.sendall(head.encode() + body)  # and never read
-    assert engine.closed_event.wait(PATIENCE_S), "the engine's stream was never closed"
-    assert len(engine.closed_early) == 1
+    deadline = time.monotonic() + PATIENCE_S
+    while _finished(live) == before:
+        assert time.monotonic() < deadline, "the unread request never ended"
+        time.sleep(0.05)  # test code: waiting for the server to give up on the reader
+    after = _finished(live)
+    assert after["abort"] == before["abort"] + 1  # aborted, not run to its end
+    assert after["length"] == before["length"] and after["stop"] == before["stop"]
     sock.close()
-    assert _normal_request(live).status_code == 200
+    assert _served(_normal_request(live))

@@ -70,8 +70,10 @@ def client(app: FastAPI) -> Iterator[TestClient]:
 
 @contextmanager
 def serve(app: FastAPI, config: ServerConfig | None = None) -> Iterator[str]:
-    """The app under uvicorn as `tieredkv serve` runs it (uvloop, h11, the connection limits of
-    `config`) on 127.0.0.1 with an ephemeral port; its base URL."""
+    """`app` under uvicorn configured as `tieredkv serve` configures it (uvloop, h11, the
+    connection limits of `config`) on 127.0.0.1 with an ephemeral port; its base URL. The
+    engine is whichever `app` was built on: the fake here, the real one in
+    `tests/reliability/live_engine.py`."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
