@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -38,11 +37,12 @@ from pathlib import Path
 import httpx
 import torch
 
+from benchmarks.redis_server import RedisServer, require_redis_server
+from benchmarks.remote_limit import redis_get_throughput, scrape
 from tieredkv.bench.disk_check import drop_page_cache
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.prom_text import counter_delta, select
-from tieredkv.bench.redis_server import RedisServer, require_redis_server
-from tieredkv.bench.remote_limit import redis_get_throughput, scrape
+from tieredkv.bench.records import spread
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.model.default_model import default_model_dir
 from tieredkv.model.hf_config import parse_model_config, read_config_json
@@ -82,13 +82,6 @@ def wait_until_written(server: ManagedServer, num_bytes: int, timeout_s: float =
     while remote_bytes_written(server) < num_bytes and time.monotonic() - started < timeout_s:
         time.sleep(0.05)
     return time.monotonic() - started
-
-
-def spread(values: list[float]) -> dict:
-    if not values:
-        return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "n": len(values)}  # fmt: skip
 
 
 def run(args: argparse.Namespace, work: Path) -> dict:

@@ -1,6 +1,6 @@
 """Real Redis servers for tests: a single server or a three-master cluster, each on loopback
 ports of its own with a temporary directory and no persistence. No fake Redis anywhere. The
-server itself is the benchmark's (`tieredkv.bench.redis_server`), with test-only controls."""
+server itself is the benchmark's (`benchmarks.redis_server`), with test-only controls."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tieredkv.bench import redis_server as bench_redis
+from benchmarks import redis_server as bench_redis
 
 READY_S = 10.0  # a server or a cluster that is not up by then is a failed fixture
 CLUSTER_BUS_OFFSET = 10000  # Redis Cluster's bus listens on port + 10000

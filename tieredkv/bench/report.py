@@ -1,59 +1,50 @@
-"""The benchmark's outputs: `report.json` (every figure and every request), a Markdown summary
-(`summary.md`, also printed), and the PNG plots, all in one output directory.
+"""The benchmark's outputs: `report.json` (every figure and every request) and a Markdown
+summary (`summary.md`, also printed), in one output directory (benchmarks/plots.py draws it).
 
-Report shape (version 2): {"version", "command", "workload", "arrival", "machine", "disk",
-"runs": [run...], "baseline_label", "tables", "check_equal", "targets" (first run),
-"targets_by_run", "vs_peer", "replicas" (`--replicas`: replica_report.analyze), "work_dir",
-"plots"}; each run:
+Report shape (version 3): {"version", "command", "workload", "arrival", "machine", "disk",
+"runs": [run...], "baseline_label", "tables", "sections", "check_equal", "targets" (first run),
+"targets_by_run", "vs_peer", "work_dir"}; each run:
 {"label", "base_url", "model", "metrics_available", "summary": {"overall", "reuse_rounds",
-"by_round"}, "promotion", "transfer_bytes", "evicted_pages", "records", ...} (a replicas run
-adds "replicas": its count, remote tier, router policy and restarts). None is unknown (JSON
-null)."""
+"by_round"}, "promotion", "transfer_bytes", "evicted_pages", "records", ...}. "sections" holds
+{title: Markdown} that a script adds (benchmarks/replicas.py). None is unknown (JSON null)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import platform
 from pathlib import Path
 
-from tieredkv.bench import plots, tables
+from tieredkv.bench import tables
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.equality import describe
 from tieredkv.bench.records import fmt_times
-from tieredkv.bench.replica_report import replicas_tables
+from tieredkv.bench.result_file import machine_info, machine_line
 from tieredkv.bench.targets import targets_table
 from tieredkv.bench.workload import WorkloadConfig
 
-REPORT_VERSION = 2  # 2: without "hf_prefill" and "policy_grid" (benchmarks/ scripts now)
+REPORT_VERSION = 3
 
 
 def new_report(argv: list[str], workload: WorkloadConfig, arrival: ArrivalConfig) -> dict:
     return {
         "version": REPORT_VERSION,
-        "command": ["tieredkv", "bench", "multiturn", *argv],
+        "command": argv,
         "workload": dataclasses.asdict(workload),
         "arrival": {
             "mode": "round_robin" if arrival.rate_per_s is None else "poisson",
             **dataclasses.asdict(arrival),
         },
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
+        "machine": machine_info(),
         "disk": None,
         "runs": [],
         "baseline_label": None,
         "tables": {},
+        "sections": {},
         "check_equal": None,
         "targets": None,
         "targets_by_run": None,
         "vs_peer": None,
-        "replicas": None,
         "work_dir": None,
-        "plots": [],
     }
 
 
@@ -62,8 +53,8 @@ def baseline_of(report: dict) -> dict | None:
     return next((r for r in report["runs"] if r["label"] == label), None)
 
 
-def finish(report: dict, out_dir: Path, make_plots: bool = True) -> str:
-    """Fill in tables and plots, write report.json and summary.md; the summary text."""
+def finish(report: dict, out_dir: Path) -> str:
+    """Fill in the tables, write report.json and summary.md; the summary text."""
     out_dir.mkdir(parents=True, exist_ok=True)
     baseline = baseline_of(report)
     runs = report["runs"]
@@ -72,17 +63,6 @@ def finish(report: dict, out_dir: Path, make_plots: bool = True) -> str:
     sweep = [r for r in runs if r.get("sweep")]
     if sweep:
         report["tables"]["sweep"] = tables.sweep_table(sweep, baseline)
-    if report.get("replicas"):
-        replica_runs = [r for r in runs if "replicas" in r]
-        report["tables"]["replicas"] = replicas_tables(replica_runs, report["replicas"])
-    if make_plots and runs:
-        report["plots"] = [
-            str(plots.ttft_by_round(runs, out_dir / "ttft_by_round.png")),
-            str(plots.hit_ratio_by_tier(runs, out_dir / "hit_ratio_by_tier.png")),
-            str(plots.promotion_distribution(runs[0], out_dir / "promotion_latency.png")),
-        ]
-        if len(sweep) > 1:
-            report["plots"].append(str(plots.capacity_sweep(sweep, out_dir / "sweep.png")))
     text = summary_text(report)
     (out_dir / "summary.md").write_text(text)
     with open(out_dir / "report.json", "w") as f:
@@ -92,19 +72,20 @@ def finish(report: dict, out_dir: Path, make_plots: bool = True) -> str:
 
 def summary_text(report: dict) -> str:
     parts = [f"# tieredkv bench multiturn\n\n`{' '.join(report['command'])}`\n"]
+    parts.append(f"Machine: {machine_line(report)}\n")
     if report["disk"]:
         disk = report["disk"]
         parts.append(
-            f"disk read bandwidth (same run): {disk['bytes_per_s'] / 1e9:.2f} GB/s "
+            f"disk read limit (same run, best shape {disk['chunk_bytes'] >> 20} MiB x "
+            f"{disk['in_flight']} in flight): {disk['bytes_per_s'] / 1e9:.2f} GB/s "
             f"(probe O_DIRECT {'on' if disk['o_direct'] else 'off'})\n"
         )
     parts.append("## Runs (reuse rounds; promotion latency: bucket-resolution estimates)\n")
     parts.append(report["tables"]["runs"] + "\n")
     if "sweep" in report["tables"]:
         parts.append("## Capacity sweep\n\n" + report["tables"]["sweep"] + "\n")
-    if "replicas" in report["tables"]:
-        parts.append("## Replicas behind SGLang's router (reuse rounds)\n\n"
-                     + report["tables"]["replicas"] + "\n")  # fmt: skip
+    for title, text in report["sections"].items():
+        parts.append(f"## {title}\n\n{text}\n")
     if report.get("vs_peer"):
         parts.append(
             "TTFT p50 speed-up against the peer (peer p50 / ours): "

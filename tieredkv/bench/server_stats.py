@@ -15,10 +15,9 @@ from tieredkv.bench.prom_text import (
     histogram_delta,
     parse_samples,
 )
-from tieredkv.bench.records import TIERS, percentile, ratio
+from tieredkv.bench.records import P99_MIN_SAMPLES, TIERS, percentiles, ratio
 
 PROMOTION_SOURCES = ("host", "disk", "remote")
-P99_MIN_SAMPLES = 100
 
 
 def promotion_stats(
@@ -39,8 +38,8 @@ def promotion_stats(
         moved = _bytes_up_from(before, after, source)
         exact = (per_request or {}).get(source) or []
         if count and len(exact) == count:
-            p50 = percentile(exact, 50)
-            p99 = percentile(exact, 99) if len(exact) >= P99_MIN_SAMPLES else None
+            figures = percentiles(exact)
+            p50, p99 = figures["p50"], figures["p99"]
             how = "exact: every promotion timed per request"
         else:
             p50 = bucket_quantile(buckets, 0.5) if buckets else None

@@ -1,7 +1,7 @@
 """The managed benchmark: tieredkv started by the benchmark itself, at one or more (device, host)
 cache sizes (the capacity sweep), beside the recompute baseline (`--no-cache`, same binary).
 Every tieredkv run gets a fresh disk store in a temp dir, dropped from the page cache before
-each timed round; the disk's read bandwidth is measured in the same run, on the same
+each timed round; the disk's read limit is measured in the same run, on the same
 filesystem."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from tieredkv.bench.disk_check import disk_read_bandwidth, drop_page_cache
+from tieredkv.bench.disk_check import disk_read_limit, drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.workload import Workload
@@ -88,8 +88,8 @@ def run_server(
 
 
 def measure_disk(suite: SuiteConfig) -> dict:
-    """This filesystem's sequential read bandwidth (where the disk stores live)."""
-    return disk_read_bandwidth(suite.work_dir, suite.disk_probe_bytes)
+    """This filesystem's read limit for the store (where the disk stores live)."""
+    return disk_read_limit(suite.work_dir, suite.disk_probe_bytes)
 
 
 def run_all(

@@ -1,4 +1,4 @@
-"""Report shape, tables, PNG plots, check-equal and the targets, from fake-server runs."""
+"""Report shape, tables and check-equal, from fake-server runs."""
 
 import json
 from pathlib import Path
@@ -9,11 +9,9 @@ from bench_fakes import FakeServer
 from tieredkv.bench import report as reports
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.equality import compare_runs, describe, first_difference
-from tieredkv.bench.targets import evaluate
 from tieredkv.bench.workload import Workload, WorkloadConfig
 from tieredkv.bench.workload_run import run_workload
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SMALL = WorkloadConfig(num_users=2, num_rounds=2, system_words=10, document_words=20, max_tokens=8)
 
 
@@ -27,7 +25,7 @@ def two_runs(answer_prefix: str = "Answer") -> tuple[dict, dict]:
     return cached, baseline
 
 
-def test_report_json_tables_and_pngs(tmp_path: Path) -> None:
+def test_report_json_and_tables(tmp_path: Path) -> None:
     cached, baseline = two_runs()
     cached["spec"] = {"device_cache": "64MiB", "host_cache": "32MiB"}
     cached["sweep"] = True
@@ -39,7 +37,8 @@ def test_report_json_tables_and_pngs(tmp_path: Path) -> None:
     text = reports.finish(report, tmp_path)
     assert "tieredkv: 2.0x" in text
     loaded = json.loads((tmp_path / "report.json").read_text())
-    assert loaded["version"] == 2
+    assert loaded["version"] == 3
+    assert loaded["machine"]["cores"] >= 1 and "Machine: " in text
     assert loaded["workload"]["num_users"] == 2
     assert loaded["arrival"]["mode"] == "round_robin"
     assert [r["label"] for r in loaded["runs"]] == ["tieredkv", "recompute"]
@@ -56,9 +55,7 @@ def test_report_json_tables_and_pngs(tmp_path: Path) -> None:
     assert loaded["check_equal"]["identical"] is True
     assert "unknown" in text  # the plain server's hit ratios
     assert "| tieredkv |" in text and "Capacity sweep" in text
-    assert len(report["plots"]) == 3
-    for name in report["plots"]:
-        assert Path(name).read_bytes()[:8] == PNG_SIGNATURE
+    assert "n<100" in text  # 2 requests a round: no p99
 
 
 def test_check_equal_lists_every_fp32_difference_and_bf16_shares() -> None:
@@ -80,20 +77,6 @@ def test_check_equal_lists_every_fp32_difference_and_bf16_shares() -> None:
     assert bf16["first_divergence"]["round_p50"] == 0
     assert first_difference("abc", "abc") is None
     assert first_difference("abc", "ab") == 2
-
-
-def test_targets_from_disk_hits() -> None:
-    cached, baseline = two_runs()
-    for r in cached["records"]:
-        r["prompt_tokens"] = 4000 if r["round_index"] else r["prompt_tokens"]
-    targets = evaluate(cached, baseline, disk_bytes_per_s=1e9)
-    assert targets["disk_requests_at_3k"] == 2
-    ideal = targets["disk_promotion_p50_over_ideal"]["ideal_s"]
-    assert ideal == 4096 / 1e9
-    assert targets["ttft_speedup_vs_recompute_p50"]["value"] is not None
-    unknown = evaluate(cached, None, None)
-    assert unknown["ttft_speedup_vs_recompute_p50"]["met"] is None
-    assert unknown["disk_promotion_p50_over_ideal"]["value"] is None
 
 
 def test_one_request_at_a_time_records_the_servers_own_timings() -> None:

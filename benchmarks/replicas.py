@@ -1,14 +1,18 @@
-"""`tieredkv bench multiturn --replicas N`: the multi-turn workload through SGLang's router over
-N tieredkv replicas, for every configuration of remote tier (on: a fresh `redis-server` the
-replicas share; off) × router policy, in one run.
+"""`tieredkv bench multiturn`'s workload through SGLang's router over N tieredkv replicas, for
+every configuration of remote tier (on: a fresh `redis-server` the replicas share; off) x router
+policy, in one run:
+
+    .venv/bin/python -m benchmarks.replicas --replicas N [--remote on,off]
+        [--router-policies cache_aware,round_robin] [--restart-at R] [bench multiturn's flags]
 
 Each configuration starts from nothing: a fresh Redis (remote on), N fresh replicas with the
 managed runs' flags (each its own disk store) and the router. The workload goes through the
 router; before the turn of user `users // 2` in round `--restart-at`, replica 0 is stopped
 (SIGTERM); once the router routes around it the run goes on, its turns landing on the other
 replicas, while replica 0 starts again on its port with its flags and its disk store (a warm
-restart). The next round starts once the router holds it healthy again. The disk stores are
-dropped from the page cache before every round, as in the single-server runs.
+restart). The next round starts once the router holds it healthy again and, with the remote
+tier, once the replicas' writes to Redis have settled. The disk stores are dropped from the
+page cache before every round, as in the single-server runs.
 """
 
 from __future__ import annotations
@@ -16,16 +20,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.redis_server import RedisServer, require_redis_server
+from benchmarks.remote_limit import (
+    RemotePromotions,
+    redis_get_throughput,
+    remote_writes_settled,
+)
+from benchmarks.replica_report import analyze, replicas_tables
+from benchmarks.replica_set import ReplicaSet
+from benchmarks.router import ROUTER_POLICIES, require_router
+from tieredkv.bench import multiturn
 from tieredkv.bench.disk_check import drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
-from tieredkv.bench.redis_server import RedisServer, require_redis_server
-from tieredkv.bench.remote_limit import RemotePromotions, redis_get_throughput
-from tieredkv.bench.replica_set import ReplicaSet
-from tieredkv.bench.router import ROUTER_POLICIES, require_router
 from tieredkv.bench.suite import ServerSpec, SuiteConfig
 from tieredkv.bench.workload import Workload
 from tieredkv.bench.workload_run import run_workload
@@ -99,7 +109,7 @@ class ReplicasConfig:
 def add_replica_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("replicas behind SGLang's router (managed runs)")
     add = group.add_argument
-    add("--replicas", type=int, help="N >= 2 tieredkv replicas behind SGLang's router")
+    add("--replicas", type=int, required=True, help="N >= 2 tieredkv replicas behind the router")
     add("--remote", help="remote tier per configuration: on,off (default both; on: a fresh "
         "redis-server the replicas share)")  # fmt: skip
     add("--router-policies", help="router policy per configuration (default "
@@ -112,15 +122,8 @@ def _words(text: str) -> list[str]:
     return [word.strip() for word in text.split(",") if word.strip()]
 
 
-def replicas_config(args: argparse.Namespace) -> ReplicasConfig | None:
-    """The replicas run the flags ask for, None without `--replicas`; ConfigError names a bad
-    or conflicting flag."""
-    if args.replicas is None:
-        only_with = ("remote", "router_policies", "restart_at")
-        given = ["--" + f.replace("_", "-") for f in only_with if getattr(args, f) is not None]
-        if given:
-            raise ConfigError(f"{', '.join(given)}: only with --replicas N")
-        return None
+def replicas_config(args: argparse.Namespace) -> ReplicasConfig:
+    """The replicas run the flags ask for; ConfigError names a bad or conflicting flag."""
     for flag in ("base_url", "sweep", "peer_url"):
         if getattr(args, flag):
             raise ConfigError(f"--replicas does not go with --{flag.replace('_', '-')}")
@@ -141,22 +144,45 @@ def replicas_config(args: argparse.Namespace) -> ReplicasConfig | None:
 
 
 def run_replica_configs(
-    plan: ReplicasConfig,
+    args: argparse.Namespace,
     spec: ServerSpec,
     suite: SuiteConfig,
     workload: Workload,
     arrival: ArrivalConfig,
-    on_result: Callable[[dict], None],
+    report: dict,
 ) -> list[dict]:
-    """Every configuration of `plan` in order; `on_result` sees each run as it finishes."""
+    """Every configuration the flags ask for, in order; each run joins `report` as it ends."""
+    plan = replicas_config(args)
+    if plan.round_robin_sticky and args.rate is None:
+        print(f"note: with {args.users} users on {args.replicas} replicas, round_robin keeps "
+              "each conversation on one replica (until the restart); a user count that "
+              f"{args.replicas} does not divide sends turns to the other replicas",
+              file=sys.stderr)  # fmt: skip
     require_router()
     if any(plan.remote):
         require_redis_server()
     runs = []
     for config in plan.configurations:
         runs.append(run_configuration(config, plan, spec, suite, workload, arrival))
-        on_result(runs[-1])
+        report["runs"].append(runs[-1])
     return runs
+
+
+def add_analysis(report: dict, runs: list[dict], baseline: dict | None) -> None:
+    report["replicas"] = analyze(runs, baseline)
+    title = "Replicas behind SGLang's router (reuse rounds)"
+    report["sections"][title] = replicas_tables(runs, report["replicas"])
+
+
+def main(argv: list[str]) -> int:
+    parser = multiturn.build_parser()
+    parser.prog = "python -m benchmarks.replicas"
+    add_replica_options(parser)
+    try:
+        replicas_config(multiturn.resolve(parser.parse_args(argv)))
+    except ConfigError as exc:
+        parser.error(str(exc))
+    return multiturn.main(argv, parser, run_replica_configs, add_analysis)
 
 
 def run_configuration(
@@ -170,6 +196,7 @@ def run_configuration(
     log_dir = suite.work_dir / config.tag
     restarts: list[dict] = []
     dropped: list[int] = []
+    remote_settled: list[bool] = []
     with (
         tempfile.TemporaryDirectory(prefix="kv-", dir=suite.work_dir) as stores_text,
         contextlib.ExitStack() as running,
@@ -192,6 +219,8 @@ def run_configuration(
 
         def before_round(_round: int) -> None:
             finish_restart()  # a round starts with every replica back
+            if config.remote:  # ... and with the previous round's pages in Redis
+                remote_settled.append(remote_writes_settled(replicas.urls))
             if spec.disk_cache != "0":
                 dropped.append(sum(drop_page_cache(d) for d in disk_dirs))
 
@@ -219,5 +248,10 @@ def run_configuration(
     result["spec"] = dataclasses.asdict(spec)
     result["server_args"] = args[0]
     result["page_cache_dropped_bytes"] = dropped
+    result["remote_writes_settled"] = remote_settled
     result["log"] = str(log_dir)
     return result
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

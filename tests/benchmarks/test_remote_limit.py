@@ -4,14 +4,25 @@ and by redis-benchmark against a real Redis, the higher of the two taken."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
-from tests.redis_servers import RedisServer
-from tieredkv.bench.remote_limit import redis_benchmark_get, redis_get_throughput
+from benchmarks.remote_limit import redis_benchmark_get, redis_get_throughput
+from tests.redis_servers import RedisServer, require_redis
 
 VALUE_BYTES = 64 << 10
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A `redis-server` on a loopback port of its own, stopped after the test."""
+    require_redis()
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
 
 
 def test_the_limit_is_the_faster_client_on_the_replicas_values(redis_server: RedisServer) -> None:

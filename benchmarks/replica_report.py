@@ -4,13 +4,13 @@ history came from (usage's `cached_tokens_by_tier`): a turn whose history came m
 remote tier landed on a replica that never saw (that part of) its conversation; one mostly from
 local disk is the local hit it is compared with; the recompute baseline's TTFT of the same
 turns (same user, same round) is the other side. "Mostly": a tier served more than half of the
-turn's prompt tokens. The issue's targets are judged on the medians."""
+turn's prompt tokens. The targets are judged on the medians."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from tieredkv.bench.records import TIERS, fmt, fmt_times, percentile, ratio
+from tieredkv.bench.records import TIERS, fmt, fmt_spread, fmt_times, percentile, ratio, spread
 from tieredkv.bench.tables import HIT_COLUMNS, markdown_table
 
 RECOMPUTE_OVER_REMOTE_MIN = 10.0  # a remote hit's TTFT at least 10x lower than recomputing
@@ -30,12 +30,6 @@ def dominant_tier(record: dict) -> str | None:
         if tokens is not None and 2 * tokens > prompt:
             return tier
     return None
-
-
-def spread(values: list[float]) -> dict:
-    """Median, min, max and count; None figures for no values."""
-    return {"p50": percentile(values, 50), "min": min(values, default=None),
-            "max": max(values, default=None), "count": len(values)}  # fmt: skip
 
 
 def classified(records: list[dict]) -> dict[str, list[dict]]:
@@ -74,7 +68,7 @@ def lost_users(records: list[dict], restart_turn: list[int] | tuple[int, int] | 
 
 def tier_figures(records: list[dict], baseline: dict | None) -> dict:
     """TTFT spreads of the remote-hit and disk-hit turns, the baseline's over the remote-hit
-    turns, and the issue's two ratios (p50 over p50) with whether each is met."""
+    turns, and the two target ratios (p50 over p50) with whether each is met."""
     turns = classified(records)
     base = {(r["user"], r["round_index"]): r for r in (baseline or {}).get("records", [])}
     same = [base.get((r["user"], r["round_index"])) for r in turns["remote"]]
@@ -82,8 +76,8 @@ def tier_figures(records: list[dict], baseline: dict | None) -> dict:
     out = {f"{name}_hits": spread([r["ttft_s"] for r in turns[name]]) for name in CLASSES}
     out["recompute_same_turns"] = spread(recompute)
     out["remote_prompt_tokens_p50"] = percentile([r["prompt_tokens"] for r in turns["remote"]], 50)
-    over_remote = ratio(out["recompute_same_turns"]["p50"], out["remote_hits"]["p50"])
-    over_disk = ratio(out["remote_hits"]["p50"], out["disk_hits"]["p50"])
+    over_remote = ratio(out["recompute_same_turns"]["median"], out["remote_hits"]["median"])
+    over_disk = ratio(out["remote_hits"]["median"], out["disk_hits"]["median"])
     out["recompute_over_remote"] = _judged(over_remote, lambda v: v >= RECOMPUTE_OVER_REMOTE_MIN)
     out["remote_over_disk"] = _judged(over_disk, lambda v: v <= REMOTE_OVER_DISK_MAX)
     return out
@@ -120,11 +114,10 @@ def analyze(runs: list[dict], baseline: dict | None) -> dict:
 
 
 def _ms(figures: dict) -> str:
-    """The median and range in ms, and the count: "230 (208–327, n=4)"."""
-    if not figures["count"]:
+    """The median and range in ms, and the count: "230 (208-327), n=4"."""
+    if not figures["n"]:
         return "none"
-    low, high = fmt(figures["min"], ".0f", 1000), fmt(figures["max"], ".0f", 1000)
-    return f"{fmt(figures['p50'], '.0f', 1000)} ({low}–{high}, n={figures['count']})"
+    return f"{fmt_spread(figures, '.0f', 1000)}, n={figures['n']}"
 
 
 def _verdict(judged: dict) -> str:
@@ -170,7 +163,7 @@ def restart_table(runs: list[dict], analysis: dict) -> str:
 
 def tier_table(analysis: dict) -> str:
     """Per configuration and pooled: remote-hit, disk-hit and recompute TTFT, and the ratios."""
-    header = ["configuration", "history mostly from Redis: TTFT p50 ms (min–max, n)",
+    header = ["configuration", "history mostly from Redis: TTFT median ms (min-max), n",
               "mostly from local disk", "recompute, the Redis turns", "their prompt tok p50",
               f"recompute ÷ Redis (>= {RECOMPUTE_OVER_REMOTE_MIN:.0f}x)",
               f"Redis ÷ disk (<= {REMOTE_OVER_DISK_MAX:.0f}x)"]  # fmt: skip

@@ -1,6 +1,6 @@
-"""`tieredkv bench forks`: n samples of one prompt, three ways (issue #15).
+"""`python -m benchmarks.forks`: n samples of one prompt, three ways.
 
-    tieredkv bench forks [--n 8] [--prompt-tokens 1500] [--max-tokens 32] [--reps 3]
+    .venv/bin/python -m benchmarks.forks [--n 8] [--prompt-tokens 1500] [--max-tokens 32] [--reps 3]
                          [--dtype auto] [--max-model-len 2048] [--out DIR] [--quick]
 
 It starts one `tieredkv serve` (lpm, no host or disk tier) and, per rep, from a flushed cache
@@ -38,10 +38,11 @@ from pathlib import Path
 
 import httpx
 
-from tieredkv.bench import add_server_options, parse_with_preset
+from benchmarks.presets import add_server_options, parse_with_preset
 from tieredkv.bench.client import scrape_metrics
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.prom_text import parse_samples, select
+from tieredkv.bench.records import fmt_spread, spread
 from tieredkv.errors import TieredKVError
 
 WAYS = ("fork", "shared", "apart")
@@ -67,7 +68,9 @@ class WayRun:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tieredkv bench forks", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.forks", description=__doc__.split("\n")[0]
+    )
     add = p.add_argument
     add("--n", type=int, help="samples of each prompt")
     add("--prompt-tokens", type=int)
@@ -175,9 +178,8 @@ async def run_all(base_url: str, args: argparse.Namespace) -> list[WayRun]:
     return runs
 
 
-def spread(values: list[float], scale: float = 1e3) -> str:
-    med = statistics.median(values) * scale
-    return f"{med:,.0f} ({min(values) * scale:,.0f}-{max(values) * scale:,.0f})"
+def spread_ms(values: list[float]) -> str:
+    return fmt_spread(spread(values), ",.0f", 1e3)
 
 
 def summary(runs: list[WayRun], args: argparse.Namespace) -> str:
@@ -194,9 +196,9 @@ def summary(runs: list[WayRun], args: argparse.Namespace) -> str:
         computed = [r.prefill_tokens for r in mine if r.prefill_tokens is not None]
         prefill = f"{statistics.median(computed):,.0f}" if computed else "unknown"
         lines.append(
-            f"| {way} | {spread([r.makespan_s for r in mine])} "
-            f"| {spread([r.first_token_s for r in mine])} "
-            f"| {spread([r.last_first_token_s for r in mine])} | {prefill} |"
+            f"| {way} | {spread_ms([r.makespan_s for r in mine])} "
+            f"| {spread_ms([r.first_token_s for r in mine])} "
+            f"| {spread_ms([r.last_first_token_s for r in mine])} | {prefill} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -204,7 +206,7 @@ def summary(runs: list[WayRun], args: argparse.Namespace) -> str:
 def main(argv: list[str]) -> int:
     args = parse_with_preset(build_parser(), argv, PRESETS)
     if args.n < 2 or args.prompt_tokens < 2 or args.reps < 1:
-        print("tieredkv bench forks: error: --n >= 2, --prompt-tokens >= 2, --reps >= 1",
+        print("benchmarks/forks.py: error: --n >= 2, --prompt-tokens >= 2, --reps >= 1",
               file=sys.stderr)  # fmt: skip
         return 2
     out = args.out or Path("bench-results") / time.strftime("forks-%Y%m%d-%H%M%S")
@@ -219,11 +221,11 @@ def main(argv: list[str]) -> int:
         with ManagedServer(server_args, work_dir / "server.log", args.threads) as server:
             runs = asyncio.run(run_all(server.base_url, args))
     except (TieredKVError, OSError, httpx.HTTPError) as exc:
-        print(f"tieredkv bench forks: error: {exc}", file=sys.stderr)
+        print(f"benchmarks/forks.py: error: {exc}", file=sys.stderr)
         return 1
     text = summary(runs, args)
     report = {
-        "command": ["tieredkv", "bench", "forks", *argv],
+        "command": ["python", "-m", "benchmarks.forks", *argv],
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "server_args": server_args,
@@ -234,3 +236,7 @@ def main(argv: list[str]) -> int:
     print(text)
     print(f"report: {out / 'report.json'}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -3,29 +3,22 @@
 A cell is (workload, max_num_seqs, label) with label `grouped`, `lpm` or `fcfs`. Its headline is
 the median over reps, with min and max, of hit tokens and makespan (medians only for the
 throughputs); TTFT percentiles pool the reps' samples, and a p99 needs 100 of them. Targets per
-(workload, max_num_seqs), judged on the medians: lpm reuses at least 90% of the prompt tokens the
-grouped run reuses, and finishes the burst faster than fcfs. None is unknown, never zero.
+(workload, max_num_seqs), judged on the medians: lpm reuses at least 90% of the prompt tokens
+the client's own prompts make reusable (their shared prefixes, counted by the client), and
+finishes the burst faster than fcfs. The server's cached-token counts are the measured reuse,
+cross-checked against the shared prefixes (a request claiming more is a disagreement,
+reported); the grouped run's share is printed beside. None is unknown, never zero.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Sequence
-
-from tieredkv.bench.burst_run import P99_MIN_SAMPLES, ttft_percentiles
-from tieredkv.bench.records import fmt, ratio
+from tieredkv.bench.records import fmt, fmt_p99, fmt_spread, percentiles, ratio, spread
 
 LABELS = ("grouped", "lpm", "fcfs")
-HIT_SHARE_TARGET = 0.9  # lpm hit tokens >= this x grouped hit tokens
+HIT_SHARE_TARGET = 0.9  # lpm hit tokens >= this x the reusable tokens
 SPREAD = ("hit_tokens", "makespan_s")  # median, min and max
-MEDIAN_ONLY = ("prompt_tokens", "requests_per_s", "prompt_tokens_per_s", "output_tokens_per_s")
-
-
-def spread(values: Sequence[float | None]) -> dict[str, float | None]:
-    """Median, min and max; all None when any value is unknown (or there are none)."""
-    if not values or any(v is None for v in values):
-        return {"median": None, "min": None, "max": None}
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+MEDIAN_ONLY = ("prompt_tokens", "reusable_tokens", "requests_per_s", "prompt_tokens_per_s",
+               "output_tokens_per_s")  # fmt: skip
 
 
 def cell_headline(runs: list[dict]) -> dict:
@@ -44,8 +37,9 @@ def cell_headline(runs: list[dict]) -> dict:
     step_s = [run.get("step_s") for run in runs]
     scheduler_s = [run.get("scheduler_s") for run in runs]
     return headline | {
-        "ttft_s": ttft_percentiles(ttfts),
+        "ttft_s": percentiles(ttfts),
         "ttft_samples": len(ttfts),
+        "disagreements": sum(len(run["cached_over_shared"]) for run in runs),
         "preemptions": None if None in preemptions else sum(preemptions),
         "deferrals": None if None in deferrals else sum(deferrals),
         "scheduler_share": (
@@ -76,9 +70,9 @@ def targets(heads: list[dict]) -> list[dict]:
         cell = {label: by_cell.get((workload, seqs, label)) for label in LABELS}
         if None in cell.values():
             continue
-        hit_share = ratio(
-            cell["lpm"]["hit_tokens"]["median"], cell["grouped"]["hit_tokens"]["median"]
-        )
+        lpm, grouped = cell["lpm"], cell["grouped"]
+        hit_share = ratio(lpm["hit_tokens"]["median"], lpm["reusable_tokens"])
+        grouped_share = ratio(grouped["hit_tokens"]["median"], grouped["reusable_tokens"])
         lpm_s, fcfs_s = (cell[label]["makespan_s"]["median"] for label in ("lpm", "fcfs"))
         result.append(
             {
@@ -86,6 +80,8 @@ def targets(heads: list[dict]) -> list[dict]:
                 "max_num_seqs": seqs,
                 "hit_share": hit_share,
                 "hit_met": None if hit_share is None else hit_share >= HIT_SHARE_TARGET,
+                "grouped_hit_share": grouped_share,
+                "disagreements": sum(cell[label]["disagreements"] for label in LABELS),
                 "lpm_makespan_s": lpm_s,
                 "fcfs_makespan_s": fcfs_s,
                 "makespan_met": None if lpm_s is None or fcfs_s is None else lpm_s < fcfs_s,
@@ -102,21 +98,9 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([_row(header), _row(["---"] * len(header)), *(_row(r) for r in rows)])
 
 
-def _spread_text(stats: dict, spec: str) -> str:
-    if stats["median"] is None:
-        return "unknown"
-    return f"{stats['median']:{spec}} ({stats['min']:{spec}}–{stats['max']:{spec}})"
-
-
-def _p99_text(head: dict) -> str:
-    if head["ttft_samples"] < P99_MIN_SAMPLES:
-        return f"n<{P99_MIN_SAMPLES} ({head['ttft_samples']})"
-    return fmt(head["ttft_s"]["p99"], ".0f", 1000)
-
-
 def headline_table(heads: list[dict]) -> str:
-    header = ["workload", "seqs", "run", "reps", "hit tokens median (min–max)", "prompt tokens",
-              "makespan s median (min–max)", "req/s", "prompt tok/s", "out tok/s",
+    header = ["workload", "seqs", "run", "reps", "hit tokens median (min-max)", "prompt tokens",
+              "makespan s median (min-max)", "req/s", "prompt tok/s", "out tok/s",
               "TTFT p50 ms", "TTFT p99 ms", "preemptions", "deferred", "scheduler % of step",
               "errors"]  # fmt: skip
     rows = [
@@ -125,14 +109,14 @@ def headline_table(heads: list[dict]) -> str:
             str(h["max_num_seqs"]),
             h["label"],
             str(h["reps"]),
-            _spread_text(h["hit_tokens"], ".0f"),
+            fmt_spread(h["hit_tokens"], ".0f"),
             fmt(h["prompt_tokens"], ".0f"),
-            _spread_text(h["makespan_s"], ".2f"),
+            fmt_spread(h["makespan_s"], ".2f"),
             fmt(h["requests_per_s"], ".2f"),
             fmt(h["prompt_tokens_per_s"], ".0f"),
             fmt(h["output_tokens_per_s"], ".1f"),
             fmt(h["ttft_s"]["p50"], ".0f", 1000),
-            _p99_text(h),
+            fmt_p99(h["ttft_s"], ".0f", 1000),
             fmt(h["preemptions"], ".0f"),
             fmt(h["deferrals"], ".0f"),
             fmt(h["scheduler_share"], ".2f", 100),
@@ -148,8 +132,9 @@ def _verdict(met: bool | None) -> str:
 
 
 def targets_table(rows: list[dict]) -> str:
-    header = ["workload", "seqs", "hit tokens lpm / grouped", ">= 90%", "makespan lpm / fcfs s",
-              "lpm faster"]  # fmt: skip
+    header = ["workload", "seqs", "lpm hit / reusable tokens", ">= 90%",
+              "grouped hit / reusable (server-reported)", "requests over their shared prefix",
+              "makespan lpm / fcfs s", "lpm faster"]  # fmt: skip
     return _table(
         header,
         [
@@ -158,6 +143,8 @@ def targets_table(rows: list[dict]) -> str:
                 str(t["max_num_seqs"]),
                 fmt(t["hit_share"], ".1%"),
                 _verdict(t["hit_met"]),
+                fmt(t["grouped_hit_share"], ".1%"),
+                str(t["disagreements"]),
                 f"{fmt(t['lpm_makespan_s'], '.2f')} / {fmt(t['fcfs_makespan_s'], '.2f')}",
                 _verdict(t["makespan_met"]),
             ]

@@ -10,9 +10,9 @@ sends one pipeline a fetch), the higher of two clients:
 - redis-py (the replicas' client) reading back every value the replicas wrote;
 - `redis-benchmark` (Redis's own C client) getting a value of the same size.
 
-The C client alone is not enough of a limit where it is missing; redis-py alone was too low
-(session 12: 0.42-0.46 GB/s, under the replicas' own promotions at 0.52-0.53 GB/s: each of its
-35 MB batches lands in freshly allocated memory, which this VM faults in at ~1-3 ms a MB).
+The C client alone is no limit where it is missing; redis-py alone reads below the replicas'
+own promotions on a VM that faults in fresh memory slowly (each of its large batches lands in
+freshly allocated memory).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 import httpx
 import redis
 
-from tieredkv.bench.prom_text import Samples, counter_delta, parse_samples
+from tieredkv.bench.prom_text import Samples, counter_delta, parse_samples, select
 from tieredkv.cache.remote.connection import SOCKET_READ_BYTES
 
 REMOTE = {"from_tier": "remote"}
@@ -34,6 +34,22 @@ REMOTE = {"from_tier": "remote"}
 def scrape(base_url: str) -> Samples:
     """A replica's /metrics (open: no key needed)."""
     return parse_samples(httpx.get(base_url + "/metrics", timeout=10).text)
+
+
+def remote_writes_settled(urls: list[str], timeout_s: float = 30.0) -> bool:
+    """Wait until the replicas' bytes written to the remote tier stop growing (three equal
+    sums, 0.1 s apart): their writes are asynchronous, and a turn on another replica should
+    find what the previous round wrote rather than race it. False past `timeout_s`."""
+    sums: list[float] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        samples = [scrape(url) for url in urls]
+        sums.append(sum(sum(select(s, "tieredkv_transfer_bytes_total", to_tier="remote").values())
+                        for s in samples))  # fmt: skip
+        if len(sums) >= 3 and sums[-1] == sums[-2] == sums[-3]:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 class RemotePromotions:

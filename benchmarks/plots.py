@@ -1,9 +1,15 @@
-"""PNG plots of a report: TTFT by round, hit ratio by tier, promotion latency distribution, and
-the capacity sweep. Unknown values are left out of a plot (and labelled so), never drawn as 0."""
+"""PNG plots of a `tieredkv bench multiturn` report: TTFT by round, hit ratio by tier,
+promotion latency distribution, and the capacity sweep. Unknown values are left out of a plot
+(and labelled so), never drawn as 0.
+
+    .venv/bin/python -m benchmarks.plots REPORT_DIR   (writes the PNGs beside its report.json)
+"""
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 from pathlib import Path
 
 from tieredkv.bench.records import TIERS
@@ -18,7 +24,7 @@ def _pyplot():
         import matplotlib
     except ImportError:
         raise TieredKVError(
-            "the plots need matplotlib: pip install 'tieredkv[bench]', or pass --no-plots"
+            "the plots need matplotlib: pip install 'tieredkv[bench]'"
         ) from None
 
     matplotlib.use("Agg")  # files only: no display on a server
@@ -127,3 +133,22 @@ def _save(fig: object, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     _pyplot().close(fig)
     return path
+
+
+def draw(report_dir: Path) -> list[Path]:
+    """Every plot of `report_dir/report.json`, written beside it; their paths."""
+    runs = json.loads((report_dir / "report.json").read_text())["runs"]
+    paths = [
+        ttft_by_round(runs, report_dir / "ttft_by_round.png"),
+        hit_ratio_by_tier(runs, report_dir / "hit_ratio_by_tier.png"),
+        promotion_distribution(runs[0], report_dir / "promotion_latency.png"),
+    ]
+    sweep = [run for run in runs if run.get("sweep")]
+    if len(sweep) > 1:
+        paths.append(capacity_sweep(sweep, report_dir / "sweep.png"))
+    return paths
+
+
+if __name__ == "__main__":
+    for written in draw(Path(sys.argv[1])):
+        print(written)

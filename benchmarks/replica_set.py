@@ -12,8 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.router import RouterProcess
 from tieredkv.bench.managed import ManagedServer
-from tieredkv.bench.router import RouterProcess
 
 
 class ReplicaSet:

@@ -1,6 +1,6 @@
-"""`tieredkv bench burst`: a burst of requests sharing few prefixes, lpm against fcfs (issue #12).
+"""`python -m benchmarks.burst`: a burst of requests sharing few prefixes, lpm against fcfs.
 
-    tieredkv bench burst [--workloads fewshot,rag] [--max-num-seqs 2,8] [--reps 3]
+    .venv/bin/python -m benchmarks.burst [--workloads fewshot,rag] [--max-num-seqs 2,8] [--reps 3]
                          [--arrival burst|poisson] [--rate R] [--groups 8] [--per-group 8]
                          [--shared-words 950] [--question-words 60] [--max-tokens 16]
                          [--device-cache-size 96MiB] [--dtype bfloat16] [--max-model-len 2048]
@@ -10,9 +10,11 @@ For each --max-num-seqs value it starts two tieredkv servers (`--schedule-policy
 no host or disk tier), warms each up with one unrelated request, then per rep and workload runs,
 each from a flushed cache: the grouped sequential run (on the lpm server), the lpm burst and the
 fcfs burst, interleaved so that load on a shared machine hits all three alike. Targets per
-workload and max-num-seqs: lpm hit tokens >= 90% of grouped's (medians) and lpm makespan < fcfs
-makespan (medians). Writes report.json and summary.md to --out. `--quick`: tiny sizes for tests
-(figures meaningless); explicit flags override it.
+workload and max-num-seqs: lpm hit tokens >= 90% of the tokens the prompts' shared prefixes
+make reusable (counted by the client from its own prompts; the server's counts are
+cross-checked against them) and lpm makespan < fcfs makespan (medians). Writes report.json and
+summary.md to --out. `--quick`: tiny sizes for tests (figures meaningless); explicit flags
+override it.
 """
 
 from __future__ import annotations
@@ -31,17 +33,21 @@ from pathlib import Path
 
 import httpx
 
-from tieredkv.bench import burst_summary, fill_preset
-from tieredkv.bench.burst_run import run_burst
-from tieredkv.bench.burst_workload import KINDS, BurstConfig, arrival_order
+from benchmarks import burst_summary
+from benchmarks.burst_run import run_burst
+from benchmarks.burst_workload import KINDS, BurstConfig, arrival_order, shared_prefix_tokens
+from benchmarks.presets import fill_preset
 from tieredkv.bench.client import ChatClient, served_model
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.records import fmt
+from tieredkv.config import CacheConfig
 from tieredkv.errors import TieredKVError
+from tieredkv.model.default_model import default_model_dir
+from tieredkv.model.tokenizer import ChatTokenizer
 
 POLICIES = ("lpm", "fcfs")
 PRESETS = {
-    # the issue's reference setting: 8 templates of ~1.2k tokens x 8 questions of ~100 tokens,
+    # the reference setting: 8 templates of ~1.2k tokens x 8 questions of ~100 tokens,
     # a 96 MiB bf16 device tier (~4.3k tokens of the default model: about 3 templates)
     "default": dict(workloads="fewshot,rag", max_num_seqs="2,8", reps=3, groups=8, per_group=8,
                     shared_words=950, question_words=60, max_tokens=16, device_cache="96MiB",
@@ -54,7 +60,9 @@ PRESETS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tieredkv bench burst", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.burst", description=__doc__.split("\n")[0]
+    )
     add = p.add_argument
     add("--workloads", help=f"comma-separated, of {', '.join(KINDS)}")
     add("--max-num-seqs", help="comma-separated server --max-num-seqs values")
@@ -127,6 +135,14 @@ def run_seqs(args: argparse.Namespace, configs: list[BurstConfig], seqs: int, re
             models[policy] = asyncio.run(_warm_up(servers[policy].base_url))
             report["servers"].append({"policy": policy, "max_num_seqs": seqs, "args": argv,
                                       "log": str(log)})  # fmt: skip
+        # the servers run the default model with its default page size
+        tokenizer = ChatTokenizer(default_model_dir())
+        shared = {
+            config.kind: shared_prefix_tokens(
+                arrival_order(config), tokenizer.apply_chat_template, CacheConfig.page_size
+            )
+            for config in configs
+        }
         for rep in range(args.reps):
             for config in configs:
                 requests = arrival_order(config)
@@ -136,7 +152,8 @@ def run_seqs(args: argparse.Namespace, configs: list[BurstConfig], seqs: int, re
                     ("fcfs", "fcfs", args.arrival),
                 ):
                     url = servers[policy].base_url
-                    run = run_burst(url, models[policy], requests, config, mode, args.rate)
+                    run = run_burst(url, models[policy], requests, config, mode,
+                                    shared[config.kind], args.rate)  # fmt: skip
                     run |= {"workload": config.kind, "max_num_seqs": seqs, "rep": rep,
                             "label": label, "policy": policy}  # fmt: skip
                     report["runs"].append(run)
@@ -146,7 +163,7 @@ def run_seqs(args: argparse.Namespace, configs: list[BurstConfig], seqs: int, re
 def progress_line(run: dict) -> str:
     return (
         f"seqs {run['max_num_seqs']} rep {run['rep']} {run['workload']} {run['label']}: "
-        f"hit {fmt(run['hit_tokens'], '.0f')} of {fmt(run['prompt_tokens'], '.0f')} tokens, "
+        f"hit {fmt(run['hit_tokens'], '.0f')} of {run['reusable_tokens']} reusable tokens, "
         f"makespan {fmt(run['makespan_s'], '.2f')} s, errors {run['errors']}"
     )
 
@@ -160,7 +177,7 @@ def finish(report: dict, out: Path) -> str:
         "targets": burst_summary.targets_table(report["targets"]),
     }
     text = (
-        f"# tieredkv bench burst\n\n`{' '.join(report['command'])}`\n\n"
+        f"# benchmarks/burst.py\n\n`{' '.join(report['command'])}`\n\n"
         f"## Runs (median of reps, min–max; TTFT pooled over reps)\n\n"
         f"{report['tables']['headline']}\n\n## Targets\n\n{report['tables']['targets']}\n"
     )
@@ -176,14 +193,14 @@ def main(argv: list[str]) -> int:
         sizes = (args.groups, args.per_group, args.shared_words, args.question_words)
         configs = [BurstConfig(kind, *sizes, args.max_tokens, args.seed) for kind in args.workloads]
     except ValueError as exc:  # ConfigError names the field
-        print(f"tieredkv bench burst: error: {exc}", file=sys.stderr)
+        print(f"benchmarks/burst.py: error: {exc}", file=sys.stderr)
         return 2
     out = args.out or Path("bench-results") / time.strftime("burst-%Y%m%d-%H%M%S")
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="tieredkv-burst-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     report = {
-        "command": ["tieredkv", "bench", "burst", *argv],
+        "command": ["python", "-m", "benchmarks.burst", *argv],
         "settings": settings,
         "workloads": [dataclasses.asdict(c) for c in configs],
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
@@ -195,10 +212,14 @@ def main(argv: list[str]) -> int:
         for seqs in args.max_num_seqs:
             run_seqs(args, configs, seqs, report)
     except (TieredKVError, OSError, httpx.HTTPError) as exc:
-        print(f"tieredkv bench burst: error: {exc}", file=sys.stderr)
+        print(f"benchmarks/burst.py: error: {exc}", file=sys.stderr)
         finish(report, out)
         print(f"partial report: {out / 'report.json'}", file=sys.stderr)
         return 1
     print(finish(report, out))
     print(f"report: {out / 'report.json'}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,16 +1,16 @@
-"""`tieredkv bench tenants`: one `--quick` run against two real servers (fair eviction on and
+"""benchmarks/tenants.py: one `--quick` run against two real servers (fair eviction on and
 off). The flood is larger than the host tier, so plain LRU loses every chat's history between
 turns; fair eviction keeps at least part of it."""
 
 import json
 from pathlib import Path
 
-from tieredkv.cli import main as cli_main
+from benchmarks import tenants
 
 
 def test_quick_run_keeps_the_chats_history_only_with_fair_eviction(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    assert cli_main(["bench", "tenants", "--quick", "--out", str(out)]) == 0
+    assert tenants.main(["--quick", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     settings = report["settings"]
     turns = report["turns"]

@@ -1,15 +1,15 @@
-"""`tieredkv bench forks`: one `--quick` run against a real server; the prompt tokens it
+"""benchmarks/forks.py: one `--quick` run against a real server; the prompt tokens it
 computed show the fork computing the prompt once and the separate namespaces n times."""
 
 import json
 from pathlib import Path
 
-from tieredkv.cli import main as cli_main
+from benchmarks import forks
 
 
 def test_quick_run_reports_every_way_and_the_prompt_computed_once(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    assert cli_main(["bench", "forks", "--quick", "--out", str(out)]) == 0
+    assert forks.main(["--quick", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     runs = {run["way"]: run for run in report["runs"]}
     assert set(runs) == {"fork", "shared", "apart"}

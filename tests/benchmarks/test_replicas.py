@@ -1,4 +1,4 @@
-"""`bench multiturn --replicas`: its flags (and their errors), the classification of turns by the
+"""benchmarks/replicas.py: its flags (and their errors), the classification of turns by the
 tier their history came from, the restart's lost conversations, the issue's ratios and the
 tables, from hand-made records (the real run is tests/benchmarks/test_replicas_router_bench.py).
 """
@@ -9,16 +9,18 @@ import dataclasses
 
 import pytest
 
-from tieredkv.bench.multiturn import build_parser, main, resolve
+from benchmarks.replica_report import analyze, dominant_tier, lost_users, replicas_tables
+from benchmarks.replicas import ReplicaConfig, add_replica_options, main, replicas_config
+from tieredkv.bench.multiturn import build_parser, resolve
 from tieredkv.bench.records import RequestRecord
-from tieredkv.bench.replica_report import analyze, dominant_tier, lost_users, replicas_tables
-from tieredkv.bench.replicas import ReplicaConfig, replicas_config
 from tieredkv.bench.workload_run import summaries
 from tieredkv.errors import ConfigError
 
 
 def parsed(*argv: str):
-    return resolve(build_parser().parse_args(["--preset", "quick", *argv]))
+    parser = build_parser()
+    add_replica_options(parser)
+    return resolve(parser.parse_args(["--preset", "quick", *argv]))
 
 
 def test_configurations_are_remote_by_policy_in_the_order_given() -> None:
@@ -64,8 +66,6 @@ def test_the_restart_defaults_to_round_2_before_the_middle_user() -> None:
         (["--replicas", "2", "--router-policies", "random,random"], "--router-policies"),
         (["--replicas", "2", "--sweep", "1GiB:0"], "--sweep"),
         (["--replicas", "2", "--base-url", "http://x"], "--base-url"),
-        (["--restart-at", "1"], "--restart-at: only with --replicas"),
-        (["--remote", "on", "--router-policies", "random"], "--remote, --router-policies"),
     ],
 )
 def test_bad_replica_flags_are_config_errors(argv: list[str], message: str) -> None:
@@ -74,7 +74,7 @@ def test_bad_replica_flags_are_config_errors(argv: list[str], message: str) -> N
 
 
 def test_bad_replica_flags_are_usage_errors_on_the_command_line(capsys) -> None:
-    for argv in (["--replicas", "1"], ["--replicas", "2", "--restart-at", "3"]):
+    for argv in (["--replicas", "1"], ["--replicas", "2", "--restart-at", "3"], ["--users", "2"]):
         with pytest.raises(SystemExit) as exit_info:
             main(["--preset", "quick", *argv])
         assert exit_info.value.code == 2
@@ -137,20 +137,20 @@ def test_analysis_judges_the_issues_ratios_on_medians_and_renders_tables() -> No
                             "redis_py_gbps": 1.1, "redis_benchmark_gbps": 1.6}  # fmt: skip
     analysis = analyze(runs, baseline)
     first, second = analysis["configurations"]
-    assert first["remote_hits"] == {"p50": 0.25, "min": 0.20, "max": 0.30, "count": 2}
-    assert first["disk_hits"]["count"] == 2 and first["disk_hits"]["p50"] == pytest.approx(0.11)
-    assert first["recompute_same_turns"]["count"] == 2  # the baseline's (0, 1) and (0, 2)
+    assert first["remote_hits"] == {"n": 2, "median": 0.25, "min": 0.20, "max": 0.30}
+    assert first["disk_hits"]["n"] == 2 and first["disk_hits"]["median"] == pytest.approx(0.11)
+    assert first["recompute_same_turns"]["n"] == 2  # the baseline's (0, 1) and (0, 2)
     assert first["recompute_over_remote"] == {"value": 12.0, "met": True}
     assert first["remote_over_disk"]["value"] == pytest.approx(0.25 / 0.11)
     assert first["remote_over_disk"]["met"] is False
     assert first["restart_s"] == [12.5] and first["no_conversation_lost"] is True
     assert first["restart_round_ttft_p50_s"] == pytest.approx(0.16)
-    assert second["remote_hits"]["count"] == 0 and second["recompute_over_remote"]["met"] is None
+    assert second["remote_hits"]["n"] == 0 and second["recompute_over_remote"]["met"] is None
     assert second["no_conversation_lost"] is None  # no restart
-    assert analysis["pooled"]["remote_hits"]["count"] == 2
+    assert analysis["pooled"]["remote_hits"]["n"] == 2
 
     text = replicas_tables(runs, analysis)
-    assert "| remote + round_robin | 250 (200–300, n=2) |" in text
+    assert "| remote + round_robin | 250 (200-300), n=2 |" in text
     assert "12.0x met" in text and "2.3x missed" in text and "| all configurations |" in text
     assert "The restart loses no conversation with the remote tier on: met." in text
     # the bandwidth of the one configuration with the remote tier, beside its limit

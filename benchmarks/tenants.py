@@ -1,6 +1,6 @@
-"""`tieredkv bench tenants`: one tenant floods, three chat, with fair eviction on and off (#15).
+"""`python -m benchmarks.tenants`: one tenant floods, three chat, with fair eviction on and off.
 
-    tieredkv bench tenants [--chats 3] [--turns 6] [--flood-prompts 6] [--reps 3]
+    .venv/bin/python -m benchmarks.tenants [--chats 3] [--turns 6] [--flood-prompts 6] [--reps 3]
                            [--device-cache-size 48MiB] [--host-cache-size 128MiB]
                            [--dtype float32] [--out DIR] [--quick]
 
@@ -40,10 +40,10 @@ from pathlib import Path
 
 import httpx
 
-from tieredkv.bench import add_server_options, parse_with_preset
+from benchmarks.presets import add_server_options, parse_with_preset
 from tieredkv.bench.client import ChatClient, served_model
 from tieredkv.bench.managed import ManagedServer
-from tieredkv.bench.records import RequestRecord
+from tieredkv.bench.records import RequestRecord, fmt_spread, spread
 from tieredkv.bench.workload import prose, random_question
 from tieredkv.errors import TieredKVError
 
@@ -73,7 +73,9 @@ class Turn:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tieredkv bench tenants", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.tenants", description=__doc__.split("\n")[0]
+    )
     add = p.add_argument
     add("--chats", type=int, help="chatting tenants")
     add("--turns", type=int, help="turns per chat (rounds)")
@@ -169,13 +171,6 @@ def hit_ratio(turns: list[Turn]) -> float:
     return sum(t.cached_tokens for t in turns) / prompt if prompt else 0.0
 
 
-def spread(values: list[float], fmt: str = "{:,.0f}") -> str:
-    return (
-        f"{fmt.format(statistics.median(values))} "
-        f"({fmt.format(min(values))}-{fmt.format(max(values))})"
-    )
-
-
 def summary(turns: list[Turn], args: argparse.Namespace) -> str:
     lines = [
         f"{args.chats} chats of {args.turns} turns, {args.flood_prompts} flood prompts of "
@@ -193,7 +188,7 @@ def summary(turns: list[Turn], args: argparse.Namespace) -> str:
             continue
         per_rep = [hit_ratio([t for t in chat if t.rep == rep]) for rep in range(args.reps)]
         lines.append(
-            f"| {way} | {spread(per_rep, '{:.2f}')} "
+            f"| {way} | {fmt_spread(spread(per_rep), '.2f')} "
             f"| {statistics.median(t.ttft_s for t in chat) * 1e3:,.0f} "
             f"| {max(t.ttft_s for t in chat) * 1e3:,.0f} "
             f"| {statistics.median(t.ttft_s for t in flood) * 1e3:,.0f} "
@@ -206,7 +201,7 @@ def summary(turns: list[Turn], args: argparse.Namespace) -> str:
 def main(argv: list[str]) -> int:
     args = parse_with_preset(build_parser(), argv, PRESETS)
     if min(args.chats, args.turns, args.flood_prompts, args.reps) < 1 or args.turns < 2:
-        print("tieredkv bench tenants: error: --chats, --flood-prompts, --reps >= 1 and "
+        print("benchmarks/tenants.py: error: --chats, --flood-prompts, --reps >= 1 and "
               "--turns >= 2", file=sys.stderr)  # fmt: skip
         return 2
     out = args.out or Path("bench-results") / time.strftime("tenants-%Y%m%d-%H%M%S")
@@ -220,14 +215,14 @@ def main(argv: list[str]) -> int:
             server.wait_ready()
         turns, namespaces = asyncio.run(run_all(servers, args))
     except (TieredKVError, OSError, httpx.HTTPError) as exc:
-        print(f"tieredkv bench tenants: error: {exc}", file=sys.stderr)
+        print(f"benchmarks/tenants.py: error: {exc}", file=sys.stderr)
         return 1
     finally:
         for server in servers.values():
             server.stop()
     text = summary(turns, args)
     report = {
-        "command": ["tieredkv", "bench", "tenants", *argv],
+        "command": ["python", "-m", "benchmarks.tenants", *argv],
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "server_args": {way: server_args(args, share) for way, share in WAYS.items()},
@@ -239,3 +234,7 @@ def main(argv: list[str]) -> int:
     print(text)
     print(f"report: {out / 'report.json'}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

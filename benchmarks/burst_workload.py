@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 
 from tieredkv.bench.workload import prose, random_question
 from tieredkv.errors import ConfigError
@@ -117,3 +118,36 @@ def arrival_order(config: BurstConfig) -> list[BurstRequest]:
 def grouped_order(requests: list[BurstRequest]) -> list[BurstRequest]:
     """The reference offline order: by group, then index."""
     return sorted(requests, key=lambda r: (r.group, r.index))
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    length = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        length += 1
+    return length
+
+
+def shared_prefix_tokens(
+    requests: list[BurstRequest], token_ids: Callable[[list[dict]], list[int]], page_size: int
+) -> dict[tuple[int, int], int]:
+    """Per request (group, index): the most prompt tokens it shares with another request of its
+    group, in whole pages and leaving one token to compute: the most a cache can reuse for it,
+    counted by the client from its own prompts (`token_ids`: the chat template's ids)."""
+    ids = {(r.group, r.index): token_ids(r.messages) for r in requests}
+    shared = {}
+    for key, mine in ids.items():
+        others = [other for k, other in ids.items() if k[0] == key[0] and k != key]
+        tokens = min(max((_common_prefix(mine, o) for o in others), default=0), len(mine) - 1)
+        shared[key] = tokens // page_size * page_size
+    return shared
+
+
+def reusable_tokens(shared: dict[tuple[int, int], int]) -> int:
+    """What a run can reuse at best: every request's shared tokens but for one request a group
+    (the first to run computes its prefix; the largest share is the most it can cost)."""
+    by_group: dict[int, list[int]] = {}
+    for (group, _index), tokens in shared.items():
+        by_group.setdefault(group, []).append(tokens)
+    return sum(sum(tokens) - max(tokens) for tokens in by_group.values())

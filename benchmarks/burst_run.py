@@ -19,25 +19,18 @@ import time
 
 import httpx
 
-from tieredkv.bench.burst_workload import BurstConfig, BurstRequest, grouped_order
+from benchmarks.burst_workload import BurstConfig, BurstRequest, grouped_order, reusable_tokens
 from tieredkv.bench.client import ChatClient, scrape_metrics
 from tieredkv.bench.prom_text import counter_delta, parse_samples
-from tieredkv.bench.records import RequestRecord, known_sum, percentile, ratio, summarize
+from tieredkv.bench.records import RequestRecord, known_sum, percentiles, ratio, summarize
 from tieredkv.errors import TieredKVError
 
 MODES = ("burst", "poisson", "grouped")
-P99_MIN_SAMPLES = 100  # fewer samples than this: no p99
 HTTP_TIMEOUT_S = 1800.0  # the last of 64 queued prefills on a slow CPU must not look failed
 
 
 class FlushError(TieredKVError):
     """The server did not flush its cache, so a run would not start cold."""
-
-
-def ttft_percentiles(ttfts: list[float]) -> dict[str, float | None]:
-    """TTFT p50, and p99 only over at least P99_MIN_SAMPLES samples (else None)."""
-    p99 = percentile(ttfts, 99) if len(ttfts) >= P99_MIN_SAMPLES else None
-    return {"p50": percentile(ttfts, 50), "p99": p99}
 
 
 def record_json(record: RequestRecord) -> dict:
@@ -47,23 +40,32 @@ def record_json(record: RequestRecord) -> dict:
     return fields
 
 
-def run_figures(records: list[RequestRecord]) -> dict:
+def run_figures(records: list[RequestRecord], shared: dict[tuple[int, int], int]) -> dict:
     """Hit and prompt tokens, makespan (the shared summary's wall time: first send to last byte
-    of the requests that succeeded), throughput and TTFT."""
+    of the requests that succeeded), throughput and TTFT; `shared`: each request's shared prefix
+    tokens as the client counts them (`shared_prefix_tokens`), against which the server's
+    cached tokens are cross-checked."""
     summary = summarize(records)
     done = [r for r in records if r.ok]
     makespan = summary["wall_s"]
+    over = [
+        [r.user, r.round_index]
+        for r in done
+        if (r.cached_tokens or 0) > shared.get((r.user, r.round_index), 0)
+    ]
     return {
         "requests": summary["requests"],
         "errors": summary["errors"],
+        "reusable_tokens": reusable_tokens(shared),
         "hit_tokens": known_sum(r.cached_tokens for r in done),
+        "cached_over_shared": over,
         "prompt_tokens": summary["prompt_tokens"],
         "output_tokens": summary["output_tokens"],
         "makespan_s": makespan,
         "requests_per_s": summary["requests_per_s"],
         "prompt_tokens_per_s": ratio(summary["prompt_tokens"], makespan),
         "output_tokens_per_s": summary["output_tokens_per_s"],
-        "ttft_s": ttft_percentiles([r.ttft_s for r in done if r.ttft_s is not None]),
+        "ttft_s": percentiles([r.ttft_s for r in done if r.ttft_s is not None]),
     }
 
 
@@ -132,6 +134,7 @@ async def _run(
     config: BurstConfig,
     mode: str,
     rate_per_s: float | None,
+    shared: dict[tuple[int, int], int],
 ) -> dict:
     limits = httpx.Limits(max_connections=len(requests) + 4)
     async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S, limits=limits) as http:
@@ -145,7 +148,7 @@ async def _run(
     return {
         "mode": mode,
         "started_unix_s": started,
-        **run_figures(records),
+        **run_figures(records, shared),
         **server,
         "records": [record_json(r) for r in records],
     }
@@ -157,9 +160,11 @@ def run_burst(
     requests: list[BurstRequest],
     config: BurstConfig,
     mode: str,
+    shared: dict[tuple[int, int], int],
     rate_per_s: float | None = None,
 ) -> dict:
-    """Flush the server's cache, send `requests` as `mode` says; the run's JSON-ready result."""
+    """Flush the server's cache, send `requests` as `mode` says; the run's JSON-ready result
+    (`shared`: `shared_prefix_tokens` of `requests`)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    return asyncio.run(_run(base_url, model, requests, config, mode, rate_per_s))
+    return asyncio.run(_run(base_url, model, requests, config, mode, rate_per_s, shared))
