@@ -1,4 +1,4 @@
-"""The compose files (issue #13): Docker Compose itself accepts them (`config -q`; skipped
+"""The compose files: Docker Compose itself accepts them (`config -q`; skipped
 where no compose is installed), and the replicas file wires what the README promises: two
 replicas on one Redis remote tier, its password from a secret, Redis bounded by allkeys-lru,
 the cache-aware router over both replicas, Prometheus scraping both, loopback by default."""

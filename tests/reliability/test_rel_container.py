@@ -1,4 +1,4 @@
-"""Safe by default in containers (issue #14): the image's entrypoint serves on every interface
+"""Safe by default in containers: the image's entrypoint serves on every interface
 only with a key (generating one, private, on the volume, and saying where), and the compose
 file publishes on loopback unless the user opts in."""
 

@@ -1,4 +1,4 @@
-"""Tenants bound to keys (issue #14): a tenant key's requests live in its own namespace, a salt
+"""Tenants bound to keys: a tenant key's requests live in its own namespace, a salt
 subdivides it and never escapes it, its flush reaches only its namespace, and only an admin
 key flushes everything, reads /debug/cache or (like every key) /openapi.json."""
 

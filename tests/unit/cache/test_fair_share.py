@@ -1,4 +1,4 @@
-"""Fair tenants (issue #15 item 7): a namespace above its share of the device or host tier gives
+"""Fair tenants: a namespace above its share of the device or host tier gives
 up its pages first; LRU within it; plain LRU when no namespace is above its share, or when the
 share is 1.0 (fairness off)."""
 
