@@ -20,8 +20,8 @@ import statistics
 
 import httpx
 
+from benchmarks.machine_load import OtherLoad
 from benchmarks.vllm_compare.client import Prompts, cached_tokens, decode_window, stream
-from tieredkv.bench.machine_load import OtherLoad
 
 PREFILL_LENGTHS = (2048, 8000)
 HISTORY_LENGTHS = (1024, 2048, 4096, 7500)

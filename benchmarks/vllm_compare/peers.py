@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from tieredkv.bench.machine_load import with_descendants
+from benchmarks.machine_load import with_descendants
 from tieredkv.bench.managed import free_port
 
 HERE = Path(__file__).resolve().parent.parent

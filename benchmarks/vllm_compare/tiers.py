@@ -24,9 +24,9 @@ from pathlib import Path
 import httpx
 import torch
 
+from benchmarks.machine_load import OtherLoad
 from benchmarks.vllm_compare.client import Prompts, stream
 from tieredkv.bench.disk_check import disk_read_limit, drop_page_cache
-from tieredkv.bench.machine_load import OtherLoad
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.prom_text import Samples, counter_delta, parse_samples, select
 from tieredkv.cache.page_layout import PageLayout

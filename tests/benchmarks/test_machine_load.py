@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tieredkv.bench.machine_load import (
+from benchmarks.machine_load import (
     OtherLoad,
     _ticks_per_s,
     machine_cpu_ticks,
