@@ -9,8 +9,8 @@ previous answer; its TTFT is measured from when it is sent.
 
 `before_turn(round, user)` runs before every turn, once the turn holds its place among the
 `concurrency` in flight (with one in flight, every earlier turn is done), on a worker thread:
-turns already in flight carry on while it runs (`--replicas` restarts a replica there), and
-the turn's TTFT is measured from when it is sent, after the hook.
+turns already in flight carry on while it runs (benchmarks/replicas.py restarts a replica
+there), and the turn's TTFT is measured from when it is sent, after the hook.
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ import asyncio
 import dataclasses
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from tqdm import tqdm
 
 from tieredkv.bench.client import ChatClient
 from tieredkv.bench.records import RequestRecord
-from tieredkv.bench.server_stats import request_timings
 from tieredkv.bench.workload import Workload
 from tieredkv.errors import ConfigError
 
@@ -54,13 +53,8 @@ class WorkloadDriver:
         arrival: ArrivalConfig,
         before_round: Callable[[int], None] | None = None,
         label: str = "",
-        scrape: Callable[[], Awaitable[str | None]] | None = None,
-        first_scrape: str | None = None,
         before_turn: Callable[[int, int], None] | None = None,
     ) -> None:
-        """`scrape` reads the server's /metrics; with one request in flight at a time, each
-        record then gets the server's own queue time and TTFT (`first_scrape`: the last one
-        taken before the run)."""
         self.workload = workload
         self.client = client
         self.arrival = arrival
@@ -71,8 +65,6 @@ class WorkloadDriver:
         self.answers: list[list[str]] = [[] for _ in range(cfg.num_users)]
         self.records: list[RequestRecord] = []
         self._slots = asyncio.Semaphore(arrival.concurrency)
-        self._scrape = scrape if arrival.concurrency == 1 and first_scrape is not None else None
-        self._last_scrape = first_scrape
         self._bar = tqdm(total=cfg.num_users * cfg.num_rounds, desc=label or "requests", unit="req")
 
     async def run(self) -> list[RequestRecord]:
@@ -125,11 +117,6 @@ class WorkloadDriver:
             record = await self.client.chat(
                 messages, self.workload.config.max_tokens, user, round_index
             )
-            if self._scrape is not None:  # outside the timed request, before the next one
-                after = await self._scrape()
-                timings = request_timings(self._last_scrape, after)
-                record.server_queue_s, record.server_ttft_s, record.server_promotion_s = timings
-                self._last_scrape = after
         # a failed turn still continues the conversation, with an empty answer
         self.answers[user].append(record.text)
         self.records.append(record)

@@ -28,19 +28,6 @@ class RequestRecord:
     )
     text: str = ""
     error: str | None = None
-    # the server's own clock, from /metrics around this request (one request in flight only):
-    # arrival to its first forward (admission + promotion), arrival to its first token
-    server_queue_s: float | None = None
-    server_ttft_s: float | None = None
-    # {source tier: this request's promotion seconds from it}, where the server timed one
-    server_promotion_s: dict[str, float] = dataclasses.field(default_factory=dict)
-
-    @property
-    def server_prefill_s(self) -> float | None:
-        """The server's first forward to first token: the suffix's prefill as it ran."""
-        if self.server_queue_s is None or self.server_ttft_s is None:
-            return None
-        return self.server_ttft_s - self.server_queue_s
 
     @property
     def ok(self) -> bool:

@@ -80,7 +80,7 @@ def summary_text(report: dict) -> str:
             f"{disk['in_flight']} in flight): {disk['bytes_per_s'] / 1e9:.2f} GB/s "
             f"(probe O_DIRECT {'on' if disk['o_direct'] else 'off'})\n"
         )
-    parts.append("## Runs (reuse rounds; promotion latency: bucket-resolution estimates)\n")
+    parts.append("## Runs (reuse rounds; server promo: server-reported, bucket estimates)\n")
     parts.append(report["tables"]["runs"] + "\n")
     if "sweep" in report["tables"]:
         parts.append("## Capacity sweep\n\n" + report["tables"]["sweep"] + "\n")

@@ -1,10 +1,8 @@
 """What a tieredkv server's `/metrics` says about one run: the difference between a scrape at
-the start and one at the end, and per request between scrapes around it. Promotion percentiles
-are exact when every promotion was timed per request (one request in flight: the histogram's sum
-moved by exactly that request's value); else they are bucket-resolution estimates (buckets
-1 ms x 2^k: a p50 of 0.006 s means "between 4 and 8 ms, interpolated"), and say so. A p99 needs
-100 observations. Every value is None (unknown) when the server does not expose the metric (any
-non-tieredkv server)."""
+the start and one at the end. Server-reported figures are diagnostics beside the client's own.
+Promotion percentiles are bucket-resolution estimates (buckets 1 ms x 2^k: a p50 of 0.006 s
+means "between 4 and 8 ms, interpolated"); a p99 needs 100 observations. Every value is None
+(unknown) when the server does not expose the metric (any non-tieredkv server)."""
 
 from __future__ import annotations
 
@@ -15,19 +13,14 @@ from tieredkv.bench.prom_text import (
     histogram_delta,
     parse_samples,
 )
-from tieredkv.bench.records import P99_MIN_SAMPLES, TIERS, percentiles, ratio
+from tieredkv.bench.records import P99_MIN_SAMPLES, TIERS, ratio
 
 PROMOTION_SOURCES = ("host", "disk", "remote")
 
 
-def promotion_stats(
-    before_text: str | None,
-    after_text: str | None,
-    per_request: dict[str, list[float]] | None = None,
-) -> dict:
-    """Per source tier: observations, p50/p99, mean, and bytes moved per promotion (bytes copied
-    out of that tier during the run ÷ promotions from it). `per_request`: each source's exact
-    per-request promotion times; used when they account for every observation."""
+def promotion_stats(before_text: str | None, after_text: str | None) -> dict:
+    """Per source tier: observations, p50/p99 (bucket estimates), mean, and bytes moved per
+    promotion (bytes copied out of that tier during the run / promotions from it)."""
     before = parse_samples(before_text or "")
     after = parse_samples(after_text or "")
     stats = {}
@@ -36,25 +29,15 @@ def promotion_stats(
         count = histogram_count(buckets)
         total = counter_delta(before, after, "tieredkv_promotion_seconds_sum", from_tier=source)
         moved = _bytes_up_from(before, after, source)
-        exact = (per_request or {}).get(source) or []
-        if count and len(exact) == count:
-            figures = percentiles(exact)
-            p50, p99 = figures["p50"], figures["p99"]
-            how = "exact: every promotion timed per request"
-        else:
-            p50 = bucket_quantile(buckets, 0.5) if buckets else None
-            enough = buckets and (count or 0) >= P99_MIN_SAMPLES
-            p99 = bucket_quantile(buckets, 0.99) if enough else None
-            how = "estimate: bucket resolution (1 ms x 2^k buckets, linear inside a bucket)"
+        enough = buckets and (count or 0) >= P99_MIN_SAMPLES
         stats[source] = {
             "count": count,
-            "p50_s": p50,
-            "p99_s": p99,
+            "p50_s": bucket_quantile(buckets, 0.5) if buckets else None,
+            "p99_s": bucket_quantile(buckets, 0.99) if enough else None,
             "mean_s": ratio(total, count),
             "bytes_moved": moved,
             "bytes_per_promotion": ratio(moved, count),
             "buckets": buckets,
-            "estimate": how,
         }
     return stats
 
@@ -97,29 +80,3 @@ def eviction_counts(before_text: str | None, after_text: str | None) -> dict[str
             if delta is not None:
                 result[f"{tier}:{action}"] = delta
     return result or None
-
-
-def request_timings(
-    before_text: str | None, after_text: str | None
-) -> tuple[float | None, float | None, dict[str, float]]:
-    """(queue seconds, TTFT seconds, {source tier: promotion seconds}) of the one request served
-    between two scrapes, from the histograms' sums: a value only where exactly one observation
-    was made (None, or a tier absent from the dict, otherwise)."""
-    before = parse_samples(before_text or "")
-    after = parse_samples(after_text or "")
-
-    def single(name: str, **labels: str) -> float | None:
-        count = counter_delta(before, after, f"{name}_count", **labels)
-        total = counter_delta(before, after, f"{name}_sum", **labels)
-        return total if count == 1 and total is not None else None
-
-    promotions = {
-        source: value
-        for source in PROMOTION_SOURCES
-        if (value := single("tieredkv_promotion_seconds", from_tier=source)) is not None
-    }
-    return (
-        single("tieredkv_queue_seconds"),
-        single("tieredkv_time_to_first_token_seconds"),
-        promotions,
-    )

@@ -29,15 +29,6 @@ def record_json(record: RequestRecord) -> dict:
     return dataclasses.asdict(record)
 
 
-def promotions_by_source(records: list[RequestRecord]) -> dict[str, list[float]]:
-    """Each source tier's per-request promotion times (the exact ones the server reported)."""
-    by_source: dict[str, list[float]] = {}
-    for record in records:
-        for source, seconds in record.server_promotion_s.items():
-            by_source.setdefault(source, []).append(seconds)
-    return by_source
-
-
 def summaries(records: list[RequestRecord], num_rounds: int) -> dict:
     reuse = [r for r in records if r.round_index >= 1]
     return {
@@ -68,16 +59,7 @@ async def _run(
         client = ChatClient(http, base_url, model, extra_body)
         health = await fetch_health(http, base_url)
         before = await scrape_metrics(http, base_url)
-        driver = WorkloadDriver(
-            workload,
-            client,
-            arrival,
-            before_round,
-            label,
-            scrape=lambda: scrape_metrics(http, base_url),
-            first_scrape=before,
-            before_turn=before_turn,
-        )
+        driver = WorkloadDriver(workload, client, arrival, before_round, label, before_turn)
         records = await driver.run()
         after = await scrape_metrics(http, base_url)
     return {
@@ -88,7 +70,7 @@ async def _run(
         "health": health,
         "direct_io": direct_io_of(health),
         "summary": summaries(records, workload.config.num_rounds),
-        "promotion": promotion_stats(before, after, promotions_by_source(records)),
+        "promotion": promotion_stats(before, after),
         "transfer_bytes": transfer_bytes(before, after),
         "evicted_pages": eviction_counts(before, after),
         "records": [record_json(r) for r in records],

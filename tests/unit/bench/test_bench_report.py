@@ -3,7 +3,6 @@
 import json
 from pathlib import Path
 
-import pytest
 from bench_fakes import FakeServer
 
 from tieredkv.bench import report as reports
@@ -77,19 +76,6 @@ def test_check_equal_lists_every_fp32_difference_and_bf16_shares() -> None:
     assert bf16["first_divergence"]["round_p50"] == 0
     assert first_difference("abc", "abc") is None
     assert first_difference("abc", "ab") == 2
-
-
-def test_one_request_at_a_time_records_the_servers_own_timings() -> None:
-    cached, plain = two_runs()
-    for record in cached["records"]:
-        turns = 2 * record["round_index"] + 2  # system + document/question, then pairs
-        assert record["server_queue_s"] == pytest.approx(0.010 * turns)
-        assert record["server_ttft_s"] == pytest.approx(0.010 * turns + 0.003)
-    assert all(r["server_queue_s"] is None for r in plain["records"])  # no /metrics: unknown
-    concurrent = run_workload("http://a", Workload(SMALL), ArrivalConfig(2), label="tieredkv",
-                              transport=FakeServer(True).transport())  # fmt: skip
-    # two requests in flight: a scrape cannot tell them apart, so nothing is claimed
-    assert all(r["server_queue_s"] is None for r in concurrent["records"])
 
 
 def test_every_table_row_has_as_many_cells_as_its_header() -> None:
