@@ -28,8 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tieredkv.bench.disk_check import drop_file
 from tieredkv.bench.tier_copies import make_copier
-from tieredkv.bench.tier_limits import drop_cache, median_seconds, memcpy_gbps
+from tieredkv.bench.tier_limits import median_seconds, memcpy_gbps
 from tieredkv.bench.tier_store import LAYOUT, aligned_pages, make_records
 from tieredkv.bench.tiers import default_dir
 from tieredkv.cache.disk.directory import STORE_FILE
@@ -115,7 +116,7 @@ def _disk_stages(
     aligned = aligned_pages(batch)
     slots = store.alloc(batch)
     records = make_records(batch)
-    forget = lambda: drop_cache(store.directory / STORE_FILE)  # noqa: E731
+    forget = lambda: drop_file(store.directory / STORE_FILE)  # noqa: E731
     stages = {
         "job host->disk": lambda: copier.job(Tier.HOST, Tier.DISK, host_pages, slots, records)(),
         "write_pages from torch.empty": lambda: store.write_pages(

@@ -122,6 +122,7 @@ def disk_read_limit(directory: Path, num_bytes: int = 256 * 2**20) -> dict:
 
 
 def drop_file(path: Path) -> None:
+    """Ask the kernel to forget `path`'s cached pages, so the next read comes from the disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

@@ -19,7 +19,8 @@ import itertools
 import numpy as np
 import torch
 
-from tieredkv.bench.tier_limits import drop_cache, median_seconds
+from tieredkv.bench.disk_check import drop_file
+from tieredkv.bench.tier_limits import median_seconds
 from tieredkv.bench.tier_store import LAYOUT, REP_BYTES, make_records, span_gbps
 from tieredkv.cache.disk.directory import STORE_FILE
 from tieredkv.cache.disk.store import DiskStore
@@ -111,7 +112,7 @@ def mover_disk_gbps(
 
     def before_read() -> None:
         host_kv[host_pages] = 0  # what arrives must come from the disk
-        drop_cache(store.directory / STORE_FILE)
+        drop_file(store.directory / STORE_FILE)
 
     try:
         write_gbps, read_gbps = span_gbps(num_groups, batch, reps, write, read, before_read)

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from tieredkv.bench.disk_check import drop_file
 from tieredkv.cache.page_layout import aligned_empty
 
 RAW_PATTERNS = ((64, 1), (256, 1), (8, 4), (32, 4))  # (request MiB, in flight); best = limit
@@ -40,15 +41,6 @@ def median_seconds(
         if rep:
             times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def drop_cache(path: Path) -> None:
-    """Ask the kernel to forget `path`'s cached pages, so the next read comes from the disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def memcpy_gbps(num_bytes: int, reps: int, rng: np.random.Generator, threads: int = 1) -> float:
@@ -125,7 +117,7 @@ def raw_disk_gbps(
         read_s = median_seconds(
             lambda: each(lambda offset, buffer: os.preadv(fd, [buffer], offset)),
             reps,
-            lambda: drop_cache(path),
+            lambda: drop_file(path),
         )
     finally:
         pool.shutdown()

@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from tieredkv.bench.tier_limits import drop_cache, median_seconds
+from tieredkv.bench.disk_check import drop_file
+from tieredkv.bench.tier_limits import median_seconds
 from tieredkv.cache.disk.directory import STORE_FILE
 from tieredkv.cache.disk.store import DiskRecord, DiskStore
 from tieredkv.cache.index.page_key import namespace_root_key, page_key
@@ -114,7 +115,7 @@ def store_gbps(
             reps,
             on_pool(write_part),
             on_pool(read_part),
-            lambda: drop_cache(store.directory / STORE_FILE),
+            lambda: drop_file(store.directory / STORE_FILE),
         )
     finally:
         pool.shutdown()
