@@ -13,6 +13,7 @@ reported); the grouped run's share is printed beside. None is unknown, never zer
 from __future__ import annotations
 
 from tieredkv.bench.records import fmt, fmt_p99, fmt_spread, percentiles, ratio, spread
+from tieredkv.bench.tables import markdown_table
 
 LABELS = ("grouped", "lpm", "fcfs")
 HIT_SHARE_TARGET = 0.9  # lpm hit tokens >= this x the reusable tokens
@@ -90,14 +91,6 @@ def targets(heads: list[dict]) -> list[dict]:
     return result
 
 
-def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    return "\n".join([_row(header), _row(["---"] * len(header)), *(_row(r) for r in rows)])
-
-
 def headline_table(heads: list[dict]) -> str:
     header = ["workload", "seqs", "run", "reps", "hit tokens median (min-max)", "prompt tokens",
               "makespan s median (min-max)", "req/s", "prompt tok/s", "out tok/s",
@@ -124,7 +117,7 @@ def headline_table(heads: list[dict]) -> str:
         ]
         for h in heads
     ]
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def _verdict(met: bool | None) -> str:
@@ -135,7 +128,7 @@ def targets_table(rows: list[dict]) -> str:
     header = ["workload", "seqs", "lpm hit / reusable tokens", ">= 90%",
               "grouped hit / reusable (server-reported)", "requests over their shared prefix",
               "makespan lpm / fcfs s", "lpm faster"]  # fmt: skip
-    return _table(
+    return markdown_table(
         header,
         [
             [
