@@ -27,7 +27,8 @@ def _row_key(row: dict) -> tuple:
 
 
 def _table(results: list[dict]) -> str:
-    """One line per measured path and batch: the median over `results` with (min-max)."""
+    """One line per measured path and batch: the median of the runs' median repetitions, with
+    the slowest and the fastest repetition of any run."""
     rows: dict[tuple, list[dict]] = defaultdict(list)
     for result in results:
         for row in result["records"]:
@@ -37,6 +38,7 @@ def _table(results: list[dict]) -> str:
         path, via, batch, threads, limit = key
         same = rows[key]
         gbps = spread([r["gbps"] for r in same])
+        gbps |= {"min": min(r["gbps_min"] for r in same), "max": max(r["gbps_max"] for r in same)}
         limit_gbps = spread([r["limit_gbps"] for r in same])
         share = percentile([r["share"] for r in same], 50)
         target = same[0]["target"]
@@ -60,8 +62,8 @@ def render_markdown(results: list[dict]) -> str:
         "`tieredkv bench tiers`: host<->device through the mover's copy jobs and host<->disk "
         "through the mover and the disk store, each beside the limit it is judged against: "
         "memcpy on as many threads as the copy ran on, raw O_DIRECT disk in the same direction. "
-        "Each run's figure is the median of its repetitions; the table gives the median over "
-        "runs with (min-max).\n",
+        "Each run's figure is its median repetition; the table gives the median over runs, with "
+        "(the slowest - the fastest) repetition of any run.\n",
     ]
     for machine in sorted(by_machine):
         group = by_machine[machine]

@@ -21,8 +21,13 @@ def test_tiers_writes_a_result_that_renders(tmp_path: Path) -> None:
     assert first["summary"]["limits"]["memcpy_2t_gbps"] > 0
 
     # two more runs: every figure scaled by 2 and by 3, so the median run is the x2 one
+    for row in first["records"]:
+        assert row["gbps_min"] <= row["gbps"] <= row["gbps_max"]
     for scale in (2, 3):
-        records = [r | {"gbps": r["gbps"] * scale} for r in first["records"]]
+        records = [
+            r | {key: r[key] * scale for key in ("gbps", "gbps_min", "gbps_max")}
+            for r in first["records"]
+        ]
         write_result(root / "tier_bandwidth" / f"run-{scale}", "tier_bandwidth",
                      settings=first["settings"], summary=first["summary"], records=records,
                      argv=first["command"])  # fmt: skip
@@ -34,7 +39,8 @@ def test_tiers_writes_a_result_that_renders(tmp_path: Path) -> None:
     for name in ("run-1", "run-2", "run-3"):
         assert f"`tier_bandwidth/{name}`" in page
     for row in first["records"]:
-        g = row["gbps"]
-        cell = f"| {2 * g:.2f} ({g:.2f}-{3 * g:.2f}) | {row['limit']} |"
+        # the median of the runs' medians, the slowest and the fastest repetition of any run
+        g, low, high = row["gbps"], row["gbps_min"], 3 * row["gbps_max"]
+        cell = f"| {2 * g:.2f} ({low:.2f}-{high:.2f}) | {row['limit']} |"
         assert cell in page, (cell, page)
     assert "p99" not in page

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from tieredkv.bench.disk_check import drop_file
-from tieredkv.bench.tier_limits import median_seconds
+from tieredkv.bench.tier_limits import Rate, rep_seconds
 from tieredkv.bench.tier_store import LAYOUT, REP_BYTES, make_records, span_gbps
 from tieredkv.cache.disk.directory import STORE_FILE
 from tieredkv.cache.disk.store import DiskStore
@@ -61,14 +61,14 @@ def _memory_copies_ok(copier: PageCopier, host: list[int], device: list[int]) ->
 
 def memory_gbps(
     copier: PageCopier, batch: int, reps: int, rng: np.random.Generator
-) -> tuple[float, float, bool]:
+) -> tuple[Rate, Rate, bool]:
     """(host->device, device->host) GB/s of one job per batch of `batch` pages, and whether
     the bytes arrived equal."""
     num_pages = copier.host_pool.num_pages
     host_groups, device_groups = _groups(num_pages, batch, rng), _groups(num_pages, batch, rng)
     per_rep = max(REP_BYTES // (batch * LAYOUT.page_bytes), 1)
 
-    def move(src: Tier, dst: Tier) -> float:
+    def move(src: Tier, dst: Tier) -> Rate:
         cursor = itertools.count()
 
         def rep() -> None:
@@ -81,8 +81,7 @@ def memory_gbps(
                 )
                 copier.job(src, dst, src_pages, dst_pages, [])()
 
-        seconds = median_seconds(rep, reps)
-        return per_rep * batch * LAYOUT.page_bytes / seconds / 1e9
+        return Rate.of(per_rep * batch * LAYOUT.page_bytes, rep_seconds(rep, reps))
 
     to_device = move(Tier.HOST, Tier.DEVICE)
     to_host = move(Tier.DEVICE, Tier.HOST)
@@ -91,7 +90,7 @@ def memory_gbps(
 
 def mover_disk_gbps(
     copier: PageCopier, store: DiskStore, batch: int, reps: int, rng: np.random.Generator
-) -> tuple[float, float, bool]:
+) -> tuple[Rate, Rate, bool]:
     """(host->disk, disk->host) GB/s of one job per batch of `batch` pages walking through the
     whole store, and whether every page read back verified and equal to the host pages."""
     host_kv = copier.host_pool.kv

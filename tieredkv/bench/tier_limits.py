@@ -29,10 +29,10 @@ from tieredkv.cache.page_layout import aligned_empty
 RAW_PATTERNS = ((64, 1), (256, 1), (8, 4), (32, 4))  # (request MiB, in flight); best = limit
 
 
-def median_seconds(
+def rep_seconds(
     run: Callable[[], object], reps: int, before: Callable[[], object] = lambda: None
-) -> float:
-    """One warm-up, then the median of `reps` timed runs; `before` runs untimed each time."""
+) -> list[float]:
+    """One warm-up, then the seconds of `reps` timed runs; `before` runs untimed each time."""
     times = []
     for rep in range(reps + 1):
         before()
@@ -40,7 +40,28 @@ def median_seconds(
         run()
         if rep:
             times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(
+    run: Callable[[], object], reps: int, before: Callable[[], object] = lambda: None
+) -> float:
+    """The median of `rep_seconds`."""
+    return statistics.median(rep_seconds(run, reps, before))
+
+
+@dataclass(frozen=True)
+class Rate:
+    """GB/s of timed repetitions: the median one's, the slowest and the fastest."""
+
+    gbps: float
+    min_gbps: float
+    max_gbps: float
+
+    @classmethod
+    def of(cls, num_bytes: float, seconds: list[float]) -> Rate:
+        return cls(num_bytes / statistics.median(seconds) / 1e9,
+                   num_bytes / max(seconds) / 1e9, num_bytes / min(seconds) / 1e9)  # fmt: skip
 
 
 def memcpy_gbps(num_bytes: int, reps: int, rng: np.random.Generator, threads: int = 1) -> float:

@@ -9,7 +9,7 @@ def print_report(report: dict) -> None:
     store = "n/a" if direct_io is None else ("on" if direct_io else "OFF")
     print(
         f"{report['machine']['cpus']} CPUs usable, page {settings['page_bytes']:,} B, "
-        f"seed {settings['seed']}, medians of {settings['reps']} after 1 warm-up, "
+        f"seed {settings['seed']}, median (min-max) of {settings['reps']} after 1 warm-up, "
         f"store O_DIRECT {store}"
     )
     line = (
@@ -25,7 +25,8 @@ def print_report(report: dict) -> None:
             f"write {r['write_gbps']:.2f} GB/s, read {r['read_gbps']:.2f} GB/s"
         )
     print(
-        f"{'path':<14}{'via':<42}{'pages':>6}{'thr':>4}{'GB/s':>8}  {'limit':<20}{'GB/s':>7}"
+        f"{'path':<14}{'via':<42}{'pages':>6}{'thr':>4}{'GB/s (min-max)':>20}  {'limit':<20}"
+        f"{'GB/s':>7}"
         f"{'share':>7}{'target':>7}"
     )
     for row in report["rows"]:
@@ -33,6 +34,10 @@ def print_report(report: dict) -> None:
         threads = "" if row["threads"] is None else row["threads"]
         print(
             f"{row['path']:<14}{row['via']:<42}{row['batch_pages']:>6}{threads:>4}"
-            f"{row['gbps']:>8.2f}  {row['limit']:<20}{row['limit_gbps']:>7.2f}"
+            f"{_spread(row):>20}  {row['limit']:<20}{row['limit_gbps']:>7.2f}"
             f"{row['share']:>7.0%}{row['target']:>7.0%}{mark}"
         )
+
+
+def _spread(row: dict) -> str:
+    return f"{row['gbps']:.2f} ({row['gbps_min']:.2f}-{row['gbps_max']:.2f})"

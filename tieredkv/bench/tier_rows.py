@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from tieredkv.bench.tier_copies import memory_gbps
+from tieredkv.bench.tier_limits import Rate
 from tieredkv.cache.transfer.page_copier import PageCopier
 from tieredkv.cache.transfer.page_rows import SPLIT_MIN_PAGES
 
@@ -23,7 +24,7 @@ class BandwidthRow:
     path: str  # "host->device", "disk->host", ...
     via: str  # the code path measured
     batch_pages: int
-    gbps: float
+    rate: Rate  # the median repetition's GB/s, with the slowest's and the fastest's
     limit: str  # "memcpy 1 thread(s)", "raw disk write", "raw disk read"
     limit_gbps: float
     target: float  # the share of the limit asked for
@@ -32,10 +33,14 @@ class BandwidthRow:
 
     @property
     def share(self) -> float:
-        return self.gbps / self.limit_gbps
+        return self.rate.gbps / self.limit_gbps
 
     def to_json(self) -> dict[str, object]:
-        return {**asdict(self), "share": self.share, "meets_target": self.share >= self.target}
+        fields = asdict(self)
+        rate = fields.pop("rate")
+        return {**fields, "gbps": rate["gbps"], "gbps_min": rate["min_gbps"],
+                "gbps_max": rate["max_gbps"], "share": self.share,
+                "meets_target": self.share >= self.target}  # fmt: skip
 
 
 def copy_threads(batch_pages: int) -> int:
@@ -55,7 +60,7 @@ def memory_rows(
         to_device, to_host, ok = memory_gbps(copier, batch, reps, rng)
         threads = copy_threads(batch)
         limit = f"memcpy {threads} thread(s)"
-        for path, gbps in (("host->device", to_device), ("device->host", to_host)):
-            row = BandwidthRow(path, MOVER, batch, gbps, limit, memcpy[threads], MEMORY_TARGET, ok)
+        for path, rate in (("host->device", to_device), ("device->host", to_host)):
+            row = BandwidthRow(path, MOVER, batch, rate, limit, memcpy[threads], MEMORY_TARGET, ok)
             rows.append(replace(row, threads=threads))
     return rows

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from tieredkv.bench.disk_check import drop_file
-from tieredkv.bench.tier_limits import median_seconds
+from tieredkv.bench.tier_limits import Rate, rep_seconds
 from tieredkv.cache.disk.directory import STORE_FILE
 from tieredkv.cache.disk.store import DiskRecord, DiskStore
 from tieredkv.cache.index.page_key import namespace_root_key, page_key
@@ -62,7 +62,7 @@ def span_gbps(
     write_group: Callable[[int], object],
     read_group: Callable[[int], object],
     before_read: Callable[[], object],
-) -> tuple[float, float]:
+) -> tuple[Rate, Rate]:
     """(write, read) GB/s of batches of `batch` pages over `num_groups` consecutive slot groups.
 
     Every group is written once untimed (a full store, as the raw test's warm-up leaves its
@@ -76,16 +76,16 @@ def span_gbps(
 
     for group in range(num_groups):
         write_group(group)
-    write_s = median_seconds(lambda: move(write_group), reps)
+    write_s = rep_seconds(lambda: move(write_group), reps)
     cursor = itertools.count()
-    read_s = median_seconds(lambda: move(read_group), reps, before_read)
+    read_s = rep_seconds(lambda: move(read_group), reps, before_read)
     moved = per_rep * batch * LAYOUT.page_bytes
-    return moved / write_s / 1e9, moved / read_s / 1e9
+    return Rate.of(moved, write_s), Rate.of(moved, read_s)
 
 
 def store_gbps(
     store: DiskStore, data: torch.Tensor, batch: int, threads: int, reps: int
-) -> tuple[float, float, bool]:
+) -> tuple[Rate, Rate, bool]:
     """(write, read) GB/s of batches of `batch` pages, each split evenly over `threads` disk
     workers (one write_pages / read_pages call each, as the mover's disk pool issues them),
     and whether every page read back verified and equal. `data` (num_pages, *page_shape)."""

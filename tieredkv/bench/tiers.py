@@ -10,7 +10,8 @@ the mover's PageCopier jobs (tier_copies), and the DiskStore on its own from ali
 (tier_store). host<->device rows are the jobs as the server runs them (a job of 16+ pages shares
 its copy with a helper thread; `threads` says how many copied). Targets: disk paths >= 80% of
 raw disk, memory paths >= 70% of memcpy on as many threads as the job copied on. --memory-only
-skips every disk figure. Seeded, one warm-up, medians. `--out DIR` writes DIR/result.json
+skips every disk figure. Seeded, one warm-up; each row is the median repetition, with the
+slowest and the fastest. `--out DIR` writes DIR/result.json
 (benchmarks/tier_bandwidth.py renders such files for docs/benchmarks.md).
 (benchmarks/tier_breakdown.py times each stage of the jobs.)
 """
@@ -29,7 +30,13 @@ import numpy as np
 
 from tieredkv.bench.result_file import write_result
 from tieredkv.bench.tier_copies import make_copier, mover_disk_gbps
-from tieredkv.bench.tier_limits import RAW_PATTERNS, memcpy_gbps, raw_disk_gbps, xxh3_gbps
+from tieredkv.bench.tier_limits import (
+    RAW_PATTERNS,
+    Rate,
+    memcpy_gbps,
+    raw_disk_gbps,
+    xxh3_gbps,
+)
 from tieredkv.bench.tier_report import print_report
 from tieredkv.bench.tier_rows import DISK_TARGET, MOVER, BandwidthRow, memory_rows
 from tieredkv.bench.tier_store import LAYOUT, random_pages, store_gbps
@@ -150,8 +157,8 @@ def _all_rows(
         "disk->host": ("raw disk read", raw_read, DISK_TARGET),
     }
 
-    def disk_row(path: str, via: str, batch: int, gbps: float, ok: bool) -> BandwidthRow:
-        return BandwidthRow(path, via, batch, gbps, *disk_limit[path], ok)
+    def disk_row(path: str, via: str, batch: int, rate: Rate, ok: bool) -> BandwidthRow:
+        return BandwidthRow(path, via, batch, rate, *disk_limit[path], ok)
 
     try:
         copier = make_copier(2 * max(batches), store, args.seed)

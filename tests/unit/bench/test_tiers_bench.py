@@ -54,6 +54,7 @@ def test_every_path_and_batch_has_a_verified_row(report: dict) -> None:
     for row in rows:
         assert row["verified"], row
         assert positive(row["gbps"]) and positive(row["limit_gbps"])
+        assert row["gbps_min"] <= row["gbps"] <= row["gbps_max"]
         assert row["share"] == pytest.approx(row["gbps"] / row["limit_gbps"])
         assert row["meets_target"] == (row["share"] >= row["target"])
         want = "memcpy" if "device" in row["path"] else "raw disk"
@@ -87,8 +88,9 @@ def test_memory_only_measures_no_disk(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_memory_jobs_move_the_right_bytes() -> None:
     copier = make_copier(8, None, seed=1)
-    to_device, to_host, ok = memory_gbps(copier, 4, 1, np.random.default_rng(0))
-    assert ok and positive(to_device) and positive(to_host)
+    to_device, to_host, ok = memory_gbps(copier, 4, 2, np.random.default_rng(0))
+    assert ok and positive(to_device.gbps) and positive(to_host.gbps)
+    assert to_device.min_gbps <= to_device.gbps <= to_device.max_gbps
     # the same job the mover runs: a host page lands in the layer-major device pool
     copier.host_pool.kv[5] = 2.5
     copier.job(Tier.HOST, Tier.DEVICE, [5], [3], [])()
@@ -101,7 +103,7 @@ def test_disk_jobs_read_back_what_they_wrote(tmp_path: Path) -> None:
         copier = make_copier(8, store, seed=2)
         before = copier.host_pool.kv.clone()
         write, read, ok = mover_disk_gbps(copier, store, 4, 1, np.random.default_rng(0))
-        assert ok and positive(write) and positive(read)
+        assert ok and positive(write.gbps) and positive(read.gbps)
         assert store.num_free == store.num_pages  # the benchmark gave its slots back
         assert torch.equal(copier.host_pool.kv.view(torch.int16), before.view(torch.int16))
     finally:
