@@ -23,9 +23,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise TieredKVError(
-            "the plots need matplotlib: pip install 'tieredkv[bench]'"
-        ) from None
+        raise TieredKVError("the plots need matplotlib: pip install 'tieredkv[bench]'") from None
 
     matplotlib.use("Agg")  # files only: no display on a server
     import matplotlib.pyplot as plt
@@ -143,8 +141,8 @@ def draw(report_dir: Path) -> list[Path]:
         hit_ratio_by_tier(runs, report_dir / "hit_ratio_by_tier.png"),
         promotion_distribution(runs[0], report_dir / "promotion_latency.png"),
     ]
-    sweep = [run for run in runs if run.get("sweep")]
-    if len(sweep) > 1:
+    sweep = [run for run in runs if run["label"].startswith("tieredkv ") and "spec" in run]
+    if len(sweep) > 1:  # benchmarks/capacity_sweep.py labels its runs "tieredkv DEVICE+HOST"
         paths.append(capacity_sweep(sweep, report_dir / "sweep.png"))
     return paths
 

@@ -124,9 +124,8 @@ def _words(text: str) -> list[str]:
 
 def replicas_config(args: argparse.Namespace) -> ReplicasConfig:
     """The replicas run the flags ask for; ConfigError names a bad or conflicting flag."""
-    for flag in ("base_url", "sweep", "peer_url"):
-        if getattr(args, flag):
-            raise ConfigError(f"--replicas does not go with --{flag.replace('_', '-')}")
+    if args.base_url:
+        raise ConfigError("--replicas starts its own servers: no --base-url")
     remote_words = _words(args.remote or "on,off")
     if unknown := [w for w in remote_words if w not in REMOTE_WORDS]:
         raise ConfigError(f"--remote: on and/or off, got {unknown}")

@@ -64,7 +64,6 @@ def test_the_restart_defaults_to_round_2_before_the_middle_user() -> None:
         (["--replicas", "2", "--remote", "on,on"], "--remote"),
         (["--replicas", "2", "--router-policies", "fastest"], "--router-policies"),
         (["--replicas", "2", "--router-policies", "random,random"], "--router-policies"),
-        (["--replicas", "2", "--sweep", "1GiB:0"], "--sweep"),
         (["--replicas", "2", "--base-url", "http://x"], "--base-url"),
     ],
 )

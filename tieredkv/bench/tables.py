@@ -19,7 +19,8 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([*lines, *(_row(r) for r in rows)])
 
 
-def _reuse(run: dict) -> dict:
+def reuse_summary(run: dict) -> dict:
+    """The run's summary over the reuse rounds (all rounds when there is one)."""
     return run["summary"]["reuse_rounds"] or run["summary"]["overall"]
 
 
@@ -27,7 +28,7 @@ def speedup(run: dict, baseline: dict | None) -> float | None:
     """Baseline TTFT p50 / this run's TTFT p50, over the reuse rounds."""
     if baseline is None:
         return None
-    return ratio(_reuse(baseline)["ttft_s"]["p50"], _reuse(run)["ttft_s"]["p50"])
+    return ratio(reuse_summary(baseline)["ttft_s"]["p50"], reuse_summary(run)["ttft_s"]["p50"])
 
 
 def runs_table(runs: list[dict], baseline: dict | None) -> str:
@@ -38,7 +39,7 @@ def runs_table(runs: list[dict], baseline: dict | None) -> str:
               "O_DIRECT"]  # fmt: skip
     rows = []
     for run in runs:
-        summary = _reuse(run)
+        summary = reuse_summary(run)
         ttft = summary["ttft_s"]
         hits = summary["hit_ratio_by_tier"]
         promo = run.get("promotion") or {}
@@ -77,24 +78,6 @@ def rounds_table(run: dict) -> str:
                 fmt(ratio(summary["prompt_tokens"], summary["requests"]), ".0f"),
                 *(fmt(summary["ttft_s"][q], ".0f", 1000) for q in ("p50", "p90")),
                 fmt_p99(summary["ttft_s"], ".0f", 1000),
-                *(fmt(summary["hit_ratio_by_tier"][t], ".1%") for t in TIERS),
-            ]
-        )
-    return markdown_table(header, rows)
-
-
-def sweep_table(runs: list[dict], baseline: dict | None) -> str:
-    """Capacity sweep: TTFT p50 and hit ratio per tier against the device + host budget."""
-    header = ["device", "host", "TTFT p50 ms", "vs recompute", *HIT_COLUMNS]
-    rows = []
-    for run in runs:
-        summary = _reuse(run)
-        rows.append(
-            [
-                run["spec"]["device_cache"],
-                run["spec"]["host_cache"],
-                fmt(summary["ttft_s"]["p50"], ".0f", 1000),
-                fmt_times(speedup(run, baseline)),
                 *(fmt(summary["hit_ratio_by_tier"][t], ".1%") for t in TIERS),
             ]
         )

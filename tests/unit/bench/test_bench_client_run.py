@@ -121,21 +121,11 @@ def test_bad_arrival_settings_are_config_errors() -> None:
         ArrivalConfig(1, rate_per_s=-1.0)
 
 
-def test_sweep_flag_parsing() -> None:
-    from tieredkv.bench.multiturn import parse_sweep
-
-    assert parse_sweep("192MiB:0, 256MiB:1GiB") == [("192MiB", "0"), ("256MiB", "1GiB")]
-    with pytest.raises(ConfigError, match="DEVICE:HOST"):
-        parse_sweep("192MiB")
-    with pytest.raises(ConfigError):
-        parse_sweep("192MiB:lots")
-
-
 def test_cli_errors_are_one_line_not_tracebacks(capsys: pytest.CaptureFixture[str]) -> None:
     from tieredkv.bench.multiturn import main
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["--sweep", "nonsense"])
+        main(["--users", "none"])
     assert exit_info.value.code == 2
     with pytest.raises(SystemExit) as exit_info:
         main(["--check-equal", "--no-baseline"])
