@@ -1,4 +1,4 @@
-"""What `bench multiturn --replicas` reports beside the usual tables: per configuration, the
+"""What benchmarks/replicas.py reports beside the usual tables: per configuration, the
 reuse rounds, the restart round and the restart itself, and the turns classified by where their
 history came from (usage's `cached_tokens_by_tier`): a turn whose history came mostly from the
 remote tier landed on a replica that never saw (that part of) its conversation; one mostly from

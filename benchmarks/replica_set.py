@@ -1,4 +1,4 @@
-"""N `tieredkv serve` replicas and SGLang's router over them, as `bench multiturn --replicas`
+"""N `tieredkv serve` replicas and SGLang's router over them, as benchmarks/replicas.py
 runs them: the replicas start together (their model loads and warm-ups overlap), the router
 once every replica is ready, and `begin_restart(i)` stops one replica (once the router routes
 around it, the run goes on without it) and starts it again in the background on the same port
