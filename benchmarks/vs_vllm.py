@@ -148,7 +148,7 @@ def run_figures(args: argparse.Namespace, order: list[str], result: dict) -> Non
             with ManagedServer(serve_args(args), args.work_dir / "tieredkv.log") as server:
                 measured = measure_server(args, name, server.base_url, server.process.pid)
         result["summary"][name], records, outputs[name] = measured
-        result["records"] += records
+        result["records"] += [{**record, "run_order": order.index(name)} for record in records]
     if outputs.get("tieredkv") and outputs.get("vllm"):
         rows = agreement.agreement(outputs["tieredkv"], outputs["vllm"])
         result["summary"]["agreement"] = rows
@@ -175,7 +175,9 @@ def run_overflow(args: argparse.Namespace, order: list[str], result: dict) -> No
             )
     shutil.rmtree(args.work_dir / "kv-overflow", ignore_errors=True)
     result["summary"]["overflow"] = {name: summary for name, (summary, _) in runs.items()}
-    result["records"] += [record for _, records in runs.values() for record in records]
+    for name, (_, records) in runs.items():
+        position = order.index("tieredkv" if name == "tieredkv" else "vllm")
+        result["records"] += [{**record, "run_order": position} for record in records]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,10 +3,11 @@ peak memory of a server's whole process tree.
 
 The settings are read from the running server's own environment (/proc/PID/environ), so the
 result records what vLLM saw, not what the script meant to set. Peak memory is taken two ways:
-the largest sum of the tree's resident sets seen by a sampler (a lower bound: a peak between
-samples is missed), and the sum of each process's own peak (VmHWM; an upper bound: the
-processes need not peak together). Both count tieredkv's workspace arena as far as sequences
-touched it, and vLLM's shared memory once per process that maps it.
+the largest sum of the tree's resident sets seen by a sampler (a peak between samples is
+missed), and the sum of each process's own peak (VmHWM) over the processes alive at the end
+(the processes need not peak together; one that exited earlier is not in it). Both count
+tieredkv's workspace arena as far as sequences touched it, and vLLM's shared memory once per
+process that maps it.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def setup_lines(results: list[dict]) -> list[str]:
         "resident only as far as sequences touch it); vLLM: "
         f"`VLLM_CPU_KVCACHE_SPACE={settings.get('kv_gib', '?')}` GiB.",
         "",
-        f"{len(results)} run(s), {settings.get('repeats', '?')} samples per figure each; "
+        f"Runs: {len(results)}, samples per figure in each: {settings.get('repeats', '?')}; "
         f"the server measured first, run by run: {', '.join(first)}. Sources: "
         + ", ".join(f"`{r.get('dir', '?')}`" for r in results)
         + ".",

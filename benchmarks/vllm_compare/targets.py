@@ -159,7 +159,7 @@ def targets_table(results: list[dict]) -> list[str]:
             lambda a, b: a >= b,
         )
     rows.lines += tiers_rows(results) + overflow_target(results)
-    return rows.lines
+    return rows.lines if len(rows.lines) > 2 else []
 
 
 def tiers_rows(results: list[dict]) -> list[str]:
