@@ -62,6 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--sections", default=",".join(DEFAULT_SECTIONS), help=f"of {','.join(SECTIONS)}")
     add("--tiers", action="store_true", help="add the tiers section")
     add("--overflow", action="store_true", help="add the overflow section")
+    add("--overflow-users", type=int, default=overflow.OVERFLOW_USERS, help="chats (smoke runs)")
     add("--skip-vllm", action="store_true")
     add("--tieredkv-args", default="", help="extra `tieredkv serve` flags")
     add("--render", nargs="?", const=RESULTS, type=Path, help="print the report of ROOT's results")
@@ -156,9 +157,10 @@ def run_figures(args: argparse.Namespace, order: list[str], result: dict) -> Non
 
 
 def run_overflow(args: argparse.Namespace, order: list[str], result: dict) -> None:
-    num_bytes, gib = overflow.working_set_gib(overflow.overflow_workload(args.seed))
+    workload = overflow.overflow_workload(args.seed, args.overflow_users)
+    num_bytes, gib = overflow.working_set_gib(workload)
     result["settings"]["overflow"] = {
-        "users": overflow.OVERFLOW_USERS,
+        "users": args.overflow_users,
         "working_set_bytes": num_bytes,
         "working_set_kv_gib": gib,
     }
@@ -167,11 +169,11 @@ def run_overflow(args: argparse.Namespace, order: list[str], result: dict) -> No
         print(f"{name}, overflow:", flush=True)
         if name == "tieredkv":
             extra = args.tieredkv_args.split()
-            runs["tieredkv"] = overflow.run_ours(args.work_dir, args.seed, extra)
+            runs["tieredkv"] = overflow.run_ours(args.work_dir, workload, extra)
         else:
-            runs["vllm"] = overflow.run_peer(args.work_dir, args.seed, overflow.PEER_KV_GIB, "vllm")
+            runs["vllm"] = overflow.run_peer(args.work_dir, workload, overflow.PEER_KV_GIB, "vllm")
             runs["vllm_working_set"] = overflow.run_peer(
-                args.work_dir, args.seed, gib, "vllm_working_set"
+                args.work_dir, workload, gib, "vllm_working_set"
             )
     shutil.rmtree(args.work_dir / "kv-overflow", ignore_errors=True)
     result["summary"]["overflow"] = {name: summary for name, (summary, _) in runs.items()}

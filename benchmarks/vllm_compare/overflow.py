@@ -30,8 +30,8 @@ OURS_DISK = "8GiB"
 PEER_KV_GIB = 1
 
 
-def overflow_workload(seed: int) -> Workload:
-    return Workload(WorkloadConfig(OVERFLOW_USERS, 3, 150, 2400, 32, seed))
+def overflow_workload(seed: int, users: int = OVERFLOW_USERS) -> Workload:
+    return Workload(WorkloadConfig(users, 3, 150, 2400, 32, seed))
 
 
 def working_set_tokens(workload: Workload) -> int:
@@ -57,8 +57,8 @@ def working_set_gib(workload: Workload) -> tuple[int, int]:
     return num_bytes, math.ceil(num_bytes / 2**30)
 
 
-def overflow_run(url: str, label: str, seed: int) -> tuple[dict, list[dict]]:
-    run = run_workload(url, overflow_workload(seed), ArrivalConfig(1, None), label=label)
+def overflow_run(url: str, label: str, workload: Workload) -> tuple[dict, list[dict]]:
+    run = run_workload(url, workload, ArrivalConfig(1, None), label=label)
     reuse = [r for r in run["records"] if r["round_index"] >= 1 and r["ttft_s"] is not None]
     ttfts = [r["ttft_s"] for r in reuse]
     summary = {
@@ -87,7 +87,7 @@ def overflow_run(url: str, label: str, seed: int) -> tuple[dict, list[dict]]:
     return summary, records
 
 
-def run_ours(work_dir: Path, seed: int, extra_args: list[str]) -> tuple[dict, list[dict]]:
+def run_ours(work_dir: Path, workload: Workload, extra_args: list[str]) -> tuple[dict, list[dict]]:
     store = work_dir / "kv-overflow"
     args = ["--dtype", "bfloat16", "--max-model-len", str(OVERFLOW_MAX_MODEL_LEN)]
     args += ["--device-cache-size", OURS_RAM[0], "--host-cache-size", OURS_RAM[1]]
@@ -96,17 +96,19 @@ def run_ours(work_dir: Path, seed: int, extra_args: list[str]) -> tuple[dict, li
         ManagedServer(args, work_dir / "tieredkv-overflow.log") as server,
         TreeMemory(server.process.pid) as memory,
     ):
-        summary, records = overflow_run(server.base_url, "tieredkv", seed)
+        summary, records = overflow_run(server.base_url, "tieredkv", workload)
     summary.update(memory.result(), kv_ram=" + ".join(OURS_RAM), disk=OURS_DISK)
     return summary, records
 
 
-def run_peer(work_dir: Path, seed: int, kv_gib: int, label: str) -> tuple[dict, list[dict]]:
+def run_peer(
+    work_dir: Path, workload: Workload, kv_gib: int, label: str
+) -> tuple[dict, list[dict]]:
     log = work_dir / f"{label}-overflow.log"
     with (
         VllmServer(kv_gib, OVERFLOW_MAX_MODEL_LEN, log) as server,
         TreeMemory(server.process.pid) as memory,
     ):
-        summary, records = overflow_run(server.base_url, label, seed)
+        summary, records = overflow_run(server.base_url, label, workload)
     summary.update(memory.result(), kv_gib=kv_gib)
     return summary, records

@@ -153,7 +153,7 @@ def test_the_latest_sitting_combines_the_runs_medians(tmp_path: Path) -> None:
         and "| NO |" in disk
         and "disk 2.50 (2.00-3.00) GB/s" in disk
     )
-    over = next(line for line in page.splitlines() if "KV budget" in line)
+    over = next(line for line in page.splitlines() if "chats 3.5x a 1 GiB KV budget" in line)
     assert (
         "| 160 (150-900) ms | 4,400 (4,300-4,500) ms | 27.5x lower |" in over and "| yes |" in over
     )
