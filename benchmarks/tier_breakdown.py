@@ -14,7 +14,8 @@ Stages of today's jobs (tieredkv/cache/transfer/page_copier.py):
               fresh torch.empty (unaligned: the store's bounce copy, plus page faults)
 Alternatives: one numpy copy per page between the two pools (no staging at all), and the job's
 own page-by-page copy held to one thread (a job of SPLIT_MIN_PAGES pages or more shares it with
-a helper thread).
+a helper thread). The disk store alone: write_pages / read_pages of random pages from aligned
+memory over the whole store, each batch split over 1 and over 2 callers, read back verified.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +33,8 @@ import torch
 
 from tieredkv.bench.disk_check import drop_file
 from tieredkv.bench.tier_copies import make_copier
-from tieredkv.bench.tier_limits import median_seconds, memcpy_gbps
-from tieredkv.bench.tier_store import LAYOUT, aligned_pages, make_records
+from tieredkv.bench.tier_limits import Rate, median_seconds, memcpy_gbps
+from tieredkv.bench.tier_store import LAYOUT, REP_BYTES, aligned_pages, make_records, span_gbps
 from tieredkv.bench.tiers import default_dir
 from tieredkv.cache.disk.directory import STORE_FILE
 from tieredkv.cache.disk.store import DiskStore
@@ -141,6 +144,72 @@ def _disk_stages(
     return result
 
 
+def random_pages(count: int, rng: np.random.Generator) -> torch.Tensor:
+    """`aligned_pages(count)` holding seeded random bytes (a distinct page per slot)."""
+    pages = aligned_pages(count)
+    pages.view(torch.uint8).numpy().reshape(-1)[:] = np.frombuffer(
+        rng.bytes(pages.numel() * 2), dtype=np.uint8
+    )
+    return pages
+
+
+def store_gbps(
+    store: DiskStore, data: torch.Tensor, batch: int, threads: int, reps: int
+) -> tuple[Rate, Rate, bool]:
+    """(write, read) GB/s of batches of `batch` pages, each split evenly over `threads` disk
+    workers (one write_pages / read_pages call each, as the mover's disk pool issues them),
+    and whether every page read back verified and equal. `data` (num_pages, *page_shape)."""
+    num_groups = store.num_pages // batch
+    records = make_records(batch)
+    slots = store.alloc(num_groups * batch)  # a fresh store: slots 0, 1, 2, ... in order
+    out = aligned_pages(num_groups * batch)
+    parts = [slice(batch * i // threads, batch * (i + 1) // threads) for i in range(threads)]
+    verified: list[bool] = []
+    pool = ThreadPoolExecutor(threads)
+
+    def write_part(group: int, part: slice) -> None:
+        at = slice(group * batch + part.start, group * batch + part.stop)
+        store.write_pages(slots[at], records[part], data[at])
+
+    def read_part(group: int, part: slice) -> None:
+        at = slice(group * batch + part.start, group * batch + part.stop)
+        verified.extend(store.read_pages(slots[at], records[part], out[at]))
+
+    def on_pool(transfer: Callable[[int, slice], None]) -> Callable[[int], object]:
+        return lambda group: list(pool.map(lambda part: transfer(group, part), parts))
+
+    try:
+        write, read = span_gbps(
+            num_groups,
+            batch,
+            reps,
+            on_pool(write_part),
+            on_pool(read_part),
+            lambda: drop_file(store.directory / STORE_FILE),
+        )
+    finally:
+        pool.shutdown()
+        store.free(slots)
+    read_groups = min((reps + 1) * max(REP_BYTES // (batch * LAYOUT.page_bytes), 1), num_groups)
+    checked = read_groups * batch  # the groups the timed reads filled, from group 0 on
+    ok = all(verified) and torch.equal(
+        data[:checked].view(torch.int16), out[:checked].view(torch.int16)
+    )
+    return write, read, ok
+
+
+def store_alone(store: DiskStore, batch: int, reps: int, rng: np.random.Generator) -> dict:
+    """GB/s of the store alone, on 1 and 2 callers a batch (every page read back verified)."""
+    data = random_pages(store.num_pages, rng)  # (num_pages, *page_shape) bf16, aligned
+    result = {}
+    for threads in (1, 2):
+        write, read, ok = store_gbps(store, data, batch, threads, reps)
+        assert ok, f"the store read back wrong bytes ({threads} callers)"
+        result[f"store alone, {threads} caller(s), write"] = write.gbps
+        result[f"store alone, {threads} caller(s), read"] = read.gbps
+    return result
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="benchmarks/tier_breakdown.py", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -166,9 +235,13 @@ def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
         store = DiskStore(directory / "store", b"bench", LAYOUT, capacity)
     copier = make_copier(2 * args.batch, store, args.seed)
     try:
-        stages = breakdown(copier, store, args.batch, args.reps, rng)
+        try:
+            stages = breakdown(copier, store, args.batch, args.reps, rng)
+        finally:
+            copier.close()
+        if store is not None:
+            stages |= store_alone(store, args.batch, args.reps, rng)
     finally:
-        copier.close()
         if store is not None:
             store.close()
     return {"batch_pages": args.batch, "memcpy_gbps": memcpy, "gbps": stages}

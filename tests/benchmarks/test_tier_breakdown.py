@@ -17,6 +17,8 @@ def test_every_stage_and_alternative_is_timed(tmp_path: Path) -> None:
     for name in ("job host->device", "job device->host", "job host->disk", "job disk->host"):
         assert name in stages
     assert "alt: the job's copy on 1 thread host->device" in stages
+    for callers in (1, 2):  # the store alone, its pages read back verified
+        assert f"store alone, {callers} caller(s), read" in stages
     assert all(math.isfinite(gbps) and gbps > 0 for gbps in stages.values())
 
 

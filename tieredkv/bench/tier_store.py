@@ -1,25 +1,20 @@
-"""The disk store on its own: DiskStore.write_pages / read_pages from aligned host memory.
+"""The pages and the disk span the tier copies are measured on.
 
 Realistic pages (`LAYOUT`: the default model, SmolLM2-135M, in bf16 at its default page size:
 30 layers x 2 x 3 kv heads x 64 x 2 B x 16 = 368,640 B) in batches walk through the whole
 store in slot order, `REP_BYTES` per timed repetition, so the store is measured over the same
-span of disk as the raw limit. Checksums included; every page read back is verified and
-compared with what was written.
+span of disk as the raw limit. Checksums included.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import torch
 
-from tieredkv.bench.disk_check import drop_file
 from tieredkv.bench.tier_limits import Rate, rep_seconds
-from tieredkv.cache.disk.directory import STORE_FILE
-from tieredkv.cache.disk.store import DiskRecord, DiskStore
+from tieredkv.cache.disk.store import DiskRecord
 from tieredkv.cache.index.page_key import namespace_root_key, page_key
 from tieredkv.cache.page_layout import PageLayout, aligned_empty
 
@@ -44,15 +39,6 @@ def aligned_pages(count: int) -> torch.Tensor:
     flat = aligned_empty(count * LAYOUT.page_bytes)
     flat.fill(0)
     return torch.from_numpy(flat).view(LAYOUT.dtype).view(count, *LAYOUT.page_shape)
-
-
-def random_pages(count: int, rng: np.random.Generator) -> torch.Tensor:
-    """`aligned_pages(count)` holding seeded random bytes (a distinct page per slot)."""
-    pages = aligned_pages(count)
-    pages.view(torch.uint8).numpy().reshape(-1)[:] = np.frombuffer(
-        rng.bytes(pages.numel() * 2), dtype=np.uint8
-    )
-    return pages
 
 
 def span_gbps(
@@ -81,48 +67,3 @@ def span_gbps(
     read_s = rep_seconds(lambda: move(read_group), reps, before_read)
     moved = per_rep * batch * LAYOUT.page_bytes
     return Rate.of(moved, write_s), Rate.of(moved, read_s)
-
-
-def store_gbps(
-    store: DiskStore, data: torch.Tensor, batch: int, threads: int, reps: int
-) -> tuple[Rate, Rate, bool]:
-    """(write, read) GB/s of batches of `batch` pages, each split evenly over `threads` disk
-    workers (one write_pages / read_pages call each, as the mover's disk pool issues them),
-    and whether every page read back verified and equal. `data` (num_pages, *page_shape)."""
-    num_groups = store.num_pages // batch
-    records = make_records(batch)
-    slots = store.alloc(num_groups * batch)  # a fresh store: slots 0, 1, 2, ... in order
-    out = aligned_pages(num_groups * batch)
-    parts = [slice(batch * i // threads, batch * (i + 1) // threads) for i in range(threads)]
-    verified: list[bool] = []
-    pool = ThreadPoolExecutor(threads)
-
-    def write_part(group: int, part: slice) -> None:
-        at = slice(group * batch + part.start, group * batch + part.stop)
-        store.write_pages(slots[at], records[part], data[at])
-
-    def read_part(group: int, part: slice) -> None:
-        at = slice(group * batch + part.start, group * batch + part.stop)
-        verified.extend(store.read_pages(slots[at], records[part], out[at]))
-
-    def on_pool(transfer: Callable[[int, slice], None]) -> Callable[[int], object]:
-        return lambda group: list(pool.map(lambda part: transfer(group, part), parts))
-
-    try:
-        write, read = span_gbps(
-            num_groups,
-            batch,
-            reps,
-            on_pool(write_part),
-            on_pool(read_part),
-            lambda: drop_file(store.directory / STORE_FILE),
-        )
-    finally:
-        pool.shutdown()
-        store.free(slots)
-    read_groups = min((reps + 1) * max(REP_BYTES // (batch * LAYOUT.page_bytes), 1), num_groups)
-    checked = read_groups * batch  # the groups the timed reads filled, from group 0 on
-    ok = all(verified) and torch.equal(
-        data[:checked].view(torch.int16), out[:checked].view(torch.int16)
-    )
-    return write, read, ok

@@ -6,14 +6,13 @@
 Limits (tier_limits): numpy memcpy on one thread and on two, xxh3 on one core, raw O_DIRECT
 write and read of a file of --raw-bytes (>= 1 GiB by default) under --dir. Tiers, for realistic
 pages (the default model in bf16, 368,640 B) in batches: host<->device and host<->disk through
-the mover's PageCopier jobs (tier_copies), and the DiskStore on its own from aligned memory
-(tier_store). host<->device rows are the jobs as the server runs them (a job of 16+ pages shares
-its copy with a helper thread; `threads` says how many copied). Targets: disk paths >= 80% of
-raw disk, memory paths >= 70% of memcpy on as many threads as the job copied on. --memory-only
-skips every disk figure. Seeded, one warm-up; each row is the median repetition, with the
-slowest and the fastest. `--out DIR` writes DIR/result.json
+the mover's PageCopier jobs (tier_copies), as the server runs them (a host<->device job of 16+
+pages shares its copy with a helper thread; `threads` says how many copied). Targets: disk
+paths >= 80% of raw disk, memory paths >= 70% of memcpy on as many threads as the job copied
+on. --memory-only skips every disk figure. Seeded, one warm-up; each row is the median
+repetition, with the slowest and the fastest. `--out DIR` writes DIR/result.json
 (benchmarks/tier_bandwidth.py renders such files for docs/benchmarks.md).
-(benchmarks/tier_breakdown.py times each stage of the jobs.)
+(benchmarks/tier_breakdown.py times each stage of the jobs, and the disk store alone.)
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from tieredkv.bench.tier_limits import (
 )
 from tieredkv.bench.tier_report import print_report
 from tieredkv.bench.tier_rows import DISK_TARGET, MOVER, BandwidthRow, memory_rows
-from tieredkv.bench.tier_store import LAYOUT, random_pages, store_gbps
+from tieredkv.bench.tier_store import LAYOUT
 from tieredkv.cache.disk.store import CHUNK_BYTES, IO_DEPTH, IO_THREADS, DiskStore
 
 
@@ -71,19 +70,13 @@ def _parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=0)
     add("--raw-bytes", type=int, default=1 << 30, help="raw O_DIRECT file (and store) size")
     add("--memcpy-bytes", type=int, default=512 << 20)
-    add(
-        "--threads",
-        type=_counts,
-        default=[1, 2],
-        help="DiskStore rows: callers splitting each batch",
-    )
     add("--memory-only", action="store_true", help="only memcpy and host<->device (no disk)")
     add("--quick", action="store_true", help="tiny sizes, for tests (figures meaningless)")
     return parser
 
 
 def _quick(args: argparse.Namespace) -> None:
-    args.batches, args.reps, args.threads = [4, 16], 1, [1]
+    args.batches, args.reps = [4, 16], 1
     args.raw_bytes, args.memcpy_bytes = 16 << 20, 16 << 20
 
 
@@ -173,14 +166,6 @@ def _all_rows(
                 rows.append(disk_row("disk->host", MOVER, batch, read, ok))
         finally:
             copier.close()
-        del copier  # its pools: the aligned store data below needs the memory
-        data = random_pages(store.num_pages, rng)  # (num_pages, *page_shape) bf16, aligned
-        for threads in args.threads:
-            via = f"DiskStore, aligned, {threads} caller(s)"
-            for batch in batches:
-                write, read, ok = store_gbps(store, data, batch, threads, args.reps)
-                rows.append(disk_row("host->disk", via, batch, write, ok))
-                rows.append(disk_row("disk->host", via, batch, read, ok))
         return rows, store.direct_io
     finally:
         store.close()
