@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import httpx
+
 from benchmarks.redis_server import RedisServer, require_redis_server
 from benchmarks.remote_limit import (
     RemotePromotions,
@@ -34,6 +36,7 @@ from benchmarks.replica_report import analyze, replicas_tables
 from benchmarks.replica_set import ReplicaSet
 from benchmarks.router import ROUTER_POLICIES, require_router
 from tieredkv.bench import multiturn
+from tieredkv.bench.client import direct_io_of
 from tieredkv.bench.disk_check import drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.suite import ServerSpec, SuiteConfig
@@ -238,8 +241,9 @@ def run_configuration(
             promotions.end_all()
             result["remote_promotion"] = promotions.figures()
             result["redis_get"] = redis_get_throughput(redis.url, result["remote_promotion"])
-        if result["direct_io"] is None:  # the router has no /health of its own: a replica's log
-            result["direct_io"] = replicas.servers[0].direct_io
+        if result["direct_io"] is None:  # the router answers no /health of tieredkv's: a replica's
+            health = httpx.get(replicas.servers[0].base_url + "/health", timeout=30).json()
+            result["direct_io"] = direct_io_of(health)
     result["server"] = "tieredkv"
     result["replicas"] = {"count": plan.num_replicas, "remote": config.remote,
                           "router_policy": config.policy, "restarts": restarts,

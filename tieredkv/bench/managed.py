@@ -1,14 +1,12 @@
 """`tieredkv serve` as a child process on a free loopback port, for the benchmark's own runs.
 
 The child's output is copied to a log file by a reader thread, which also notices when uvicorn
-is listening (then /health must answer 200) and what the disk store said about O_DIRECT (the
-server exposes it nowhere else; unknown when the line is absent). Stopped with SIGTERM.
+is listening (then /health must answer 200). Stopped with SIGTERM.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -23,7 +21,6 @@ from tieredkv.errors import TieredKVError
 STARTUP_TIMEOUT_S = 600.0  # first use converts the default model; a cold 2-core box is slow
 STOP_TIMEOUT_S = 15.0
 _LISTENING = "Uvicorn running on"
-_DIRECT_IO = re.compile(r"disk store .*O_DIRECT (on|off)")
 
 
 class ServerStartError(TieredKVError):
@@ -48,7 +45,6 @@ class ManagedServer:
         self.port = port if port is not None else free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self.direct_io: bool | None = None  # None: the server did not say (no disk tier)
         self._listening = threading.Event()  # set on uvicorn's line, or when output ends
         self._listening_seen = False
         command = [sys.executable, "-c", "from tieredkv.cli import main; raise SystemExit(main())"]
@@ -68,11 +64,7 @@ class ManagedServer:
             for line in self.process.stdout:
                 log.write(line)
                 log.flush()
-                text = line.decode(errors="replace")
-                found = _DIRECT_IO.search(text)
-                if found:
-                    self.direct_io = found.group(1) == "on"
-                if _LISTENING in text:
+                if _LISTENING in line.decode(errors="replace"):
                     self._listening_seen = True
                     self._listening.set()
         self._listening.set()  # the process ended: wake the waiter, who checks poll()

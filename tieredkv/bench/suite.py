@@ -77,8 +77,6 @@ def run_server(
             result = run_workload(
                 server.base_url, workload, arrival, before_round, spec.label, None, suite.extra_body
             )
-            if result["direct_io"] is None:  # /health does not say: the store's log line
-                result["direct_io"] = server.direct_io
         result["server"] = "tieredkv"
         result["spec"] = dataclasses.asdict(spec)
         result["server_args"] = args
