@@ -103,17 +103,9 @@ def ours_settings(args: argparse.Namespace) -> dict:
 
 def serve_args(args: argparse.Namespace) -> list[str]:
     ours = ours_settings(args)
-    return [
-        "--dtype",
-        "bfloat16",
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--device-cache-size",
-        ours["device_cache_size"],
-        "--host-cache-size",
-        "0",
-        *ours["extra_args"],
-    ]
+    flags = ["--dtype", "bfloat16", "--max-model-len", str(MAX_MODEL_LEN)]
+    flags += ["--device-cache-size", ours["device_cache_size"], "--host-cache-size", "0"]
+    return flags + ours["extra_args"]
 
 
 def measure_server(

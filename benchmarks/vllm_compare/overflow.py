@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from benchmarks.vllm_compare.peers import TreeMemory, VllmServer
+from benchmarks.vllm_compare.peers import TreeMemory, VllmServer, process_settings
 from benchmarks.vllm_compare.tiers import page_layout
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.managed import ManagedServer
@@ -109,6 +109,7 @@ def run_peer(
         VllmServer(kv_gib, OVERFLOW_MAX_MODEL_LEN, log) as server,
         TreeMemory(server.process.pid) as memory,
     ):
+        settings = process_settings(server.process.pid)
         summary, records = overflow_run(server.base_url, label, workload)
-    summary.update(memory.result(), kv_gib=kv_gib)
+    summary.update(memory.result(), kv_gib=kv_gib, settings=settings)
     return summary, records

