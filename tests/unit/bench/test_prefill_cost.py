@@ -1,6 +1,5 @@
 """The prefill cost model, the KV bytes of a history, and the TTFT bound that uses them."""
 
-
 import pytest
 
 from tieredkv.bench.prefill_cost import PrefillCost, load_model_cost
