@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--ignore-eos", action="store_true", help="send ignore_eos (fixed answer lengths)")
     add("--out", type=Path, default=None, help="output dir (default bench-results/multiturn-TIME)")
     add("--dtype", choices=("float32", "bfloat16"), default="float32",
-        help="servers' dtype (--check-equal judges by it)")  # fmt: skip
+        help="servers' dtype (--check-equal and the targets' KV bytes follow it)")  # fmt: skip
     add("--check-equal", action="store_true", help="compare greedy outputs with the baseline")
     client = p.add_argument_group("an existing server")
     client.add_argument("--base-url", help="drive this server only (no managed runs)")
@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("--disk-cache-dir", type=Path, help="the server's disk store, to drop "
                         "from the page cache before each round (same machine only)")  # fmt: skip
     managed = p.add_argument_group("managed tieredkv runs")
-    managed.add_argument("--serve-model", help="tieredkv serve --model (default: default model)")
+    managed.add_argument("--serve-model", help="tieredkv serve --model; the targets count its "
+                         "FLOPs and KV bytes (default: the default model)")  # fmt: skip
     managed.add_argument("--max-model-len", type=int)
     managed.add_argument("--device-cache-size", dest="device_cache")
     managed.add_argument("--host-cache-size", dest="host_cache")
