@@ -2,13 +2,13 @@
 
 With `--base-url URL` it only drives that server (any OpenAI-compatible one; `--baseline-url`
 adds a recompute server to compare with). Without it, the benchmark starts tieredkv itself:
-one configuration, the recompute baseline (`--no-cache`, same binary) unless `--no-baseline`,
-optionally `--check-equal`. Writes report.json and summary.md to `--out`. Presets: `--preset
+one configuration and the recompute baseline (`--no-cache`, same binary) unless
+`--no-baseline`. Writes report.json and summary.md to `--out`. Presets: `--preset
 quick` (1-2 minutes) and `--preset default` (a few minutes on a 2-core machine); explicit
 flags override a preset.
 (Scripts in benchmarks/ run the same workload otherwise: replicas.py through a router over
 replicas, capacity_sweep.py at several cache sizes, policy_grid.py the write-policy x page-size
-grid; plots.py draws a report.)
+grid; plots.py draws a report, check_equal.py compares its outputs with the baseline's.)
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import httpx
 from tieredkv.bench import report as reports
 from tieredkv.bench.disk_check import disk_read_limit, drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
-from tieredkv.bench.equality import compare_runs
 from tieredkv.bench.prefill_cost import load_model_cost
 from tieredkv.bench.suite import ServerSpec, SuiteConfig, measure_disk, run_all, run_server
 from tieredkv.bench.targets import evaluate
@@ -69,8 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--ignore-eos", action="store_true", help="send ignore_eos (fixed answer lengths)")
     add("--out", type=Path, default=None, help="output dir (default bench-results/multiturn-TIME)")
     add("--dtype", choices=("float32", "bfloat16"), default="float32",
-        help="servers' dtype (--check-equal and the targets' KV bytes follow it)")  # fmt: skip
-    add("--check-equal", action="store_true", help="compare greedy outputs with the baseline")
+        help="servers' dtype (the targets' KV bytes follow it)")  # fmt: skip
     client = p.add_argument_group("an existing server")
     client.add_argument("--base-url", help="drive this server only (no managed runs)")
     client.add_argument("--model", help="model name to request (default: the first of /v1/models)")
@@ -128,8 +126,6 @@ def main(
         arrival = ArrivalConfig(args.concurrency, args.rate)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.check_equal and (args.no_baseline if not args.base_url else not args.baseline_url):
-        parser.error("--check-equal needs a baseline (drop --no-baseline, or give --baseline-url)")
     out = args.out or Path("bench-results") / time.strftime("multiturn-%Y%m%d-%H%M%S")
     report = reports.new_report([parser.prog, *argv], workload, arrival)
     try:
@@ -224,9 +220,7 @@ def run_managed(
 def finish_analysis(
     args: argparse.Namespace, report: dict, runs: list[dict], baseline: dict | None
 ) -> None:
-    """Check-equal and targets for the runs of `report`."""
-    if args.check_equal and baseline is not None:
-        report["check_equal"] = compare_runs(runs[0]["records"], baseline["records"], args.dtype)
+    """The targets of the runs of `report`."""
     disk_bw = report["disk"]["bytes_per_s"] if report["disk"] else None
     # the served model's FLOPs and KV bytes per token: the local model the flags name
     cost = load_model_cost(args.serve_model, args.dtype, args.page_size)

@@ -2,7 +2,7 @@
 summary (`summary.md`, also printed), in one output directory (benchmarks/plots.py draws it).
 
 Report shape (version 3): {"version", "command", "workload", "arrival", "machine", "disk",
-"runs": [run...], "baseline_label", "tables", "sections", "check_equal", "targets" (first run),
+"runs": [run...], "baseline_label", "tables", "sections", "targets" (first run),
 "targets_by_run", "work_dir"}; each run:
 {"label", "base_url", "model", "metrics_available", "summary": {"overall", "reuse_rounds",
 "by_round"}, "promotion", "transfer_bytes", "evicted_pages", "records", ...}. "sections" holds
@@ -17,7 +17,6 @@ from pathlib import Path
 
 from tieredkv.bench import tables
 from tieredkv.bench.driver import ArrivalConfig
-from tieredkv.bench.equality import describe
 from tieredkv.bench.result_file import machine_info, machine_line
 from tieredkv.bench.targets import targets_table
 from tieredkv.bench.workload import WorkloadConfig
@@ -40,7 +39,6 @@ def new_report(argv: list[str], workload: WorkloadConfig, arrival: ArrivalConfig
         "baseline_label": None,
         "tables": {},
         "sections": {},
-        "check_equal": None,
         "targets": None,
         "targets_by_run": None,
         "work_dir": None,
@@ -80,8 +78,6 @@ def summary_text(report: dict) -> str:
     parts.append(report["tables"]["runs"] + "\n")
     for title, text in report["sections"].items():
         parts.append(f"## {title}\n\n{text}\n")
-    if report["check_equal"]:
-        parts.append("\n".join(describe(report["check_equal"])) + "\n")
     if report["targets"]:
         parts.append("## Targets (first run)\n\n" + targets_table(report["targets"]) + "\n")
     for label, table in report["tables"]["rounds"].items():

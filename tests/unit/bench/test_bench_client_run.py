@@ -127,9 +127,6 @@ def test_cli_errors_are_one_line_not_tracebacks(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit) as exit_info:
         main(["--users", "none"])
     assert exit_info.value.code == 2
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--check-equal", "--no-baseline"])
-    assert exit_info.value.code == 2
     # a server that is not there: exit 1 with a message
     assert main(["--base-url", "http://127.0.0.1:9", "--preset", "quick"]) == 1
     assert "tieredkv bench multiturn: error:" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Report shape, tables and check-equal, from fake-server runs."""
+"""Report shape and tables, from fake-server runs."""
 
 import json
 from pathlib import Path
@@ -7,7 +7,6 @@ from bench_fakes import FakeServer
 
 from tieredkv.bench import report as reports
 from tieredkv.bench.driver import ArrivalConfig
-from tieredkv.bench.equality import compare_runs, describe, first_difference
 from tieredkv.bench.workload import Workload, WorkloadConfig
 from tieredkv.bench.workload_run import run_workload
 
@@ -29,7 +28,6 @@ def test_report_json_and_tables(tmp_path: Path) -> None:
     report = reports.new_report(["--quick"], SMALL, ArrivalConfig(1))
     report["runs"] = [cached, baseline]
     report["baseline_label"] = "recompute"
-    report["check_equal"] = compare_runs(cached["records"], baseline["records"], "float32")
     report["sections"]["A script's own"] = "| its | table |"
     text = reports.finish(report, tmp_path)
     assert "## A script's own\n\n| its | table |" in text
@@ -49,31 +47,9 @@ def test_report_json_and_tables(tmp_path: Path) -> None:
         "remote": None,
     }
     assert loaded["runs"][1]["summary"]["overall"]["hit_ratio"] is None  # JSON null
-    assert loaded["check_equal"]["identical"] is True
     assert "unknown" in text  # the plain server's hit ratios
     assert "| tieredkv |" in text
     assert "n<100" in text  # 2 requests a round: no p99
-
-
-def test_check_equal_lists_every_fp32_difference_and_bf16_shares() -> None:
-    cached, baseline = two_runs(answer_prefix="Answr")
-    result = compare_runs(cached["records"], baseline["records"], "float32")
-    assert result["compared"] == 4
-    assert result["diverged"] == 4
-    assert result["differences"][0]["char_index"] == 4  # "Answ|e" vs "Answ|r"
-    assert {(d["user"], d["round"]) for d in result["differences"]} == {
-        (0, 0),
-        (1, 0),
-        (0, 1),
-        (1, 1),
-    }
-    lines = describe(result)
-    assert "4/4 outputs differ" in lines[0] and len(lines) == 5
-    bf16 = compare_runs(cached["records"], baseline["records"], "bfloat16")
-    assert bf16["share_diverged"] == 1.0
-    assert bf16["first_divergence"]["round_p50"] == 0
-    assert first_difference("abc", "abc") is None
-    assert first_difference("abc", "ab") == 2
 
 
 def test_every_table_row_has_as_many_cells_as_its_header() -> None:

@@ -1,4 +1,9 @@
-"""`--check-equal`: greedy outputs of the cached run against the recompute baseline.
+"""Greedy outputs of a `tieredkv bench multiturn` report's cached run against its recompute
+baseline, request by request:
+
+    .venv/bin/python -m benchmarks.check_equal REPORT_DIR [--dtype float32|bfloat16]
+
+(exit 1 when a float32 output differs, or nothing could be compared).
 
 In fp32 a correct cache changes nothing, so every difference is listed with the request that
 produced it. In bf16, reduced precision lets a different prefix split (cached prefix + suffix vs
@@ -8,6 +13,11 @@ prompts differ too (they carry the answers), so the first divergence per user is
 """
 
 from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
 
 from tieredkv.bench.records import percentile
 
@@ -88,3 +98,31 @@ def describe(result: dict) -> list[str]:
             f"median char offset {first['char_index_p50']}"
         )
     return lines
+
+
+def dtype_of(run: dict) -> str:
+    """The dtype a managed run's server was started with (float32 when it does not say)."""
+    args = run.get("server_args") or []
+    return args[args.index("--dtype") + 1] if "--dtype" in args else "float32"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.check_equal", description=__doc__)
+    parser.add_argument("report_dir", type=Path)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: the run's own")
+    args = parser.parse_args(argv)
+    report = json.loads((args.report_dir / "report.json").read_text())
+    runs = {run["label"]: run for run in report["runs"]}
+    if report["baseline_label"] not in runs:
+        parser.error("the report has no recompute baseline (a run without --no-baseline)")
+    baseline = runs.pop(report["baseline_label"])
+    cached = next(iter(runs.values()))
+    result = compare_runs(cached["records"], baseline["records"], args.dtype or dtype_of(cached))
+    (args.report_dir / "check_equal.json").write_text(json.dumps(result, indent=1) + "\n")
+    print("\n".join(describe(result)))
+    differs = result["dtype"] == "float32" and not result["identical"]
+    return 1 if differs or not result["compared"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
