@@ -19,10 +19,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tieredkv.bench.disk_check import disk_read_limit
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.multiturn import PRESETS
 from tieredkv.bench.records import TIERS, fmt
-from tieredkv.bench.suite import ServerSpec, SuiteConfig, measure_disk, run_all
+from tieredkv.bench.suite import ServerSpec, SuiteConfig, run_all
 from tieredkv.bench.workload import Workload, WorkloadConfig
 from tieredkv.config import WritePolicy
 from tieredkv.errors import TieredKVError
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         args.disk_cache or preset["disk_cache"],
     )
     try:
-        disk = measure_disk(suite)
+        disk = disk_read_limit(suite.work_dir, suite.disk_probe_bytes)
         runs = run_all(
             grid_specs(base, args.page_sizes), suite, Workload(workload), ArrivalConfig(1)
         )

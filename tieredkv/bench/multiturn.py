@@ -27,7 +27,7 @@ from tieredkv.bench import report as reports
 from tieredkv.bench.disk_check import disk_read_limit, drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.prefill_cost import load_model_cost
-from tieredkv.bench.suite import ServerSpec, SuiteConfig, measure_disk, run_all, run_server
+from tieredkv.bench.suite import ServerSpec, SuiteConfig, run_all, run_server
 from tieredkv.bench.targets import evaluate
 from tieredkv.bench.workload import Workload, WorkloadConfig
 from tieredkv.bench.workload_run import run_workload
@@ -201,7 +201,7 @@ def run_managed(
     extra = {"ignore_eos": True} if args.ignore_eos else None
     suite = SuiteConfig(common, work_dir, args.threads, extra_body=extra)
     report["work_dir"] = str(work_dir)
-    report["disk"] = measure_disk(suite)
+    report["disk"] = disk_read_limit(suite.work_dir, suite.disk_probe_bytes)
     base_spec = ServerSpec("tieredkv", args.device_cache, args.host_cache, args.disk_cache,
                       args.page_size, args.write_policy)  # fmt: skip
     # each run joins the report as it finishes: a partial report keeps the finished ones

@@ -1,8 +1,7 @@
-"""The managed benchmark: tieredkv started by the benchmark itself, at one or more (device, host)
-cache sizes (the capacity sweep), beside the recompute baseline (`--no-cache`, same binary).
-Every tieredkv run gets a fresh disk store in a temp dir, dropped from the page cache before
-each timed round; the disk's read limit is measured in the same run, on the same
-filesystem."""
+"""The managed benchmark: tieredkv started by the benchmark itself, in one or more
+configurations, beside the recompute baseline (`--no-cache`, same binary). Every tieredkv run
+gets a fresh disk store in a temp dir (under `work_dir`, whose filesystem the disk limit is
+probed on), dropped from the page cache before each timed round."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from tieredkv.bench.disk_check import disk_read_limit, drop_page_cache
+from tieredkv.bench.disk_check import drop_page_cache
 from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.workload import Workload
@@ -83,11 +82,6 @@ def run_server(
         result["page_cache_dropped_bytes"] = dropped
         result["log"] = str(log_path)
         return result
-
-
-def measure_disk(suite: SuiteConfig) -> dict:
-    """This filesystem's read limit for the store (where the disk stores live)."""
-    return disk_read_limit(suite.work_dir, suite.disk_probe_bytes)
 
 
 def run_all(

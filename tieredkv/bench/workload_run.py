@@ -25,10 +25,6 @@ from tieredkv.bench.workload import Workload
 HTTP_TIMEOUT_S = 1800.0  # a long prefill on a slow CPU must not look like a failure
 
 
-def record_json(record: RequestRecord) -> dict:
-    return dataclasses.asdict(record)
-
-
 def summaries(records: list[RequestRecord], num_rounds: int) -> dict:
     reuse = [r for r in records if r.round_index >= 1]
     return {
@@ -73,7 +69,7 @@ async def _run(
         "promotion": promotion_stats(before, after),
         "transfer_bytes": transfer_bytes(before, after),
         "evicted_pages": eviction_counts(before, after),
-        "records": [record_json(r) for r in records],
+        "records": [dataclasses.asdict(r) for r in records],
     }
 
 
