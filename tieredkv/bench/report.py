@@ -5,7 +5,7 @@ Report shape (version 3): {"version", "command", "workload", "arrival", "machine
 "runs": [run...], "baseline_label", "tables", "sections", "targets" (first run),
 "targets_by_run", "work_dir"}; each run:
 {"label", "base_url", "model", "metrics_available", "summary": {"overall", "reuse_rounds",
-"by_round"}, "promotion", "transfer_bytes", "evicted_pages", "records", ...}. "sections" holds
+"by_round"}, "promotion", "transfer_bytes", "records", ...}. "sections" holds
 {title: Markdown} that a script adds (benchmarks/replicas.py, capacity_sweep.py). None is
 unknown (JSON null)."""
 

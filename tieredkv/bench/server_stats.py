@@ -66,17 +66,3 @@ def transfer_bytes(before_text: str | None, after_text: str | None) -> dict[str,
                 if delta is not None:
                     result[f"{src}->{dst}"] = delta
     return result or None
-
-
-def eviction_counts(before_text: str | None, after_text: str | None) -> dict[str, float] | None:
-    before = parse_samples(before_text or "")
-    after = parse_samples(after_text or "")
-    result = {}
-    for tier in TIERS:
-        for action in ("demoted", "dropped"):
-            delta = counter_delta(
-                before, after, "tieredkv_evicted_pages_total", tier=tier, action=action
-            )
-            if delta is not None:
-                result[f"{tier}:{action}"] = delta
-    return result or None

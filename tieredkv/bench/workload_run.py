@@ -19,7 +19,7 @@ from tieredkv.bench.client import (
 )
 from tieredkv.bench.driver import ArrivalConfig, WorkloadDriver
 from tieredkv.bench.records import RequestRecord, summarize
-from tieredkv.bench.server_stats import eviction_counts, promotion_stats, transfer_bytes
+from tieredkv.bench.server_stats import promotion_stats, transfer_bytes
 from tieredkv.bench.workload import Workload
 
 HTTP_TIMEOUT_S = 1800.0  # a long prefill on a slow CPU must not look like a failure
@@ -68,7 +68,6 @@ async def _run(
         "summary": summaries(records, workload.config.num_rounds),
         "promotion": promotion_stats(before, after),
         "transfer_bytes": transfer_bytes(before, after),
-        "evicted_pages": eviction_counts(before, after),
         "records": [dataclasses.asdict(r) for r in records],
     }
 
