@@ -50,7 +50,7 @@ def setup_lines(results: list[dict]) -> list[str]:
     lines += [f"Peer: {peer}." for peer in peers]
     lines += [
         "",
-        f"tieredkv at commit {', '.join(commits)}: KV in RAM `--device-cache-size "
+        f"tieredkv at commit {', '.join(commits)}; for the figures, KV in RAM `--device-cache-size "
         f"{ours.get('device_cache_size', '?')}` `--host-cache-size "
         f"{ours.get('host_cache_size', '?')}`, plus its workspace arena outside that budget "
         f"({ours.get('workspace_arena_bytes', 0) / GIB:.2f} GiB reserved for "
