@@ -45,6 +45,7 @@ def setup_lines(results: list[dict]) -> list[str]:
     commits = sorted({(r.get("git_commit") or "unknown")[:10] for r in results})
     first = [r["settings"].get("first", "?") for r in results]
     settings = results[-1]["settings"]
+    repeats = ", ".join(sorted({str(r["settings"].get("repeats", "?")) for r in results}))
     ours = settings.get("tieredkv", {})
     lines = [f"Machine: {'; '.join(machines)}.", ""]
     lines += [f"Peer: {peer}." for peer in peers]
@@ -58,7 +59,7 @@ def setup_lines(results: list[dict]) -> list[str]:
         "resident only as far as sequences touch it); vLLM: "
         f"`VLLM_CPU_KVCACHE_SPACE={settings.get('kv_gib', '?')}` GiB.",
         "",
-        f"Runs: {len(results)}, samples per figure in each: {settings.get('repeats', '?')}; "
+        f"Runs: {len(results)}, samples per figure in each: {repeats}; "
         f"the server measured first, run by run: {', '.join(first)}. Sources: "
         + ", ".join(f"`{r.get('dir', '?')}`" for r in results)
         + ".",
