@@ -5,10 +5,7 @@ adds a recompute server to compare with). Without it, the benchmark starts tiere
 one configuration and the recompute baseline (`--no-cache`, same binary) unless
 `--no-baseline`. Writes report.json and summary.md to `--out`. Presets: `--preset
 quick` (1-2 minutes) and `--preset default` (a few minutes on a 2-core machine); explicit
-flags override a preset.
-(Scripts in benchmarks/ run the same workload otherwise: replicas.py through a router over
-replicas, capacity_sweep.py at several cache sizes, policy_grid.py the write-policy x page-size
-grid; plots.py draws a report, check_equal.py compares its outputs with the baseline's.)
+flags override a preset. (benchmarks/ has scripts that run the same workload otherwise.)
 """
 
 from __future__ import annotations

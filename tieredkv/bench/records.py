@@ -68,14 +68,8 @@ def spread(values: Sequence[float | None]) -> dict[str, float | int | None]:
 
 def known_sum(values: Iterable[int | float | None]) -> float | None:
     """The sum, or None when any value is unknown (or there are none)."""
-    total = 0.0
-    count = 0
-    for value in values:
-        if value is None:
-            return None
-        total += value
-        count += 1
-    return total if count else None
+    values = list(values)
+    return None if not values or any(v is None for v in values) else float(sum(values))
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

@@ -21,32 +21,26 @@ RESULT_NAME = "result.json"
 RELEVANT_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
-def _cpuinfo_field(text: str, name: str) -> str:
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == name:
-            return value.strip()
-    return ""
+def _proc_field(path: str, name: str) -> str:
+    """The value of `name: value` in a /proc text file ("" when absent or unreadable)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return ""
+    return next(
+        (v.strip() for k, _, v in (line.partition(":") for line in lines) if k.strip() == name), ""
+    )
 
 
 def machine_info() -> dict:
     """The CPU (model and the flags that pick kernels), cores, RAM and kernel of this machine."""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        cpuinfo = ""
-    flags = set(_cpuinfo_field(cpuinfo, "flags").split())
-    mem_kib = 0
-    try:
-        meminfo = Path("/proc/meminfo").read_text()
-        mem_kib = int(_cpuinfo_field(meminfo, "MemTotal").split()[0])
-    except (OSError, IndexError, ValueError):
-        pass
+    flags = set(_proc_field("/proc/cpuinfo", "flags").split())
+    mem_kib = _proc_field("/proc/meminfo", "MemTotal").split()
     return {
-        "cpu_model": _cpuinfo_field(cpuinfo, "model name") or platform.processor(),
+        "cpu_model": _proc_field("/proc/cpuinfo", "model name") or platform.processor(),
         "cpu_flags": [flag for flag in RELEVANT_CPU_FLAGS if flag in flags],
         "cores": os.cpu_count(),
-        "mem_total_gib": round(mem_kib / 2**20, 1),
+        "mem_total_gib": round(int(mem_kib[0]) / 2**20, 1) if mem_kib else 0.0,
         "kernel": platform.release(),
     }
 

@@ -6,7 +6,6 @@ probed on), dropped from the page cache before each timed round."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -16,8 +15,6 @@ from tieredkv.bench.driver import ArrivalConfig
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.workload import Workload
 from tieredkv.bench.workload_run import run_workload
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +91,6 @@ def run_all(
     """Run every spec in order; `on_result` sees each run as it finishes (partial reports)."""
     results = []
     for spec in specs:
-        log.info("running %s", spec.label)
         results.append(run_server(spec, suite, workload, arrival))
         if on_result is not None:
             on_result(results[-1])

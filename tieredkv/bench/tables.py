@@ -9,14 +9,10 @@ from tieredkv.bench.records import TIERS, fmt, fmt_p99, fmt_times, ratio
 HIT_COLUMNS = tuple(f"hit {tier}" for tier in TIERS)  # one per tier, remote included
 
 
-def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     """A Markdown table: the header, its rule, one line per row."""
-    lines = [_row(header), _row(["---"] * len(header))]
-    return "\n".join([*lines, *(_row(r) for r in rows)])
+    lines = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
 
 
 def reuse_summary(run: dict) -> dict:

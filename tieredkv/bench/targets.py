@@ -17,13 +17,9 @@ LONG_CONTEXT_TOKENS = 3000
 TTFT_SLACK_S = 0.050
 SPEEDUP_TARGET = 10.0
 
-# the bound's "suffix prefill time": the suffix's FLOP share of the same request's recompute
-# TTFT, or the suffix's length over the recompute baseline's average speed; the first rule with
-# a value for every turn judges
-BOUND_RULES = {
-    "flop_share": "FLOP share of the request's recompute TTFT",
-    "average_speed": "suffix tokens / the recompute baseline's tokens/s",
-}
+BOUND_TEXT = (
+    "TTFT <= history bytes/disk limit + the suffix's FLOP share of its recompute TTFT + 50 ms"
+)
 
 
 def _by_key(records: list[dict]) -> dict[tuple[int, int], dict]:
@@ -43,52 +39,27 @@ def history_tokens(records: list[dict], page_size: int) -> dict[tuple[int, int],
     return history
 
 
-def recompute_tok_per_s(baseline: list[dict]) -> float | None:
-    """The baseline's prefill speed: median of prompt tokens / TTFT over its requests."""
-    speeds = [
-        r["prompt_tokens"] / r["ttft_s"]
-        for r in baseline
-        if not r["error"] and r["prompt_tokens"] and r["ttft_s"]
-    ]
-    return percentile(speeds, 50)
-
-
-def bound_rules(
+def bound_margins(
     turns: list[tuple[dict, int]],
     base: dict[tuple[int, int], dict],
     disk_bytes_per_s: float | None,
-    prefill: float | None,
     cost: PrefillCost | None,
-) -> dict[str, dict]:
-    """Per rule with a value for every turn: the share of `turns` (record, history tokens)
-    within history bytes / disk limit + suffix prefill + 50 ms, and the margins (bound - TTFT)."""
-    results = {}
+) -> list[float] | None:
+    """Per turn (record, history tokens): bound - TTFT, the bound being history bytes / disk
+    limit + the suffix's FLOP share of the same request's recompute TTFT + 50 ms (a suffix
+    token after the history attends to all of it: an average prefill speed would undercount
+    it). None when any turn lacks a figure."""
     if cost is None or not disk_bytes_per_s or not turns:
-        return results
-    for rule, text in BOUND_RULES.items():
-        margins = []
-        for r, history in turns:
-            suffix = r["prompt_tokens"] - history
-            recompute = base.get((r["user"], r["round_index"]), {}).get("ttft_s")
-            if rule == "flop_share":
-                share = cost.suffix_share(r["prompt_tokens"], history)
-                suffix_s = recompute * share if recompute else None
-            else:
-                suffix_s = suffix / prefill if prefill else None
-            if suffix_s is None or not r["ttft_s"]:
-                break
-            transfer = cost.history_bytes(history) / disk_bytes_per_s
-            margins.append(transfer + suffix_s + TTFT_SLACK_S - r["ttft_s"])
-        else:
-            within = sum(m >= 0 for m in margins)
-            results[rule] = {
-                "suffix_prefill": text,
-                "value": within / len(margins),
-                "met": within == len(margins),
-                "margin_p50_s": percentile(margins, 50),
-                "margin_min_s": min(margins),
-            }
-    return results
+        return None
+    margins = []
+    for r, history in turns:
+        recompute = base.get((r["user"], r["round_index"]), {}).get("ttft_s")
+        if not recompute or not r["ttft_s"]:
+            return None
+        suffix_s = recompute * cost.suffix_share(r["prompt_tokens"], history)
+        transfer = cost.history_bytes(history) / disk_bytes_per_s
+        margins.append(transfer + suffix_s + TTFT_SLACK_S - r["ttft_s"])
+    return margins
 
 
 def server_check(turns: list[tuple[dict, int]]) -> dict:
@@ -130,9 +101,8 @@ def evaluate(
         for r, _ in turns
         if (key := (r["user"], r["round_index"])) in base and r["ttft_s"] and base[key]["ttft_s"]
     ]
-    prefill = recompute_tok_per_s(baseline["records"]) if baseline else None
-    rules = bound_rules(turns, base, disk_bytes_per_s, prefill, cost)
-    headline = next(iter(rules.values()), None)
+    margins = bound_margins(turns, base, disk_bytes_per_s, cost)
+    within = None if margins is None else sum(m >= 0 for m in margins)
     speedup_p50 = percentile(speedups, 50)
     return {
         "long_reuse_turns": len(turns),
@@ -142,15 +112,13 @@ def evaluate(
             "met": None if speedup_p50 is None else speedup_p50 >= SPEEDUP_TARGET,
         },
         "ttft_within_bound": {
-            "value": None if headline is None else headline["value"],
-            "target": "share of turns with TTFT <= history bytes/disk limit + suffix prefill "
-            "+ 50 ms",
-            "met": None if headline is None else headline["met"],
-            "suffix_prefill": None if headline is None else headline["suffix_prefill"],
+            "value": None if margins is None else within / len(margins),
+            "target": BOUND_TEXT,
+            "met": None if margins is None else within == len(margins),
+            "margin_p50_s": None if margins is None else percentile(margins, 50),
+            "margin_min_s": None if margins is None else min(margins),
             "kv_bytes_per_page": cost.page_bytes if cost else None,
-            "recompute_tok_per_s": prefill,
         },
-        "ttft_within_bound_rules": rules,
         "server_check": server_check(turns),
         "server_promotion_p50_over_ideal": promotion_diagnostic(cached, disk_bytes_per_s),
     }
@@ -161,7 +129,6 @@ def targets_table(targets: dict) -> str:
     own figures as diagnostics."""
     met = {True: "yes", False: "NO", None: "unknown"}
     speedup = targets["ttft_speedup_vs_recompute_p50"]
-    bound = "TTFT <= history bytes/disk limit + suffix prefill + 50 ms"
     rows = [
         "| target | measured | bound | met |",
         "| --- | --- | --- | --- |",
@@ -169,15 +136,12 @@ def targets_table(targets: dict) -> str:
         f"({targets['long_reuse_turns']} turns) | {fmt_times(speedup['value'])} "
         f"| >= {SPEEDUP_TARGET:g}x | {met[speedup['met']]} |",
     ]
-    for rule in targets["ttft_within_bound_rules"].values():
-        rows.append(
-            f"| {bound}; suffix prefill {rule['suffix_prefill']} (margin p50 "
-            f"{fmt(rule['margin_p50_s'], '.0f', 1000)} ms, min "
-            f"{fmt(rule['margin_min_s'], '.0f', 1000)} ms) | {fmt(rule['value'], '.0%')} of "
-            f"turns | all | {met[rule['met']]} |"
-        )
-    if not targets["ttft_within_bound_rules"]:
-        rows.append(f"| {bound} | unknown | all | unknown |")
+    within = targets["ttft_within_bound"]
+    rows.append(
+        f"| {BOUND_TEXT} (margin p50 {fmt(within['margin_p50_s'], '.0f', 1000)} ms, min "
+        f"{fmt(within['margin_min_s'], '.0f', 1000)} ms) | {fmt(within['value'], '.0%')} of "
+        f"turns | all | {met[within['met']]} |"
+    )
     check, promo = targets["server_check"], targets["server_promotion_p50_over_ideal"]
     over = check["cached_over_history"]
     rows += [

@@ -10,7 +10,6 @@ import numpy as np
 from tieredkv.bench.tier_copies import memory_gbps
 from tieredkv.bench.tier_limits import Rate
 from tieredkv.cache.transfer.page_copier import PageCopier
-from tieredkv.cache.transfer.page_rows import SPLIT_MIN_PAGES
 
 DISK_TARGET = 0.80  # of the raw O_DIRECT bandwidth in the same direction
 MEMORY_TARGET = 0.70  # of numpy memcpy on as many threads as the copy ran on
@@ -43,12 +42,6 @@ class BandwidthRow:
                 "meets_target": self.share >= self.target}  # fmt: skip
 
 
-def copy_threads(batch_pages: int) -> int:
-    """Threads a CPU host<->device job of `batch_pages` pages copies on: from SPLIT_MIN_PAGES
-    pages on, `copy_pages` shares it with one helper thread."""
-    return 2 if batch_pages >= SPLIT_MIN_PAGES else 1
-
-
 def memory_rows(
     copier: PageCopier, batches: list[int], reps: int, seed: int, memcpy: dict[int, float]
 ) -> list[BandwidthRow]:
@@ -58,7 +51,7 @@ def memory_rows(
     rows = []
     for batch in batches:
         to_device, to_host, ok = memory_gbps(copier, batch, reps, rng)
-        threads = copy_threads(batch)
+        threads = copier.memory_copy_threads(batch)
         limit = f"memcpy {threads} thread(s)"
         for path, rate in (("host->device", to_device), ("device->host", to_host)):
             row = BandwidthRow(path, MOVER, batch, rate, limit, memcpy[threads], MEMORY_TARGET, ok)

@@ -1,8 +1,5 @@
 """`tieredkv bench tiers`: tier transfer bandwidth beside this machine's limits, in one run.
 
-    tieredkv bench tiers [--dir DIR] [--batches 64,256,1024] [--reps 5] [--json PATH]
-                         [--out DIR] [--memory-only]
-
 Limits (tier_limits): numpy memcpy on one thread and on two, xxh3 on one core, raw O_DIRECT
 write and read of a file of --raw-bytes (>= 1 GiB by default) under --dir. Tiers, for realistic
 pages (the default model in bf16, 368,640 B) in batches: host<->device and host<->disk through

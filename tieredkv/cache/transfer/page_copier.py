@@ -36,7 +36,7 @@ from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.transfer.executor import CopyJob
-from tieredkv.cache.transfer.page_rows import PageRows, copy_pages, paired_runs
+from tieredkv.cache.transfer.page_rows import PageRows, copy_pages, copy_threads, paired_runs
 from tieredkv.cache.transfer.page_staging import HOST_SLOTS, StagingBuffers
 from tieredkv.kernels.backend import select_backend
 
@@ -107,6 +107,10 @@ class PageCopier:
         # called with device pages whose verified KV a store read just put in the pool (on
         # the reading thread): lets a promoted sequence's workspace fill while reads go on
         self.device_landing_listeners: list[Callable[[list[int]], None]] = []
+
+    def memory_copy_threads(self, num_pages: int) -> int:
+        """How many threads a host<->device job of `num_pages` pages copies on."""
+        return copy_threads(num_pages, self._copy_helper)
 
     def close(self) -> None:
         """Stop the helper threads (idle once every job has returned)."""
