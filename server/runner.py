@@ -32,6 +32,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from tieredkv.config import ServerConfig
+from tieredkv.errors import ConfigError
 
 from .connections import guarded_protocol
 
@@ -143,12 +144,35 @@ def freeze_startup_heap() -> None:
     )
 
 
-def serve(app: FastAPI, engine: DrainableEngine, server_config: ServerConfig) -> int:
-    """Serve `app` on --host/--port until SIGTERM/SIGINT or the engine's death; returns the
-    exit status (0, or 1 when the engine died) after a graceful shutdown."""
+def bind_server_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound (not yet listening) before the model loads, so that a port
+    in use is a one-line error at once rather than after the load; ConfigError names it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise ConfigError(
+            f"--host {host} --port {port}: cannot listen there ({error.strerror}); "
+            "stop whatever uses it or pass another --port"
+        ) from None
+    return sock
+
+
+def serve(
+    app: FastAPI,
+    engine: DrainableEngine,
+    server_config: ServerConfig,
+    sock: socket.socket | None = None,
+) -> int:
+    """Serve `app` on `sock` (bound by `bind_server_socket`), else on --host/--port, until
+    SIGTERM/SIGINT or the engine's death; returns the exit status (0, or 1 when the engine
+    died) after a graceful shutdown."""
     server = GracefulServer(uvicorn_config(app, server_config), engine)
     freeze_startup_heap()
-    server.run()
+    server.run(sockets=None if sock is None else [sock])
     status = 1 if server.engine_died else 0
     if not engine.closed:  # stuck I/O: its threads would block the interpreter's exit
         log.error("exiting without waiting for the engine's stuck threads")

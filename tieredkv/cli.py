@@ -3,7 +3,8 @@
 Bad flags end in a one-line error (argparse's usage + message, exit 2); a model or cache that
 cannot be loaded or opened ends in `tieredkv serve: error: ...` (exit 1); never a traceback.
 Defaults fit a small machine (2 cores, 24 GB RAM); the disk tier is on only when
-`--disk-cache-dir` is given (e.g. `--disk-cache-dir ~/.cache/tieredkv/kv`).
+`--disk-cache-dir` is given (e.g. `--disk-cache-dir ~/.cache/tieredkv/kv`). Errors name the
+flags, not the config classes behind them (`serve_flags`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,12 +29,12 @@ from tieredkv.config import (
     parse_size,
 )
 from tieredkv.errors import ConfigError, TieredKVError
+from tieredkv.serve_flags import DEFAULT_DISK_CACHE, disk_tier_flags, in_flag_terms
 
 log = logging.getLogger("tieredkv")
 
 DEFAULT_DEVICE_CACHE = "2GiB"
 DEFAULT_HOST_CACHE = "4GiB"
-DEFAULT_DISK_CACHE = "16GiB"
 DEFAULT_MAX_REQUEST_BYTES = "1MiB"
 
 
@@ -73,10 +75,24 @@ def _namespace_share(text: str) -> float | None:
     return value
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """`--help` ends each flag's text with its default, where it has one worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tieredkv", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,bench}")
-    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    serve = commands.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        formatter_class=_DefaultsFormatter,
+    )
     add = serve.add_argument
     add(
         "--model",
@@ -121,13 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--host-cache-size", type=_size, default=DEFAULT_HOST_CACHE, metavar="SIZE",
         help="0 disables the host tier")  # fmt: skip
     add("--disk-cache-dir", type=Path, default=None, metavar="DIR",
-        help="enables the disk tier (with --disk-cache-size > 0)")  # fmt: skip
+        help="the disk tier's directory (created if its parent exists)")  # fmt: skip
     add(
         "--disk-cache-size",
         type=_size,
-        default=DEFAULT_DISK_CACHE,
+        default=None,
         metavar="SIZE",
-        help="size of the disk tier's store file in --disk-cache-dir (0: no disk tier)",
+        help=f"the disk tier's store file, preallocated (default with --disk-cache-dir: "
+        f"{DEFAULT_DISK_CACHE}; 0: no disk tier); at most the free space less 1 GiB",
     )
     add("--remote-cache-url", default=None, metavar="redis://HOST:PORT/DB",
         help="the remote tier: a Redis, or any Redis Cluster node (no password)")  # fmt: skip
@@ -235,7 +252,16 @@ class ServeSettings:
 
 
 def serve_settings(args: argparse.Namespace) -> ServeSettings:
-    """The frozen configs of `serve`'s flags (ConfigError names the bad value)."""
+    """The frozen configs of `serve`'s flags (ConfigError names the flag and the bad value)."""
+    try:
+        return _serve_settings(args)
+    except ConfigError as error:
+        raise in_flag_terms(error) from None
+
+
+def _serve_settings(args: argparse.Namespace) -> ServeSettings:
+    disk_dir = args.disk_cache_dir.expanduser() if args.disk_cache_dir else None
+    disk_bytes = disk_tier_flags(disk_dir, args.disk_cache_size, parse_size(DEFAULT_DISK_CACHE))
     server = ServerConfig(
         host=args.host,
         port=args.port,
@@ -253,8 +279,8 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         page_size=args.page_size,
         device_cache_bytes=args.device_cache_size,
         host_cache_bytes=args.host_cache_size,
-        disk_cache_dir=args.disk_cache_dir.expanduser() if args.disk_cache_dir else None,
-        disk_cache_bytes=args.disk_cache_size,
+        disk_cache_dir=disk_dir,
+        disk_cache_bytes=disk_bytes,
         enable_prefix_reuse=not args.no_cache,
         remote_cache_url=args.remote_cache_url,
         remote_compression=args.remote_compression,
@@ -283,7 +309,19 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
 
 def run_serve(settings: ServeSettings) -> int:
     """Load the model, start the engine (warm-up, disk index), serve until SIGTERM."""
-    import torch  # heavy imports only once the flags are known to be good
+    from tieredkv.server.runner import bind_server_socket  # heavy imports once flags are good
+
+    # the port first: a port in use is an error now, not after the model has loaded
+    sock = bind_server_socket(settings.server.host, settings.server.port)
+    try:
+        return _load_and_serve(settings, sock)
+    finally:
+        sock.close()  # uvicorn has closed it after serving; here for a failed start
+
+
+def _load_and_serve(settings: ServeSettings, sock: socket.socket) -> int:
+    """`run_serve` once its socket is bound."""
+    import torch
 
     from tieredkv.engine.async_engine import AsyncEngine
     from tieredkv.engine.metrics import EngineMetrics
@@ -322,8 +360,9 @@ def run_serve(settings: ServeSettings) -> int:
         clock=engine.clock,
         pins_at_start=pins,
     )
-    print(f"serving {name} on http://{settings.server.host}:{settings.server.port}", flush=True)
-    return serve(app, engine, settings.server)
+    port = sock.getsockname()[1]
+    print(f"serving {name} on http://{settings.server.host}:{port}", flush=True)
+    return serve(app, engine, settings.server, sock)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -349,7 +388,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run_serve(settings)
     except TieredKVError as exc:
-        print(f"tieredkv serve: error: {exc}", file=sys.stderr)
+        message = in_flag_terms(exc) if isinstance(exc, ConfigError) else exc
+        print(f"tieredkv serve: error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl+C while loading, before the server handles signals
         return 130

@@ -15,6 +15,7 @@ from pathlib import Path
 from tieredkv.bench import BENCHMARKS
 from tieredkv.cli import build_parser
 from tieredkv.config import CacheConfig
+from tieredkv.serve_flags import DEFAULT_DISK_CACHE
 
 INTRO = """\
 # Configuration
@@ -43,8 +44,9 @@ A SIZE is an integer with an optional binary unit: `KiB`, `MiB`, `GiB`, `TiB`, o
 units written `K`, `M`, `G`, `T` (`4G` = `4GiB` = 4,294,967,296 bytes); no unit means bytes.
 
 - `--host-cache-size 0` disables the host tier.
-- The disk tier is on if and only if `--disk-cache-dir` is given and `--disk-cache-size` is
-  greater than 0.
+- The disk tier is on when `--disk-cache-dir` is given, with `--disk-cache-size` (default
+  16GiB; `0` turns it off). A size without a directory is an error, and so is a size larger
+  than the directory's free space less 1 GiB, or a directory whose parent does not exist.
 - The device tier must hold one `--max-model-len` sequence; a smaller one is a start-up error.
 """
 
@@ -60,7 +62,11 @@ their committed results are summarised in [benchmarks.md](benchmarks.md).
 
 _INT_TYPES = ("_positive_int", "_port")
 # flags whose parser default is None because the config dataclass holds the default
-_CONFIG_DEFAULTS = {"write_policy": CacheConfig.write_policy.value, "namespace_share": "equal"}
+_CONFIG_DEFAULTS = {
+    "write_policy": CacheConfig.write_policy.value,
+    "namespace_share": "equal",
+    "disk_cache_size": f"{DEFAULT_DISK_CACHE}` with `--disk-cache-dir",
+}
 
 
 def _serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

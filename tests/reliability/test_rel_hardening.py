@@ -25,7 +25,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _serve_error(capsys: pytest.CaptureFixture[str], model: Path, *flags: str) -> str:
-    assert main(["serve", "--model", str(model), "--dtype", "float32", *flags]) == 1
+    assert main(["serve", "--model", str(model), "--dtype", "float32", "--port", "0", *flags]) == 1
     err = capsys.readouterr().err
     assert err.startswith("tieredkv serve: error:") and "Traceback" not in err
     assert err.count("\n") == 1, err  # one line

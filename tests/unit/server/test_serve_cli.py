@@ -23,7 +23,7 @@ def test_defaults_fit_a_small_machine():
     s = settings()
     assert (s.server.host, s.server.port, s.server.api_key) == ("127.0.0.1", 8000, None)
     assert s.cache.device_cache_bytes == 2 * GiB and s.cache.host_cache_bytes == 4 * GiB
-    assert s.cache.disk_cache_bytes == 16 * GiB and not s.cache.disk_enabled  # no dir given
+    assert s.cache.disk_cache_bytes == 0 and not s.cache.disk_enabled  # no dir given
     assert s.cache.page_size == 16 and s.cache.enable_prefix_reuse
     assert s.cache.write_policy is WritePolicy.WRITE_THROUGH  # the policy grid's choice
     assert s.server.max_request_bytes == 1 << 20 and not s.server.debug_endpoints
@@ -66,12 +66,15 @@ def test_every_flag_reaches_its_config(tmp_path):
         (["--port", "70000"], "65535"),
         (["--max-num-seqs", "0"], "must be > 0"),
         (["--dtype", "int8"], "invalid choice"),
-        (["--page-size", "24"], "power of two"),
-        (["--device-cache-size", "0"], "device_cache_bytes"),
-        (["--max-request-bytes", "0"], "max_request_bytes"),
+        (["--page-size", "24"], "--page-size must be a power of two, got 24"),
+        (["--device-cache-size", "0"], "--device-cache-size must be > 0"),
+        (["--max-request-bytes", "0"], "--max-request-bytes must be > 0"),
         (["--max-connections", "0"], "must be > 0"),
         (["--namespace-share", "0"], "(0, 1]"),
-        (["--remote-budget-scale", "0"], "remote_budget_scale"),
+        (["--remote-budget-scale", "0"], "--remote-budget-scale must be > 0"),
+        (["--disk-cache-size", "4GiB"], "--disk-cache-size needs --disk-cache-dir"),
+        (["--disk-cache-dir", "/nonexistent-parent/kv"], "its parent /nonexistent-parent"),
+        (["--disk-cache-dir", "/tmp", "--disk-cache-size", "1000TiB"], "does not fit on"),
         (["--namespace-share", "half"], "`equal` or a fraction"),
         (["--bogus"], "unrecognized arguments"),
     ],
@@ -82,10 +85,50 @@ def test_bad_flags_are_one_line_errors(capsys, flags, message):
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert "Config." not in err  # the flags' names, not the classes behind them
+
+
+def test_the_disk_tier_follows_its_directory(tmp_path):
+    fresh = tmp_path / "kv"  # does not exist yet; its parent does
+    s = settings("--disk-cache-dir", str(fresh))
+    assert s.cache.disk_enabled and s.cache.disk_cache_bytes == 16 * GiB  # the default size
+    assert not fresh.exists()  # nothing is created before the model loads
+    assert not settings("--disk-cache-dir", str(fresh), "--disk-cache-size", "0").cache.disk_enabled
+    assert not settings("--disk-cache-size", "0").cache.disk_enabled
+
+
+def test_a_store_already_there_counts_as_free_space(tmp_path, monkeypatch):
+    import os
+
+    from tieredkv import serve_flags
+
+    free = 8 * GiB
+    monkeypatch.setattr(
+        serve_flags.os,
+        "statvfs",
+        lambda path: os.statvfs_result((4096, 4096, 0, 0, free // 4096, 0, 0, 0, 0, 255)),
+    )
+    with pytest.raises(Exception, match="does not fit"):
+        settings("--disk-cache-dir", str(tmp_path), "--disk-cache-size", "8GiB")
+    store = tmp_path / "pages-0.tkv"
+    with open(store, "wb") as file:
+        os.posix_fallocate(file.fileno(), 0, 2 * GiB)  # the store of an earlier run
+    reopened = settings("--disk-cache-dir", str(tmp_path), "--disk-cache-size", "8GiB")
+    assert reopened.cache.disk_enabled
+
+
+def test_help_shows_every_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for shown in ("(default: 2GiB)", "(default: 4GiB)", "(default: 16)", "(default: 8000)",
+                  "(default with --disk-cache-dir: 16GiB", "(default: 256)"):  # fmt: skip
+        assert shown in text, shown
 
 
 def test_a_missing_model_is_an_error_message_not_a_traceback(capsys, tmp_path):
-    assert main(["serve", "--model", str(tmp_path / "missing"), "--dtype", "float32"]) == 1
+    missing = str(tmp_path / "missing")
+    assert main(["serve", "--model", missing, "--dtype", "float32", "--port", "0"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("tieredkv serve: error:") and "missing" in err and "Traceback" not in err
 
