@@ -109,6 +109,26 @@ def test_health_lists_tiers_and_o_direct(server: ServerProcess) -> None:
     assert health["tier_capacity_bytes"]["device"] == 136 * 737_280
 
 
+def test_health_and_the_log_say_what_each_tier_holds(server: ServerProcess, disk_dir: Path) -> None:
+    """fp32 pages of the default model: 16 tokens x 46,080 B (2 x 30 layers x 3 heads x 64 x 4)."""
+    capacity = httpx.get(server.base_url + "/health", timeout=10).json()["capacity"]
+    tiers = capacity["tiers"]
+    assert tiers["device"] == {"bytes": 136 * 737_280, "pages": 136, "tokens": 136 * 16}
+    assert tiers["host"] == {"bytes": 68 * 737_280, "pages": 68, "tokens": 68 * 16}
+    disk = tiers["disk"]
+    store = disk_dir / "pages-0.tkv"
+    assert disk["path"] == str(store) and disk["tokens"] == disk["pages"] * 16
+    assert disk["allocated_bytes"] == store.stat().st_blocks * 512 >= disk["bytes"]  # preallocated
+    assert "remote" not in tiers
+    memory = capacity["memory_bytes"]
+    assert memory["device_tier"] == 136 * 737_280 and memory["host_tier"] == 68 * 737_280
+    assert memory["weights"] > 100e6 and memory["workspace"] > 0  # fp32 135M weights; on CPU
+    assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
+    log = server.log()
+    assert "KV: 46,080 B a token" in log and f"{store} (" in log
+    assert "memory for the model and tiers" in log
+
+
 def test_models_chat_and_completions(server: ServerProcess) -> None:
     name = model_name(server)
     assert name == MODEL

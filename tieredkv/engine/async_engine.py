@@ -29,6 +29,7 @@ from tieredkv.cache.pins import PinError
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig, EngineConfig
+from tieredkv.engine.capacity import capacity_lines, capacity_summary
 from tieredkv.engine.engine import Engine
 from tieredkv.engine.engine_metrics import EngineRecorder
 from tieredkv.engine.metrics import EngineMetrics
@@ -40,6 +41,7 @@ from tieredkv.engine.protocol import (
     QueueFullError,
     RequestOutput,
 )
+from tieredkv.engine.stats_line import StatsLine
 from tieredkv.engine.warmup import check_device_capacity, warm_up
 from tieredkv.model.fingerprint import model_fingerprint
 from tieredkv.model.loader import LoadedModel
@@ -69,6 +71,7 @@ class AsyncEngine(EngineClient):
         self._dead = False
         self._closed = threading.Event()  # the step thread closed the cache and the runner
         self._thread = threading.Thread(target=self._run, name="tkv-engine", daemon=True)
+        self.capacity: dict = {}  # what each tier holds, and the memory to expect (`start`)
 
     @classmethod
     def start(
@@ -96,6 +99,10 @@ class AsyncEngine(EngineClient):
             max_seqs=engine_config.max_num_seqs,
         )
         warm_up(runner, cache)
+        weights_bytes = sum(t.numel() * t.element_size() for t in loaded.weights.values())
+        capacity = capacity_summary(cache, weights_bytes, runner.attention.workspace_bytes)
+        for line in capacity_lines(capacity, layout.token_bytes):
+            logger.info("%s", line)
         client: AsyncEngine
         engine = Engine(
             runner,
@@ -108,6 +115,7 @@ class AsyncEngine(EngineClient):
             clock=clock,
         )
         client = cls(engine, metrics, clock)
+        client.capacity = capacity
         client._thread.start()
         client._ready = True
         return client
@@ -126,7 +134,10 @@ class AsyncEngine(EngineClient):
 
     def _step_until_stopped(self) -> None:
         engine = self.engine
+        stats = StatsLine(self.metrics)
         while not (self._stopping and not engine.has_work):
+            if stats.due() and (line := stats.take()) is not None:
+                logger.info("%s", line)
             try:
                 progressed = engine.step()
             except Exception:  # a bug: fail the step's requests (never with its text), go on
@@ -302,6 +313,7 @@ class AsyncEngine(EngineClient):
             "tiers": tiers,
             "tier_capacity_bytes": capacity,
             "direct_io": cache.disk_direct_io(),  # None: no disk tier
+            "capacity": self.capacity,
         }
 
     def render_metrics(self) -> str:

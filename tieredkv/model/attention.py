@@ -42,6 +42,11 @@ class AttentionBackend(ABC):
         self.pool = pool
         self.page_size = pool.layout.page_size
 
+    @property
+    def workspace_bytes(self) -> int:
+        """Memory reserved for running sequences' KV outside the pool (0: none)."""
+        return 0
+
     def store_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> None:
         """Write new tokens' K/V (T, kv_heads, head_dim) into their pool slots."""
         kv_heads, head_dim = k.shape[1], k.shape[2]
@@ -126,6 +131,10 @@ class WorkspaceAttention(AttentionBackend):
         self._step_views: list[_ChunkViews] = []
         self._decodes: _DecodeGroup | None = None
         self._decode_table: np.ndarray | None = None  # the kernels' decodes this step
+
+    @property
+    def workspace_bytes(self) -> int:
+        return 0 if self._arena is None else self._arena.nbytes
 
     def _workspace(self, chunk: SequenceChunk) -> tuple[Workspace, np.ndarray | None]:
         """The chunk's sequence's workspace; for a sequence's first chunk, also which page

@@ -250,6 +250,11 @@ class WorkspaceArena:
     def capacity(self) -> int:
         return self.kv.shape[4]
 
+    @property
+    def nbytes(self) -> int:
+        """Reserved bytes: resident only as far as sequences have written."""
+        return len(self._mapping)
+
     def take(
         self,
         tokens: int,

@@ -1,0 +1,72 @@
+"""What each tier holds for the served model, and the memory the process allocates for the
+model and its tiers: logged once at start-up and served in `/health` as `capacity`.
+
+A tier's tokens are its pages times the page size, for this model's layout and dtype (bytes per
+token = 2 x layers x kv_heads x head_dim x dtype bytes). The memory figure adds the loaded
+weights, the tiers that live in this process's RAM (the device tier too on a CPU-only machine)
+and the attention workspace; the Python runtime and its libraries come on top of it.
+"""
+
+from __future__ import annotations
+
+from tieredkv.cache.disk.directory import STORE_FILE
+from tieredkv.cache.tier import Tier
+from tieredkv.cache.tiered_cache import TieredCache
+
+GIB = 1 << 30
+
+
+def capacity_summary(cache: TieredCache, weights_bytes: int, workspace_bytes: int) -> dict:
+    """{"tiers": {label: {bytes, pages, tokens[, path, allocated_bytes]}}, "memory_bytes":
+    {weights, device_tier, host_tier, workspace, total}}; the remote tier is shared and sized
+    by its store (`maxmemory`), so it is named without figures."""
+    layout = cache.layout
+    tiers: dict[str, dict] = {}
+    for tier in Tier:
+        if not cache.tier_enabled(tier):
+            continue
+        if tier is Tier.REMOTE:
+            tiers[tier.label] = {"shared": True}
+            continue
+        pages = cache.pools.num_pages(tier)
+        tiers[tier.label] = {
+            "bytes": pages * layout.page_bytes,
+            "pages": pages,
+            "tokens": pages * layout.page_size,
+        }
+    disk = cache.pools.disk
+    if disk is not None:
+        path = disk.directory / STORE_FILE
+        tiers[Tier.DISK.label] |= {
+            "path": str(path),
+            "allocated_bytes": path.stat().st_blocks * 512,
+        }
+    in_ram = cache.device_pool.device.type == "cpu"
+    memory = {
+        "weights": weights_bytes,
+        "device_tier": tiers[Tier.DEVICE.label]["bytes"] if in_ram else 0,
+        "host_tier": tiers.get(Tier.HOST.label, {}).get("bytes", 0),
+        "workspace": workspace_bytes,
+    }
+    return {"tiers": tiers, "memory_bytes": {**memory, "total": sum(memory.values())}}
+
+
+def capacity_lines(summary: dict, bytes_per_token: int) -> list[str]:
+    """The summary for people: one line a tier, then the memory to expect."""
+    lines = [f"KV: {bytes_per_token:,} B a token"]
+    for label, tier in summary["tiers"].items():
+        if tier.get("shared"):
+            lines.append(f"  {label}: shared store, sized by its own maxmemory")
+            continue
+        line = f"  {label}: {tier['bytes'] / GIB:.2f} GiB, {tier['tokens']:,} tokens"
+        if "path" in tier:
+            line += f", {tier['path']} ({tier['allocated_bytes'] / GIB:.2f} GiB allocated)"
+        lines.append(line)
+    memory = summary["memory_bytes"]
+    lines.append(
+        f"memory for the model and tiers: {memory['total'] / GIB:.2f} GiB (weights "
+        f"{memory['weights'] / GIB:.2f}, device tier in RAM {memory['device_tier'] / GIB:.2f}, "
+        f"host tier {memory['host_tier'] / GIB:.2f}, attention workspace "
+        f"{memory['workspace'] / GIB:.2f}), plus the Python runtime"
+    )
+    return lines
