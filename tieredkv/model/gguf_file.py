@@ -18,6 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import xxhash
+
 from tieredkv.errors import ModelLoadError, UnsupportedModelError
 from tieredkv.model.hf_config import SUPPORTED_ARCHITECTURES
 
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 
 SOURCE_STAMP = "tieredkv-source.json"
 _CONVERTER_VERSION = 1  # bump to reconvert every cached directory
+STAMP_CHUNK_BYTES = 16 << 20  # hashing the source (about 100 MB for the default model)
 
 
 def gguf_cache_dir(gguf_path: Path, root: Path) -> Path:
@@ -34,8 +37,8 @@ def gguf_cache_dir(gguf_path: Path, root: Path) -> Path:
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
-    """`out_dir`, converted from `gguf_path` unless it already holds this file's conversion
-    (same path, size, mtime and converter version). Concurrent callers convert once: they take
+    """`out_dir`, converted from `gguf_path` unless it already holds the conversion of a file
+    with the same content (and converter version). Concurrent callers convert once: they take
     an exclusive lock beside `out_dir`."""
     stamp = _source_stamp(gguf_path)
     if _stamp_matches(out_dir, stamp):
@@ -75,11 +78,15 @@ def check_gguf(path: Path) -> None:
 
 
 def _source_stamp(gguf_path: Path) -> dict[str, object]:
-    stat = gguf_path.stat()
+    """What the conversion is a function of: the file's bytes (by digest, so another copy of
+    the same file, in another checkout or venv, finds the conversion) and the converter."""
+    digest = xxhash.xxh3_128()
+    with open(gguf_path, "rb") as source:
+        while chunk := source.read(STAMP_CHUNK_BYTES):
+            digest.update(chunk)
     return {
-        "source": str(gguf_path.resolve()),
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
+        "xxh3_128": digest.hexdigest(),
+        "size": gguf_path.stat().st_size,
         "converter_version": _CONVERTER_VERSION,
     }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import xxhash
 
 from tieredkv.errors import ModelLoadError, UnsupportedModelError
 from tieredkv.model import gguf_file
@@ -105,8 +107,15 @@ def test_conversion_runs_once_and_again_when_the_source_changes(
     assert convert_gguf(source, out) == out
     assert len(calls) == 1 and (out / "model.safetensors").read_bytes() == b"1"
     stamp = json.loads((out / SOURCE_STAMP).read_text())
-    assert stamp["source"] == str(source.resolve()) and stamp["size"] == 9
-    os.utime(source, ns=(1, 1))  # the source changed: the stale conversion is replaced
+    assert stamp["xxh3_128"] == xxhash.xxh3_128(source.read_bytes()).hexdigest()
+    assert stamp["size"] == 9
+    # another copy of the same file (another checkout, another venv), touched later: found
+    copy = tmp_path / "elsewhere" / source.name
+    copy.parent.mkdir()
+    shutil.copyfile(source, copy)
+    os.utime(copy, ns=(1, 1))
+    assert convert_gguf(copy, out) == out and len(calls) == 1
+    source.write_bytes(source.read_bytes()[::-1])  # the content changed: converted again
     convert_gguf(source, out)
     assert len(calls) == 2 and (out / "model.safetensors").read_bytes() == b"2"
     assert sorted(p.name for p in out.parent.iterdir()) == [".m.lock", "m"]
