@@ -41,7 +41,7 @@ class SamplingFields(_Request):
 
     model: str | None = Field(None, description="The served model name; omitted: the served one")
     max_tokens: int | None = Field(None, ge=1, description="Default: the rest of the context")
-    temperature: float | None = Field(None, ge=0, le=100)
+    temperature: float | None = Field(None, ge=0, le=2, description="OpenAI's range, 0 to 2")
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, le=INT64_MAX, description="0 or -1: off")
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)

@@ -127,6 +127,8 @@ def evaluate(
 def targets_table(targets: dict) -> str:
     """The targets as a Markdown table (unknown values print "unknown"), then the server's
     own figures as diagnostics."""
+    if not targets["long_reuse_turns"]:
+        return f"No target judged: the workload has no reuse turn of {LONG_CONTEXT_TOKENS}+ tokens."
     met = {True: "yes", False: "NO", None: "unknown"}
     speedup = targets["ttft_speedup_vs_recompute_p50"]
     rows = [

@@ -88,3 +88,15 @@ def test_the_servers_counts_are_cross_checked_never_the_allowance() -> None:
     assert promo["value"] == pytest.approx(1.5) and "met" not in promo
     table = targets_table(claims)
     assert "Server-reported (diagnostics, not targets)" in table and "DISAGREES" in table
+
+
+def test_a_workload_without_long_turns_judges_no_target() -> None:
+    cost = PrefillCost.of(SMOL, PAGE_BYTES, 16)
+    cached, baseline = disk_runs(0.2)
+    for run in (cached, baseline):  # a quick preset's conversations: a few hundred tokens
+        for record in run["records"]:
+            record["prompt_tokens"] = 560
+    targets = evaluate(cached, baseline, 1e9, cost)
+    assert targets["long_reuse_turns"] == 0
+    table = targets_table(targets)
+    assert table.startswith("No target judged") and "NO" not in table and "unknown" not in table

@@ -71,7 +71,10 @@ BAD_CHAT_FIELDS = [
     ({"messages": HELLO, "max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": HELLO, "temperature": -1}, "temperature"),
     ({"messages": HELLO, "temperature": 1000}, "temperature"),
+    ({"messages": HELLO, "temperature": 5}, "temperature"),  # OpenAI's range is 0 to 2
+    ({"messages": HELLO, "temperature": 2.01}, "temperature"),
     ({"messages": HELLO, "top_p": 0}, "top_p"),
+    ({"messages": HELLO, "top_p": 1.5}, "top_p"),
     ({"messages": HELLO, "top_k": -2}, "top_k"),
     ({"messages": HELLO, "min_tokens": -1}, "min_tokens"),
     ({"messages": HELLO, "min_tokens": 10, "max_tokens": 5}, "min_tokens"),
@@ -124,6 +127,7 @@ BAD_COMPLETION_FIELDS = [
     ({"prompt": "hi", "echo": "yes"}, "echo"),
     ({"prompt": "hi", "suffix": "x"}, "suffix"),
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "temperature": 5}, "temperature"),
 ]
 
 
