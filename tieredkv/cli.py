@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import socket
 import sys
 from collections.abc import Sequence
@@ -386,10 +387,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        return run_serve(settings)
+        status = run_serve(settings)
     except TieredKVError as exc:
         message = in_flag_terms(exc) if isinstance(exc, ConfigError) else exc
         print(f"tieredkv serve: error: {message}", file=sys.stderr)
-        return 1
+        status = 1
     except KeyboardInterrupt:  # Ctrl+C while loading, before the server handles signals
-        return 130
+        status = 130
+    if argv is None:
+        quiet_finalization()
+    return status
+
+
+def quiet_finalization() -> None:
+    """Everything the server had to say is said: flush it, then send what the interpreter's
+    shutdown prints to /dev/null. Native extensions loaded along the way (Triton's, which
+    torch's compiler imports even on a CPU) report "leaked instances" there on every exit,
+    which reads like a crash and is not one."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stderr.fileno())
+    os.close(devnull)
