@@ -78,6 +78,13 @@ class GracefulServer(uvicorn.Server):
             for task in at_start:
                 task.cancel()
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if sockets is not None and self.started:
+            # uvicorn says where it listens only for sockets it bound itself; callers (and
+            # people) wait for that line
+            self._log_started_message(sockets)
+
     def _at_start(self) -> list:
         state = getattr(self.config.app, "state", None)
         return list(getattr(state, "at_start", []))

@@ -28,15 +28,14 @@ def capacity_summary(cache: TieredCache, weights_bytes: int, workspace_bytes: in
         if tier is Tier.REMOTE:
             tiers[tier.label] = {"shared": True}
             continue
-        pages = cache.pools.num_pages(tier)
+        pages = cache.tier_capacity_bytes(tier) // layout.page_bytes
         tiers[tier.label] = {
             "bytes": pages * layout.page_bytes,
             "pages": pages,
             "tokens": pages * layout.page_size,
         }
-    disk = cache.pools.disk
-    if disk is not None:
-        path = disk.directory / STORE_FILE
+    if cache.tier_enabled(Tier.DISK):
+        path = cache.config.disk_cache_dir / STORE_FILE
         tiers[Tier.DISK.label] |= {
             "path": str(path),
             "allocated_bytes": path.stat().st_blocks * 512,

@@ -28,7 +28,7 @@ def test_the_start_up_heap_is_frozen_before_serving(
     frozen_at_run: list[int] = []
     walked_at_run: list[bool] = []
 
-    def run(self: runner.GracefulServer) -> None:
+    def run(self: runner.GracefulServer, sockets: object = None) -> None:
         frozen_at_run.append(gc.get_freeze_count())
         walked_at_run.append(any(o is start_up_object for o in gc.get_objects()))
 
