@@ -41,7 +41,9 @@ def latest_sitting(results: list[dict]) -> list[dict]:
 def setup_lines(results: list[dict]) -> list[str]:
     """Machine, versions, settings and run order of the sitting."""
     machines = sorted({machine_line(r) for r in results})
-    peers = sorted({_versions(r) for r in results})
+    # a run of the overflow part alone records versions without the figures' settings
+    described = [r for r in results if r.get("peers", {}).get("vllm", {}).get("settings")]
+    peers = sorted({_versions(r) for r in described or results})
     commits = sorted({(r.get("git_commit") or "unknown")[:10] for r in results})
     first = [r["settings"].get("first", "?") for r in results]
     settings = results[-1]["settings"]
