@@ -24,8 +24,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -40,6 +38,7 @@ from benchmarks.presets import fill_preset
 from tieredkv.bench.client import ChatClient, served_model
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.records import fmt
+from tieredkv.bench.result_file import machine_info
 from tieredkv.config import CacheConfig
 from tieredkv.errors import TieredKVError
 from tieredkv.model.default_model import default_model_dir
@@ -203,7 +202,7 @@ def main(argv: list[str]) -> int:
         "command": ["python", "-m", "benchmarks.burst", *argv],
         "settings": settings,
         "workloads": [dataclasses.asdict(c) for c in configs],
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine_info(),
         "work_dir": str(work_dir),
         "servers": [],
         "runs": [],

@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -43,6 +41,7 @@ from tieredkv.bench.client import scrape_metrics
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.prom_text import parse_samples, select
 from tieredkv.bench.records import fmt_spread, spread
+from tieredkv.bench.result_file import machine_info
 from tieredkv.errors import TieredKVError
 
 WAYS = ("fork", "shared", "apart")
@@ -227,7 +226,7 @@ def main(argv: list[str]) -> int:
     report = {
         "command": ["python", "-m", "benchmarks.forks", *argv],
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine_info(),
         "server_args": server_args,
         "runs": [asdict(r) for r in runs],
     }

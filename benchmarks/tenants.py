@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -44,6 +42,7 @@ from benchmarks.presets import add_server_options, parse_with_preset
 from tieredkv.bench.client import ChatClient, served_model
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.records import RequestRecord, fmt_spread, spread
+from tieredkv.bench.result_file import machine_info
 from tieredkv.bench.workload import prose, random_question
 from tieredkv.errors import TieredKVError
 
@@ -224,7 +223,7 @@ def main(argv: list[str]) -> int:
     report = {
         "command": ["python", "-m", "benchmarks.tenants", *argv],
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine_info(),
         "server_args": {way: server_args(args, share) for way, share in WAYS.items()},
         "turns": [asdict(t) for t in turns],
         "namespace_pages_at_end": namespaces,
