@@ -28,7 +28,7 @@ from hypothesis.stateful import (
 from tieredkv.cache.disk.store import DiskRecord
 from tieredkv.cache.index.match_results import MatchResult
 from tieredkv.cache.index.page_key import page_key
-from tieredkv.cache.index.radix_tree import RadixNode
+from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.token_run import PackedTokens
 from tieredkv.cache.residency.promotion import PromotionTicket
 from tieredkv.cache.testing import expected_pages, make_cache, tiny_layout
@@ -73,7 +73,7 @@ class Running:
 def _snapshot(node: RadixNode) -> list[dict[Tier, int]]:
     """Per page of the path to `node` (splits do not change it): its committed copies."""
     return [
-        {tier: pages[i] for tier, pages in n.copies.items()}
+        {tier: pages[i] for tier, pages in n.residence.copies.items()}
         for n in node.path()
         for i in range(n.num_pages)
     ]
@@ -148,7 +148,7 @@ class TieredCacheMachine(RuleBasedStateMachine):
         index = 0
         for segment in match.segments:
             pages = [
-                (key, n.copies[segment.tier][i])
+                (key, n.residence.copies[segment.tier][i])
                 for n in segment.nodes
                 for i, key in enumerate(self._keys(segment.tier, n))
             ]
@@ -334,12 +334,12 @@ class TieredCacheMachine(RuleBasedStateMachine):
     def corrupt_disk_record(self, data: st.DataObject) -> None:
         """Overwrite a disk record with a page of another chain: it must never be served."""
         disk = self.cache.pools.disk
-        nodes = [n for n in self.cache.tree.iter_nodes() if Tier.DISK in n.copies]
+        nodes = [n for n in self.cache.tree.iter_nodes() if Tier.DISK in n.residence.copies]
         if disk is None or not nodes:
             return
         node = data.draw(st.sampled_from(nodes))
         index = data.draw(st.integers(0, node.num_pages - 1))
-        slot, tokens = node.copies[Tier.DISK][index], node.page_ids(index, PAGE_SIZE)
+        slot, tokens = node.residence.copies[Tier.DISK][index], node.page_ids(index, PAGE_SIZE)
         record = DiskRecord(page_key(b"other chain" * 2, tokens), b"other chain" * 2, tokens)
         zeros = torch.zeros((1, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
         disk.write_pages([slot], [record], zeros)

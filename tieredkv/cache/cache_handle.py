@@ -24,8 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from tieredkv.cache.index.match_results import InsertResult, MatchResult
-from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.index.match_results import InsertResult, MatchResult, PathEnd
 from tieredkv.cache.index.token_run import TokenSequence
 from tieredkv.cache.residency.promotion import PromotionTicket
 from tieredkv.cache.tier import Tier
@@ -49,13 +48,13 @@ class NodeCache(Protocol):
         namespace: str,
         device_pages: Sequence[int],
         *,
-        start_node: RadixNode | None = None,
+        start_node: PathEnd | None = None,
         start_pages: int = 0,
     ) -> InsertResult: ...
 
-    def lock(self, node: RadixNode) -> None: ...
+    def lock(self, node: PathEnd) -> None: ...
 
-    def unlock(self, node: RadixNode) -> None: ...
+    def unlock(self, node: PathEnd) -> None: ...
 
     def allocate(self, num_pages: int) -> list[int] | None: ...
 
@@ -65,15 +64,15 @@ class NodeCache(Protocol):
 
     def prefetch(self, match: MatchResult) -> list[TransferTicket]: ...
 
-    def hold_warm(self, node: RadixNode, delta: int) -> None: ...
+    def hold_warm(self, node: PathEnd, delta: int) -> None: ...
 
 
 class WarmHold:
     """A finished request's pages kept on host (see `CacheHandle.hold_warm`)."""
 
-    def __init__(self, cache: NodeCache, node: RadixNode) -> None:
+    def __init__(self, cache: NodeCache, node: PathEnd) -> None:
         self._cache = cache
-        self._node: RadixNode | None = node
+        self._node: PathEnd | None = node
         cache.hold_warm(node, +1)
 
     def release(self) -> None:
@@ -105,7 +104,7 @@ class CacheHandle:
         self._promotion: PromotionTicket | None = None
         self._page_table: list[int] = []
         self._tree_pages = 0  # leading entries of the page table that the tree owns
-        self._locked: RadixNode | None = None  # the deepest node of those pages
+        self._locked: PathEnd | None = None  # the deepest node of those pages
 
     @property
     def page_table(self) -> list[int]:

@@ -2,9 +2,9 @@
 seeds' "warm the cache at start"), up to a budget of pages per namespace.
 
 A pin holds a prompt's full pages: the node its last full page ends at, and every node above
-it, count one pin more (`RadixNode.pin_count`). Eviction never takes a pinned node's host or
-disk copy (`eviction.PINNED_TIERS`): its device copy may leave (to host), its pages never go
-below host, and its disk copy carries it across a restart. Pinning needs the prompt's pages
+it, count one pin more (`Residency.pin`). Eviction never takes a pinned node's host or disk
+copy (`eviction.PINNED_TIERS`): its device copy may leave (to host), its pages never go below
+host, and its disk copy carries it across a restart. Pinning needs the prompt's pages
 in the tree (the engine computes the prompt first: `AsyncEngine.pin`). Each pin counts its
 own full pages against its namespace's budget (two pins sharing a prefix count it twice).
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tieredkv.cache.disk.directory import PINS_FILE
-from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.index.match_results import PathEnd
 from tieredkv.errors import RequestError
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class Pin:
     namespace: str
     token_ids: tuple[int, ...]
     num_pages: int
-    node: RadixNode | None = None  # None: read from pins.json, not pinned again yet
+    node: PathEnd | None = None  # None: read from pins.json, not pinned again yet
 
 
 PinKey = tuple[str, tuple[int, ...]]

@@ -29,13 +29,11 @@ from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.store import DiskStore
-from tieredkv.cache.index.match_results import InsertResult, MatchResult
+from tieredkv.cache.index.match_results import InsertResult, MatchResult, PathEnd
 from tieredkv.cache.index.page_key import chain_packed_keys
 from tieredkv.cache.index.radix_index import RadixIndex
-from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.index.token_run import TokenSequence, packed_bytes
-from tieredkv.cache.integrity import IntegrityResult, check_integrity
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pins import Pin, PinError, PinRegistry
 from tieredkv.cache.pools.device_pool import DevicePool
@@ -45,9 +43,13 @@ from tieredkv.cache.remote.connection import RemoteTimeouts
 from tieredkv.cache.remote.record import RefusalReason
 from tieredkv.cache.remote.remote_tier import RemoteTier
 from tieredkv.cache.remote.store import RemoteStore
+from tieredkv.cache.residency.completion import apply_transfer
 from tieredkv.cache.residency.demotion import Demoter
+from tieredkv.cache.residency.integrity import IntegrityResult, check_integrity
 from tieredkv.cache.residency.promotion import Promoter, PromotionTicket
+from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.residency.residency import Residency
+from tieredkv.cache.residency.warm_restart import rebuild_from_disk
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.transfer.executor import (
     CudaStreamTransferExecutor,
@@ -56,7 +58,6 @@ from tieredkv.cache.transfer.executor import (
 )
 from tieredkv.cache.transfer.mover import Mover, TransferTicket
 from tieredkv.cache.transfer.page_copier import PageCopier
-from tieredkv.cache.warm_restart import rebuild_from_disk
 from tieredkv.config import CacheConfig, WritePolicy
 
 DEFAULT_NAMESPACE = "default"
@@ -124,7 +125,7 @@ class TieredCache:
             disk,
             remote,
         )
-        self.tree = RadixTree(self.page_size)
+        self.tree = RadixTree(self.page_size, Residence.for_root)
         self.counters = CacheCounters()
         self.copier = PageCopier(self.pools.device, self.pools.host, disk, remote=remote)
         self.mover = Mover(
@@ -191,7 +192,7 @@ class TieredCache:
         namespace: str,
         device_pages: Sequence[int],
         *,
-        start_node: RadixNode | None = None,
+        start_node: PathEnd | None = None,
         start_pages: int = 0,
     ) -> InsertResult:
         """Index the full pages of `tokens` (ids or `PackedTokens`, as for `match`) whose KV is
@@ -206,7 +207,7 @@ class TieredCache:
         without them; a node whose depth is not `start_pages` is a programming error."""
         result = self.index.insert(tokens, namespace, device_pages, start_node, start_pages)
         if self.write_policy is WritePolicy.WRITE_THROUGH and result.node is not None:
-            self._write_through_path(result.node)
+            self.demoter.write_through_path(result.node)
         if result.node is not None and self.pools.healthy(Tier.REMOTE):
             self._write_remote_path(result.node)
         return result
@@ -248,11 +249,11 @@ class TieredCache:
             if last is not None:
                 self.index.unlock(last)
 
-    def lock(self, node: RadixNode) -> None:
+    def lock(self, node: PathEnd) -> None:
         """Pin `node` and its ancestors: never evicted, demoted or merged until unlocked."""
         self.index.lock(node)
 
-    def unlock(self, node: RadixNode) -> None:
+    def unlock(self, node: PathEnd) -> None:
         """Release one `lock(node)`."""
         self.index.unlock(node)
 
@@ -303,7 +304,7 @@ class TieredCache:
         finished: list[PromotionTicket] = []
         committed = []
         for ticket in self.mover.drain():
-            committed += self.residency.apply(ticket)
+            committed += apply_transfer(self.residency, ticket)
             finished.extend(self.promoter.transfer_applied(ticket))
         if start_write_through and self.write_policy is WritePolicy.WRITE_THROUGH:
             for node, tier in committed:
@@ -368,21 +369,14 @@ class TieredCache:
             )
             raise PinError(message, "prompt", "pin_budget_exceeded")
         node = self.index.full_path(token_ids, namespace)
-        if node is None or any(
-            Tier.DEVICE not in n.copies and Tier.HOST not in n.copies for n in node.path()
-        ):
+        if node is None or not self.residency.path_held_in(node, (Tier.DEVICE, Tier.HOST)):
             return None
-        self.index.pin(node, +1)
-        for path_node in node.path():  # parents first
-            for tier in (Tier.HOST, Tier.DISK):
-                if not self.tier_enabled(tier) or tier in path_node.copies:
-                    continue
-                if tier in path_node.inflight:
-                    continue
-                if not self.demoter.copy_down(path_node, tier, frees_source=False):
-                    self.index.pin(node, -1)
-                    message = f"the {tier.label} tier has no room for this prefix"
-                    raise PinError(message, "prompt", "tier_full")
+        self.residency.pin(node, +1)
+        tiers = [tier for tier in (Tier.HOST, Tier.DISK) if self.tier_enabled(tier)]
+        if (full := self.demoter.copy_path(node, tiers)) is not None:
+            self.residency.pin(node, -1)
+            message = f"the {full.label} tier has no room for this prefix"
+            raise PinError(message, "prompt", "tier_full")
         pin = pin or Pin(namespace, tuple(token_ids), num_pages)
         pin.node = node
         self.pins.add(pin)
@@ -394,32 +388,21 @@ class TieredCache:
         if pin is None:
             return False
         if pin.node is not None:
-            self.index.pin(pin.node, -1)
+            self.residency.pin(pin.node, -1)
         self.pins.remove(pin)
         return True
 
-    def hold_warm(self, node: RadixNode, delta: int) -> None:
+    def hold_warm(self, node: PathEnd, delta: int) -> None:
         """Keep (+1) or stop keeping (-1) the path to `node` on host as a pin does, without a
         registry entry or budget: a conversation's pages during its think time."""
-        self.index.pin(node, delta)
+        self.residency.pin(node, delta)
 
-    def _write_remote_path(self, node: RadixNode) -> None:
+    def _write_remote_path(self, node: PathEnd) -> None:
         """Every page computed here is written for the other replicas (whatever the write
         policy): the path's device pages that have no remote copy yet start towards it."""
-        missing = [
-            path_node
-            for path_node in node.path()
-            if Tier.DEVICE in path_node.copies
-            and Tier.REMOTE not in path_node.copies
-            and Tier.REMOTE not in path_node.inflight
-        ]
+        missing = self.residency.path_missing(node, Tier.DEVICE, Tier.REMOTE)
         if missing and self.demoter.make_room(Tier.REMOTE, sum(n.num_pages for n in missing)):
             self.residency.start_copy(missing, Tier.REMOTE, frees_source=False)
-
-    def _write_through_path(self, node: RadixNode) -> None:
-        for path_node in node.path():
-            if Tier.DEVICE in path_node.copies:
-                self.demoter.write_through(path_node, Tier.DEVICE)
 
     # --- inspection ------------------------------------------------------------------------
 
@@ -461,7 +444,7 @@ class TieredCache:
         name yet, is shown by the start of its root key."""
         return {
             self.tree.names.get(key, f"key:{key.hex()[:16]}"): {
-                tier.label: root.usage[tier] for tier in self.pools
+                tier.label: self.residency.namespace_usage(root)[tier] for tier in self.pools
             }
             for key, root in self.tree.roots.items()
         }

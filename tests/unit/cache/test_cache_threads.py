@@ -42,7 +42,7 @@ def test_a_closed_cache_leaves_no_worker_threads(tmp_path: Path) -> None:
     while cache.mover.in_flight:
         cache.wait(timeout=1.0)
     assert cache.check_integrity().ok
-    assert Tier.DISK in cache.match(tokens).last_node.copies
+    assert Tier.DISK in cache.match(tokens).last_node.residence.copies
     running = started_since(before)
     assert any(name.startswith(HELPER_THREAD_PREFIX) for name in running), running
     assert any(name.startswith("tkv-disk") for name in running), running

@@ -25,7 +25,7 @@ def held(cache, tokens: list[int], namespace: str, *tiers: Tier) -> int:
     """Pages of `tokens` that `namespace` holds in any of `tiers` (on the matched path)."""
     match = cache.match(tokens, namespace)
     nodes = [*match.device.nodes, *match.host.nodes, *match.disk.nodes]
-    return sum(node.num_pages for node in nodes if any(t in node.copies for t in tiers))
+    return sum(node.num_pages for node in nodes if any(t in node.residence.copies for t in tiers))
 
 
 @pytest.mark.parametrize(("share", "quiet_kept"), [(None, 2), (1.0, 0)])
@@ -163,12 +163,12 @@ def test_the_integrity_check_counts_each_namespaces_pages() -> None:
     cache, _ = make_cache(LAYOUT, device_pages=8)
     compute(cache, prompt(0, 3), "a")
     root = next(iter(cache.tree.roots.values()))
-    assert root.usage[Tier.DEVICE] == 3
-    root.usage[Tier.DEVICE] += 1  # a count that drifted from the copies
+    assert root.residence.usage[Tier.DEVICE] == 3
+    root.residence.usage[Tier.DEVICE] += 1  # a count that drifted from the copies
     result = cache.check_integrity()
     assert not result.ok and any("namespace pages per tier" in p for p in result.problems)
-    root.usage[Tier.DEVICE] -= 1
-    root.arriving[Tier.DEVICE] += 1  # pages counted on their way with no copy in flight
+    root.residence.usage[Tier.DEVICE] -= 1
+    root.residence.arriving[Tier.DEVICE] += 1  # pages counted on their way with no copy in flight
     result = cache.check_integrity()
     assert not result.ok and any("namespace pages arriving" in p for p in result.problems)
 

@@ -41,3 +41,32 @@ def test_sub_packages_have_a_paragraph() -> None:
     for package in ("index", "pools", "disk", "transfer", "residency", "remote"):
         doc = ast.get_docstring(ast.parse((CACHE_DIR / package / "__init__.py").read_text()))
         assert doc and len(doc) > 200, package
+
+
+NODE_MODULE = "tieredkv.cache.index.radix_node"
+NODE_OWNERS = ("tieredkv.cache.index.", "tieredkv.cache.residency.")  # the index and residency
+REPO_DIR = CACHE_DIR.parent.parent
+
+
+def _imports_the_node(path: Path) -> bool:
+    """Does `path` import the node's module (`import`, `from ... import`, type-only too)?"""
+    package, _, name = NODE_MODULE.rpartition(".")
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            names = {alias.name for alias in node.names}
+            if node.module == NODE_MODULE or (node.module == package and name in names):
+                return True
+        if isinstance(node, ast.Import) and any(a.name == NODE_MODULE for a in node.names):
+            return True
+    return False
+
+
+def test_only_the_index_and_residency_import_the_node() -> None:
+    importers = set()
+    for top in ("tieredkv", "server", "kernels"):
+        for path in (REPO_DIR / top).rglob("*.py"):
+            if _imports_the_node(path):
+                importers.add(".".join(path.relative_to(REPO_DIR).with_suffix("").parts))
+    assert "tieredkv.cache.residency.warm_restart" in importers  # a type-only import counts
+    outside = sorted(m for m in importers if not m.startswith(NODE_OWNERS))
+    assert not outside, outside

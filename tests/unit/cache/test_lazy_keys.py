@@ -5,6 +5,7 @@ from pathlib import Path
 
 from tieredkv.cache.index.page_key import chain_keys, namespace_root_key, token_bytes
 from tieredkv.cache.index.radix_tree import RadixTree
+from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.residency.residency import page_records
 from tieredkv.cache.testing import FINGERPRINT, make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
@@ -33,12 +34,12 @@ def test_insert_computes_no_key_and_a_disk_write_computes_the_path(tmp_path: Pat
     assert [r.tokens for r in records] == [tuple(tokens[i : i + PS]) for i in range(12, 24, PS)]
     executor.complete_all()
     cache.poll()
-    assert Tier.DISK in leaf.copies and cache.check_integrity().ok
+    assert Tier.DISK in leaf.residence.copies and cache.check_integrity().ok
     cache.close()
 
 
 def test_keys_known_in_part_survive_splits_and_merges() -> None:
-    tree = RadixTree(PS)
+    tree = RadixTree(PS, Residence.for_root)
     root_key = namespace_root_key(b"fp", "ns")
     root = tree.root(root_key, create=True)
     assert root is not None
@@ -52,7 +53,7 @@ def test_keys_known_in_part_survive_splits_and_merges() -> None:
     assert tree.page_keys(middle) == expected[6:8]  # its ancestors' first
     assert head.keys == expected[:6] and tail.keys == []
     for node_ in (head, middle, tail):
-        node_.set_copy(Tier.DEVICE, list(range(node_.num_pages)))
+        node_.residence.set_copy(Tier.DEVICE, list(range(node_.num_pages)))
     merged = tree.merge(middle)  # middle knows all its keys: the tail's (none) follow
     assert merged is tail and tail.keys == expected[6:8] and tail.num_pages == 4
     cut = tree.split(tail, 1)  # cut: page 6; tail: 7-9 knowing page 7's key only

@@ -41,7 +41,7 @@ def _insert_view(result: InsertResult) -> tuple[object, ...]:
 
 def _tree_view(cache: TieredCache) -> list[tuple[object, ...]]:
     return sorted(
-        (_path(node), node.keys, sorted(node.copies.items()), node.last_access)
+        (_path(node), node.keys, sorted(node.residence.copies.items()), node.last_access)
         for node in cache.tree.iter_nodes()
     )
 

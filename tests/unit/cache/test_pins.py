@@ -45,7 +45,7 @@ def test_a_pinned_prefix_stays_on_host_under_pressure(tmp_path: Path) -> None:
     assert sum(tiers_of(cache, PINNED).get(t, 0) for t in (Tier.DEVICE, Tier.HOST)) == 8
     assert Tier.DISK not in tiers_of(cache, PINNED)
     node = pin.node
-    assert Tier.HOST in node.copies and Tier.DISK in node.copies
+    assert Tier.HOST in node.residence.copies and Tier.DISK in node.residence.copies
     # unpinned, it is an LRU page like any other: the next flood pushes it off host
     assert cache.unpin(PINNED, "default")
     flood(cache, executor, 8, start=20)

@@ -4,17 +4,18 @@ import random
 
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, TierHeap
+from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.tier import Tier
 
 
 def _nodes(count: int) -> list[RadixNode]:
-    root = RadixNode(None, b"", 0, [], b"root")
+    root = RadixNode(None, b"", 0, [], b"root", Residence.for_root)
     nodes = []
     for i in range(count):
-        node = RadixNode(root, bytes(4), 1, [bytes([i])], b"root")
-        node.set_copy(Tier.DEVICE, [i])
+        node = RadixNode(root, bytes(4), 1, [bytes([i])], b"root", root.residence.child)
+        node.residence.set_copy(Tier.DEVICE, [i])
         if i % 3 == 0:
-            node.set_copy(Tier.HOST, [i])  # a device copy with a host copy below it
+            node.residence.set_copy(Tier.HOST, [i])  # a device copy with a host copy below it
         nodes.append(node)
     return nodes
 
@@ -72,7 +73,7 @@ def test_a_used_node_is_repushed_not_returned() -> None:
     policy = LruEvictionPolicy()
     first.last_access, second.last_access = 1, 2
     heap.push(first, policy.priority(first, Tier.HOST))
-    second.set_copy(Tier.HOST, [8])
+    second.residence.set_copy(Tier.HOST, [8])
     heap.push(second, policy.priority(second, Tier.HOST))
     first.last_access = 3  # used after both were pushed
     assert heap.pop(_always) is second

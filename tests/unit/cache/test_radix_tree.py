@@ -2,18 +2,19 @@ import pytest
 
 from tieredkv.cache.index.page_key import chain_keys, namespace_root_key, token_bytes
 from tieredkv.cache.index.radix_tree import RadixTree
+from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.tier import Tier
 
 PS = 4
 
 
 def _tree_with(tokens: list[int]) -> tuple[RadixTree, bytes]:
-    tree = RadixTree(PS)
+    tree = RadixTree(PS, Residence.for_root)
     key = namespace_root_key(b"fp", "ns")
     root = tree.root(key, create=True)
     node = tree.add_child(root, token_bytes(tokens))
-    node.set_copy(Tier.DEVICE, list(range(len(tokens) // PS)))
-    node.set_copy(Tier.DISK, [10 + i for i in range(len(tokens) // PS)])
+    node.residence.set_copy(Tier.DEVICE, list(range(len(tokens) // PS)))
+    node.residence.set_copy(Tier.DISK, [10 + i for i in range(len(tokens) // PS)])
     return tree, key
 
 
@@ -26,8 +27,8 @@ def test_walk_reports_a_partial_node_and_split_cuts_every_copy() -> None:
     assert matched == 2 and node.num_pages == 3
     head = tree.split(node, 2)
     assert head.parent is root and node.parent is head
-    assert head.copies == {Tier.DEVICE: [0, 1], Tier.DISK: [10, 11]}
-    assert node.copies == {Tier.DEVICE: [2], Tier.DISK: [12]}
+    assert head.residence.copies == {Tier.DEVICE: [0, 1], Tier.DISK: [10, 11]}
+    assert node.residence.copies == {Tier.DEVICE: [2], Tier.DISK: [12]}
     assert head.keys == node.keys == []  # no page has needed a key yet
     assert tree.page_keys(node) == chain_keys(key, tokens, PS)[2:]
     assert head.keys == chain_keys(key, tokens, PS)[:2]  # computed first: node chains from it
@@ -53,12 +54,12 @@ def test_merge_only_same_copies_without_locks() -> None:
     tree.lock_path(tail, +1)
     assert not tree.can_merge(head)  # locked
     tree.lock_path(tail, -1)
-    tail.pop_copy(Tier.DISK)
+    tail.residence.pop_copy(Tier.DISK)
     assert not tree.can_merge(head)  # different tiers
-    tail.set_copy(Tier.DISK, [11, 12])
+    tail.residence.set_copy(Tier.DISK, [11, 12])
     merged = tree.merge(head)
     assert merged is tail and not head.attached and tail.parent is root
-    assert tail.copies == {Tier.DEVICE: [0, 1, 2], Tier.DISK: [10, 11, 12]}
+    assert tail.residence.copies == {Tier.DEVICE: [0, 1, 2], Tier.DISK: [10, 11, 12]}
     assert tree.page_keys(tail) == chain_keys(key, tokens, PS) and tree.num_nodes == 1
     assert tail.packed == token_bytes(tokens)
 
@@ -78,7 +79,7 @@ def test_lock_counts_run_up_the_path() -> None:
 
 
 def test_namespaces_never_share_nodes_or_keys() -> None:
-    tree = RadixTree(PS)
+    tree = RadixTree(PS, Residence.for_root)
     tokens = list(range(8))
     a = tree.add_child(tree.root(namespace_root_key(b"fp", "a"), create=True), token_bytes(tokens))
     b = tree.add_child(tree.root(namespace_root_key(b"fp", "b"), create=True), token_bytes(tokens))
@@ -88,8 +89,8 @@ def test_namespaces_never_share_nodes_or_keys() -> None:
 def test_remove_detaches_a_leaf() -> None:
     tree, key = _tree_with(list(range(8)))
     node = tree.root(key, create=False).children[token_bytes(range(4))]
-    node.pop_copy(Tier.DEVICE)
-    node.pop_copy(Tier.DISK)
+    node.residence.pop_copy(Tier.DEVICE)
+    node.residence.pop_copy(Tier.DISK)
     tree.remove(node)
     assert not node.attached and tree.num_nodes == 0
     assert tree.root(key, create=False) is None  # the namespace held nothing more: gone too

@@ -4,7 +4,9 @@ import random
 from collections.abc import Sequence
 
 from tieredkv.cache.index.page_key import namespace_root_key, token_bytes
-from tieredkv.cache.index.radix_tree import RadixNode, RadixTree
+from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.index.radix_tree import RadixTree
+from tieredkv.cache.residency.residence import Residence
 
 PS = 4
 
@@ -55,7 +57,7 @@ def test_walk_equals_the_page_by_page_walk_on_random_trees() -> None:
     rng = random.Random(7)
     checked_partial = checked_from_node = 0
     for _ in range(40):
-        tree = RadixTree(PS)
+        tree = RadixTree(PS, Residence.for_root)
         root = tree.root(namespace_root_key(b"fp", "ns"), create=True)
         assert root is not None
         bases = [[rng.randint(0, 2) for _ in range(rng.randint(4, 40))] for _ in range(3)]
@@ -82,7 +84,7 @@ def test_walk_equals_the_page_by_page_walk_on_random_trees() -> None:
 
 
 def test_walk_finds_the_first_differing_page_of_a_long_node() -> None:
-    tree = RadixTree(PS)
+    tree = RadixTree(PS, Residence.for_root)
     root = tree.root(namespace_root_key(b"fp", "ns"), create=True)
     assert root is not None
     tokens = list(range(4 * 37))

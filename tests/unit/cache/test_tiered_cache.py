@@ -8,7 +8,7 @@ from cache_steps import compute, ok, settle
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.store import DiskRecord
 from tieredkv.cache.index.page_key import page_key
-from tieredkv.cache.residency.residency import Presence
+from tieredkv.cache.residency.residence import Presence
 from tieredkv.cache.testing import (
     FINGERPRINT,
     device_page,
@@ -105,16 +105,16 @@ def test_presence_says_what_is_present_arriving_and_leaving() -> None:
     compute(cache, second)
     node = cache.match(first).last_node
     assert node is not None
-    assert cache.residency.presence(node) == {Tier.DEVICE: Presence.PRESENT}
+    assert node.residence.presence() == {Tier.DEVICE: Presence.PRESENT}
     assert cache.allocate(4) is None  # both demotions start
-    assert cache.residency.presence(node) == {
+    assert node.residence.presence() == {
         Tier.DEVICE: Presence.LEAVING,
         Tier.HOST: Presence.ARRIVING,
     }
     settle(cache, executor)
-    assert cache.residency.presence(node) == {Tier.HOST: Presence.PRESENT}
+    assert node.residence.presence() == {Tier.HOST: Presence.PRESENT}
     assert_promoted(cache, first)  # a promotion copies: the host copy stays
-    assert cache.residency.presence(node) == {
+    assert node.residence.presence() == {
         Tier.DEVICE: Presence.PRESENT,
         Tier.HOST: Presence.PRESENT,
     }
@@ -183,7 +183,7 @@ def test_failed_disk_read_shortens_the_match(tmp_path: Path) -> None:
     other, bad_tokens = b"x" * 16, node.page_ids(2, 4)
     zeros = torch.zeros((1, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
     record = DiskRecord(page_key(other, bad_tokens), other, bad_tokens)
-    disk.write_pages([node.copies[Tier.DISK][2]], [record], zeros)
+    disk.write_pages([node.residence.copies[Tier.DISK][2]], [record], zeros)
     ticket = cache.promote(match)
     assert ticket is not None
     settle(cache, executor)
@@ -298,5 +298,5 @@ def test_close_applies_finished_copies_without_starting_write_through(tmp_path: 
     assert [t.dst_tier for t in executor.pending()] == [Tier.HOST]
     executor.complete_all()  # finished, not yet applied
     cache.close()
-    assert Tier.HOST in cache.match(tokens).last_node.copies  # applied
+    assert Tier.HOST in cache.match(tokens).last_node.residence.copies  # applied
     assert not executor.pending()  # and nothing new started

@@ -6,6 +6,7 @@ from cache_steps import compute, ok, settle
 from tieredkv.cache.index.page_key import token_bytes
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, TierHeap
+from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.testing import (
     device_page,
     expected_pages,
@@ -18,12 +19,12 @@ LAYOUT = tiny_layout(page_size=4)
 
 
 def test_heap_pops_least_recent_first_and_skips_stale_entries() -> None:
-    tree = RadixTree(4)
+    tree = RadixTree(4, Residence.for_root)
     root = tree.root(b"r" * 16, create=True)
     nodes = []
     for i in range(3):
         node = tree.add_child(root, token_bytes([i] * 4))
-        node.set_copy(Tier.DEVICE, [i])
+        node.residence.set_copy(Tier.DEVICE, [i])
         node.last_access = 10 - i  # the last one is the least recent
         nodes.append(node)
     heap = TierHeap(Tier.DEVICE)
@@ -40,9 +41,9 @@ def test_heap_pops_least_recent_first_and_skips_stale_entries() -> None:
 
 
 def test_heap_compacts_stale_entries() -> None:
-    tree = RadixTree(4)
+    tree = RadixTree(4, Residence.for_root)
     node = tree.add_child(tree.root(b"r" * 16, create=True), token_bytes([1] * 4))
-    node.set_copy(Tier.HOST, [0])
+    node.residence.set_copy(Tier.HOST, [0])
     heap = TierHeap(Tier.HOST)
     for access in range(5000):
         node.last_access = access
@@ -75,10 +76,12 @@ def test_full_host_drops_clean_lower_copies_first(tmp_path: Path) -> None:
     ticket = cache.promote(match)  # old goes back to device, keeping its host copy
     assert ticket is not None
     settle(cache, executor)
-    assert set(cache.match(old).device.nodes[0].copies) == {Tier.DEVICE, Tier.HOST}
+    assert set(cache.match(old).device.nodes[0].residence.copies) == {Tier.DEVICE, Tier.HOST}
     cache.match(old)  # old is now the most recent: LRU alone would evict new's host copy
     assert cache.evict(Tier.HOST, 2)
-    assert Tier.HOST not in cache.match(old).device.nodes[0].copies  # the redundant one went
+    assert (
+        Tier.HOST not in cache.match(old).device.nodes[0].residence.copies
+    )  # the redundant one went
     assert cache.match(new).host.num_pages == 2 and not executor.pending()
     ok(cache)
 

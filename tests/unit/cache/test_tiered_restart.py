@@ -74,7 +74,9 @@ def test_warm_restart_matches_demoted_conversations_on_disk(tmp_path: Path) -> N
     settle(cache, executor)
     shared = cache.match([*SYSTEM, 0])
     assert shared.device.num_pages == 2  # the hot prefix stays on the device...
-    assert all(Tier.DISK in n.copies for n in shared.device.nodes)  # ...and has its disk copy
+    assert all(
+        Tier.DISK in n.residence.copies for n in shared.device.nodes
+    )  # ...and has its disk copy
     on_disk = [i for i in range(8) if cache.match(conversation(i)).disk.num_pages == 2]
     assert len(on_disk) >= 4
     cache.close()

@@ -17,6 +17,7 @@ NODE_MODULES = {
     "tieredkv.cache.index.radix_index",
     "tieredkv.cache.index.match_results",
     "tieredkv.cache.residency.promotion",
+    "tieredkv.cache.residency.residence",
 }
 # the facade's parts, which the engine must not reach through it
 FACADE_PARTS = {"mover", "pools", "index", "tree", "residency", "promoter", "demoter"}

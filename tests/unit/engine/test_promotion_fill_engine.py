@@ -29,7 +29,7 @@ def test_a_page_failing_verification_is_recomputed_not_taken_from_the_slot(
     disk = harness.cache.pools.disk
     node = harness.cache.match(history, "").disk.nodes[0]
     index = node.num_pages // 2
-    slot, tokens = node.copies[Tier.DISK][index], node.page_ids(index, PAGE_SIZE)
+    slot, tokens = node.residence.copies[Tier.DISK][index], node.page_ids(index, PAGE_SIZE)
     record = DiskRecord(page_key(b"other chain" * 2, tokens), b"other chain" * 2, tokens)
     layout = harness.cache.device_pool.layout
     disk.write_pages([slot], [record], torch.zeros((1, *layout.page_shape), dtype=layout.dtype))

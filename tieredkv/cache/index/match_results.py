@@ -1,11 +1,18 @@
-"""What the index hands back: a match (its pages per serving tier) and an insert's outcome."""
+"""What the index hands back: a match (its pages per serving tier) and an insert's outcome, and
+the opaque `PathEnd` that callers above the index hold a node as."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.tier import Tier
+
+
+class PathEnd(Protocol):
+    """A node a match or an insert ended at, as the layers above the index hold it: passed
+    back to the cache (lock, unlock, insert's start, pins), never read."""
 
 
 @dataclass(frozen=True)
@@ -50,10 +57,6 @@ class MatchResult:
     def matched_len(self) -> int:
         """Matched tokens: whole pages, at most `num_tokens - 1`."""
         return self.num_pages * self.page_size
-
-    @property
-    def miss_len(self) -> int:
-        return self.num_tokens - self.matched_len
 
     def tokens_by_tier(self) -> dict[Tier, int]:
         return {s.tier: s.num_pages * self.page_size for s in self.segments}

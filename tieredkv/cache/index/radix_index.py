@@ -3,8 +3,9 @@
 Both `match` and `insert` split a node where the prompt diverges inside it, so a match ends
 exactly at a node boundary (its `last_node` can be locked) and an insert can branch there. The
 index owns the access clock (every match and insert marks its path used, one tick per node) and
-the bookkeeping of device pages lent to requests (`private_pages`). It never decides which
-copies exist: it tells the layer that does (`TreeEvents`) whenever it changed a node.
+the bookkeeping of device pages lent to requests (`private_pages`). It never reads or writes
+copies: it hands pages to the layer that keeps them (`TreeEvents`) and tells it whenever it
+changed a node; a match asks each node's record for its serving copy (`NodeState.serve_into`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,15 @@ class TreeEvents(Protocol):
     def refresh(self, node: RadixNode | None) -> None:
         """`node`'s shape, lock count or copies changed: it may have become evictable."""
 
-    def device_copy_adopted(self, node: RadixNode) -> None:
-        """`insert` gave `node` a committed device copy (a request's pages)."""
+    def adopt_device_copy(self, node: RadixNode, pages: list[int]) -> bool:
+        """`insert` offers `node`, which has no device copy, a request's `pages` as one. False
+        when it cannot commit one now (a device copy in flight, or its parent has none)."""
+
+    def new_device_copy(self, node: RadixNode, pages: list[int]) -> None:
+        """`insert` made `node` for a request's `pages`: its device copy."""
+
+    def found_copy(self, node: RadixNode, tier: Tier, pages: list[int]) -> None:
+        """`attach_found` made `node` for `pages` a store of `tier` holds: its only copy."""
 
     def released(self, node: RadixNode) -> None:
         """`node`'s last lock went: it may now be empty and leave the tree."""
@@ -68,14 +76,12 @@ class RadixIndex:
         matched: list[RadixNode] = []
         previous = Tier.DEVICE
         for node in self._walk_exact(root, query, max_pages):
-            copies = node.copies
-            if not copies:
+            tier = node.residence.serve_into(pages)
+            if tier is None:
                 break  # emptied by a failed read, kept only by a lock: a miss from here
-            tier = min(copies)
             assert tier >= previous, f"match tiers out of order at {node}"
             previous = tier
             nodes[tier].append(node)
-            pages[tier].extend(copies[tier])
             matched.append(node)
         self._touch(matched)
         segments = [
@@ -110,18 +116,16 @@ class RadixIndex:
         copied: list[RadixNode] = []  # nodes given a device copy here: new heap entries
         for node in existing:
             mine = list(device_pages[covered : covered + node.num_pages])
-            if Tier.DEVICE in node.copies:
-                theirs = node.copies[Tier.DEVICE]
-                if mine != theirs:  # usually equal: the request's table starts with the tree's
-                    duplicates.extend(a for a, b in zip(mine, theirs, strict=True) if a != b)
-            elif Tier.DEVICE not in node.inflight and node.may_commit(Tier.DEVICE):
-                self.reclaim(mine)  # the tree had these pages on host or disk only: adopt ours
-                node.set_copy(Tier.DEVICE, mine)
+            theirs = node.residence.device_pages()
+            if theirs is None:
+                if not self.events.adopt_device_copy(node, mine):
+                    break  # its device copy is in flight: the caller keeps its pages from here
+                self.reclaim(mine)  # the tree had these pages on host or disk only: ours now
                 copied.append(node)
-                self.events.device_copy_adopted(node)
-            else:
-                break  # its device copy is still in flight: the caller keeps its pages from here
-            tree_pages.extend(node.copies[Tier.DEVICE])
+                theirs = mine
+            elif mine != theirs:  # usually equal: the request's table starts with the tree's
+                duplicates.extend(a for a, b in zip(mine, theirs, strict=True) if a != b)
+            tree_pages.extend(theirs)
             covered += node.num_pages
             touched.append(node)
         num_existing = sum(node.num_pages for node in existing)
@@ -133,7 +137,7 @@ class RadixIndex:
             deepest = self.tree.add_child(
                 parent, query[covered * page_bytes : num_pages * page_bytes]
             )
-            deepest.set_copy(Tier.DEVICE, new_pages)
+            self.events.new_device_copy(deepest, new_pages)
             tree_pages.extend(new_pages)
             covered = num_pages
             touched.append(deepest)
@@ -168,7 +172,7 @@ class RadixIndex:
         if run[:page_bytes] in parent.children:
             return None
         node = self.tree.attach(parent, run, list(keys))
-        node.set_copy(tier, list(pages))
+        self.events.found_copy(node, tier, list(pages))
         self._touch([node])
         self.events.refresh(node)
         self.events.refresh(parent)
@@ -211,7 +215,7 @@ class RadixIndex:
             private.update(pages)  # as it was: every page was lent
             raise AssertionError(f"device pages {list(pages)} name a page twice")
 
-    # --- pins ------------------------------------------------------------------------------
+    # --- pinned prefixes -------------------------------------------------------------------
 
     def full_path(self, tokens: TokenSequence, namespace: str) -> RadixNode | None:
         """The node ending `tokens`' last full page when the tree holds all of their full
@@ -226,11 +230,6 @@ class RadixIndex:
         if sum(count for _, count in walked) < num_pages:
             return None
         return self._walk_exact(root, query, num_pages)[-1]
-
-    def pin(self, node: RadixNode, delta: int) -> None:
-        """Pin (+1) or unpin (-1) the prefix that ends at `node`."""
-        for changed in self.tree.pin_path(node, delta):
-            self.events.refresh(changed)
 
     # --- locks -----------------------------------------------------------------------------
 

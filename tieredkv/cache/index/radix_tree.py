@@ -1,31 +1,33 @@
 """The radix tree: a pure index of page-aligned token runs, one root per namespace.
 
 The tree keeps the shape consistent (split, merge, attach, detach, lock counts on the path);
-which copies exist and move is decided by `TieredCache`. Not thread-safe: the engine thread owns
-it. Nodes hold their tokens packed (int32 little-endian bytes, `token_run`): a node's run
-compares with a query in one memcmp. Children are keyed by their first page's packed tokens, so
-matching never computes a page key, and inserting does not either: a node's keys are computed
-when a page first needs one (`page_keys`: a disk record, a restart index). A key depends only
-on the tokens from the namespace root to its page, so keys once computed stay true through
-splits and merges, which carry them along.
+which copies exist and move is decided by the residency layer, whose per-node records the tree
+makes and reshapes through `NodeState` only (their factory for a namespace root is given to
+it). Not thread-safe: the engine thread owns it. Nodes hold their tokens packed (int32
+little-endian bytes, `token_run`): a node's run compares with a query in one memcmp. Children
+are keyed by their first page's packed tokens, so matching never computes a page key, and
+inserting does not either: a node's keys are computed when a page first needs one
+(`page_keys`: a disk record, a restart index). A key depends only on the tokens from the
+namespace root to its page, so keys once computed stay true through splits and merges, which
+carry them along.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from tieredkv.cache.index.page_key import chain_packed_keys
-from tieredkv.cache.index.radix_node import NO_COPY, RadixNode
+from tieredkv.cache.index.radix_node import NodeState, RadixNode
 from tieredkv.cache.index.token_run import TOKEN_BYTES
-
-__all__ = ["RadixNode", "RadixTree"]
 
 
 class RadixTree:
-    """Namespace roots and their subtrees. `page_size` tokens per page."""
+    """Namespace roots and their subtrees. `page_size` tokens per page; `root_state` makes a
+    namespace root's residency record (each child's comes from its parent's)."""
 
-    def __init__(self, page_size: int) -> None:
+    def __init__(self, page_size: int, root_state: Callable[[RadixNode], NodeState]) -> None:
         self.page_size = page_size
+        self.root_state = root_state
         self.page_bytes = page_size * TOKEN_BYTES  # a page's packed tokens
         self.roots: dict[bytes, RadixNode] = {}
         self.names: dict[bytes, str] = {}  # namespace names of roots, as matched or inserted
@@ -37,7 +39,7 @@ class RadixTree:
         children is dropped (`remove`), so namespaces that hold nothing cost nothing."""
         node = self.roots.get(root_key)
         if node is None and create:
-            node = RadixNode(None, b"", 0, [], root_key)
+            node = RadixNode(None, b"", 0, [], root_key, self.root_state)
             self.roots[root_key] = node
         if node is not None and name is not None:
             self.names[root_key] = name
@@ -78,11 +80,10 @@ class RadixTree:
         assert packed and len(packed) % self.page_bytes == 0, f"{len(packed)} bytes"
         num_pages = len(packed) // self.page_bytes
         assert len(keys) <= num_pages, f"{len(keys)} keys for {num_pages} pages"
-        node = RadixNode(parent, packed, num_pages, keys, parent.root_key)
         first = packed[: self.page_bytes]
         assert first not in parent.children, "a child with this first page already exists"
+        node = RadixNode(parent, packed, num_pages, keys, parent.root_key, parent.residence.child)
         parent.children[first] = node
-        parent.child_ranks[NO_COPY] += 1
         self.num_nodes += 1
         return node
 
@@ -112,20 +113,22 @@ class RadixTree:
     def split(self, node: RadixNode, num_pages: int) -> RadixNode:
         """Cut `node` after `num_pages` pages; return the new head (the node keeps the tail).
 
-        The tail keeps its identity so lock holders and children stay valid; copies and
-        transfers in flight are cut at the same page.
+        The tail keeps its identity so lock holders and children stay valid; its residency
+        record is cut at the same page (`NodeState.split_head`).
         """
         assert 0 < num_pages < node.num_pages, f"split {num_pages} of {node.num_pages}"
         assert node.parent is not None
         cut, step = num_pages * self.page_bytes, self.page_bytes
+        record = node.residence
         head = RadixNode(
-            node.parent, node.packed[:cut], num_pages, node.keys[:num_pages], node.root_key
+            node.parent,
+            node.packed[:cut],
+            num_pages,
+            node.keys[:num_pages],
+            node.root_key,
+            lambda head: record.split_head(head, num_pages),
         )
-        head.copies = {tier: pages[:num_pages] for tier, pages in node.copies.items()}
-        node.copies = {tier: pages[num_pages:] for tier, pages in node.copies.items()}
-        head.inflight = {t: part.split_head(num_pages, head) for t, part in node.inflight.items()}
         head.lock_count = node.lock_count
-        head.pin_count = node.pin_count
         head.last_access = node.last_access
         node.parent.children[head.packed[:step]] = head
         node.packed = node.packed[cut:]
@@ -133,23 +136,19 @@ class RadixTree:
         node.num_pages -= num_pages
         node.parent = head
         head.children[node.packed[:step]] = node
-        rank, on_disk = node.rank()  # the parent's counts stand: head has the node's rank
-        head.child_ranks[rank] = 1
-        head.children_on_disk = int(on_disk)
         self.num_nodes += 1
         return head
 
     def can_merge(self, node: RadixNode) -> bool:
-        """One child, the same copy tiers, no locks and nothing in flight on either, and the
-        node not used since its child was (see `merge`)."""
+        """One child, no locks on either, their records alike (`NodeState.mergeable_with`),
+        and the node not used since its child was (see `merge`)."""
         if node.parent is None or len(node.children) != 1:
             return False
         child = next(iter(node.children.values()))
         return (
-            node.copies.keys() == child.copies.keys()
-            and node.pin_count == child.pin_count
-            and node.last_access <= child.last_access
-            and not (node.lock_count or child.lock_count or node.inflight or child.inflight)
+            node.last_access <= child.last_access
+            and not (node.lock_count or child.lock_count)
+            and node.residence.mergeable_with(child.residence)
         )
 
     def merge(self, node: RadixNode) -> RadixNode:
@@ -168,7 +167,7 @@ class RadixTree:
         # the child's keys continue the node's only if the node knows all of its own
         child.keys = node.keys + child.keys if len(node.keys) == node.num_pages else node.keys
         child.num_pages += node.num_pages
-        child.copies = {tier: node.copies[tier] + pages for tier, pages in child.copies.items()}
+        child.residence.absorb_parent(node.residence)
         child.parent = node.parent
         node.parent.children[child.packed[: self.page_bytes]] = child
         node.children = {}
@@ -180,10 +179,10 @@ class RadixTree:
         """Detach a childless node (its copies must already be freed); a namespace root left
         with no children goes too."""
         assert not node.children and node.parent is not None, "remove a leaf only"
-        assert not node.copies and not node.inflight, f"remove {node} with copies"
+        assert node.residence.empty(), f"remove {node} with copies"
         parent = node.parent
         del parent.children[node.packed[: self.page_bytes]]
-        parent.child_ranks[NO_COPY] -= 1
+        parent.residence.child_left()
         node.attached = False
         self.num_nodes -= 1
         if parent.parent is None and not parent.children:
@@ -194,13 +193,16 @@ class RadixTree:
         """Add `delta` (+1/-1) to the lock count of `node` and its ancestors.
 
         Returns the nodes whose count crossed zero (their evictability changed)."""
-        return _count_along_path(node, "lock_count", delta)
-
-    def pin_path(self, node: RadixNode, delta: int) -> list[RadixNode]:
-        """Add `delta` (+1/-1) to the pin count of `node` and its ancestors (a pinned prefix).
-
-        Returns the nodes whose count crossed zero (their evictability changed)."""
-        return _count_along_path(node, "pin_count", delta)
+        changed = []
+        current: RadixNode | None = node
+        while current is not None and current.parent is not None:
+            count = current.lock_count + delta
+            assert count >= 0, f"lock count below zero on {current}"
+            current.lock_count = count
+            if count == (1 if delta > 0 else 0):
+                changed.append(current)
+            current = current.parent
+        return changed
 
     def iter_nodes(self) -> Iterator[RadixNode]:
         """Every node below the namespace roots, parents before children (integrity checks)."""
@@ -226,18 +228,3 @@ def _equal_pages(query: bytes, pos: int, end: int, run: bytes, step: int) -> int
         else:
             high = mid
     return low
-
-
-def _count_along_path(node: RadixNode, count: str, delta: int) -> list[RadixNode]:
-    """Add `delta` to the `count` attribute of `node` and its ancestors; the nodes whose
-    count crossed zero."""
-    changed = []
-    current: RadixNode | None = node
-    while current is not None and current.parent is not None:
-        value = getattr(current, count) + delta
-        assert value >= 0, f"{count} below zero on {current}"
-        setattr(current, count, value)
-        if value == (1 if delta > 0 else 0):
-            changed.append(current)
-        current = current.parent
-    return changed

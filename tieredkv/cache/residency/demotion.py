@@ -24,6 +24,7 @@ from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.pools.tier_pools import TierPools
 from tieredkv.cache.residency.eviction import copy_may_leave
 from tieredkv.cache.residency.fair_share import Claim
+from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.tier import Tier
 
@@ -54,52 +55,46 @@ class Demoter:
                 break
         return pools.num_free(tier) >= count
 
-    def _serves_from_below(self, node: RadixNode, tier: Tier) -> bool:
-        """Has `node` a copy below `tier` that may serve once this one leaves? A local one, or
-        the remote one when no local tier below `tier` takes copies: the remote tier is shared
-        and slower than host or disk, so pages leave the device and host down the local tiers
-        first (a page with only a remote copy below would come back from Redis, not disk)."""
-        below = [t for t in node.copies if t > tier]
+    def _serves_from_below(self, record: Residence, tier: Tier) -> bool:
+        """Has the node a copy below `tier` that may serve once this one leaves? A local one,
+        or the remote one when no local tier below `tier` takes copies: the remote tier is
+        shared and slower than host or disk, so pages leave the device and host down the local
+        tiers first (a page with only a remote copy below would come back from Redis, not
+        disk)."""
+        below = [t for t in record.copies if t > tier]
         if any(t is not Tier.REMOTE for t in below):
             return True
         return bool(below) and self.pools.lower(tier) in (None, Tier.REMOTE)
 
     def _evict(self, node: RadixNode, tier: Tier) -> bool:
         # a popped node has a copy in `tier`: min and max of its copies' tiers are defined
-        if self._serves_from_below(node, tier) and copy_may_leave(node, tier):
-            self.residency.free_copy(node, tier, count_as=True)
-            self._after_free(node)
+        record = node.residence
+        if self._serves_from_below(record, tier) and copy_may_leave(record, tier):
+            self.residency.drop(node, tier, count_as=True, closure=False)
             return True
-        if min(node.copies) == tier:  # no faster copy: this one serves
+        if record.fastest_copy() == tier:  # no faster copy: this one serves
             lower = self.pools.lower(tier)
             while lower is not None:
-                if lower in node.copies or lower in node.inflight:
+                if lower in record.copies or lower in record.inflight:
                     break  # its copy there is too low for its children: drop below instead
                 if self.copy_down(node, lower, frees_source=True):
                     return True
                 if self.residency.pending_free(lower):
                     return False  # room is on its way there: wait for it
                 lower = self.pools.lower(lower)
-            if self.residency.transfers_in_flight() and self._drop_loses_pages(node, tier):
+            if self.residency.transfers_in_flight() and self._drop_loses_pages(record, tier):
                 return False  # transfers in flight will change what can move: wait, lose nothing
-        # demoted iff a copy remains below (a clean lower copy that was too low for children)
-        self.residency.free_copy(node, tier, count_as=max(node.copies) > tier)
-        self.residency.enforce_closure(node)  # copies below that relied on this one go too
-        self._after_free(node)
+        # demoted iff a copy remains below (a clean lower copy that was too low for children);
+        # copies below that relied on this one go too
+        self.residency.drop(node, tier, count_as=max(record.copies) > tier, closure=True)
         return True
 
-    def _drop_loses_pages(self, node: RadixNode, tier: Tier) -> bool:
-        """Would dropping `node`'s copy in `tier` (a tier above the last one) leave pages with
-        no copy: its own (no lower copy) or its children's (they lose their closure)?"""
+    def _drop_loses_pages(self, record: Residence, tier: Tier) -> bool:
+        """Would dropping the copy in `tier` (a tier above the last one) leave pages with no
+        copy: the node's own (no lower copy) or its children's (they lose their closure)?"""
         if self.pools.lower(tier) is None:
             return False  # the last enabled, healthy tier: dropping is its job
-        return not any(t > tier for t in node.copies) or not copy_may_leave(node, tier)
-
-    def _after_free(self, node: RadixNode) -> None:
-        parent = node.parent
-        self.residency.refresh(node)
-        if not self.residency.remove_if_empty(node):  # which refreshes what it leaves behind
-            self.residency.refresh(parent)
+        return not any(t > tier for t in record.copies) or not copy_may_leave(record, tier)
 
     def copy_down(self, node: RadixNode, lower: Tier, frees_source: bool) -> bool:
         """Start copying `node` to `lower`; for disk, its ancestors without a disk copy first.
@@ -108,8 +103,8 @@ class Demoter:
         chain = [node]
         if lower is Tier.DISK:
             ancestor = node.parent
-            while ancestor is not None and not ancestor.has_disk_copy():
-                if not ancestor.copies:
+            while ancestor is not None and not ancestor.residence.has_disk_copy():
+                if not ancestor.residence.copies:
                     return False  # an ancestor with nothing to write (its read failed)
                 chain.append(ancestor)
                 ancestor = ancestor.parent
@@ -127,13 +122,33 @@ class Demoter:
     def write_through(self, node: RadixNode, tier: Tier) -> None:
         """After `node` got a copy in `tier`, start a background copy to the next tier down
         unless one exists or is on its way (write-through policy)."""
+        record = node.residence
         lower = self.pools.lower(tier)
-        if lower in (None, Tier.REMOTE) or not node.attached or lower in node.inflight:
+        if lower in (None, Tier.REMOTE) or not node.attached or lower in record.inflight:
             return  # remote copies are written at insert (`TieredCache`), whatever the policy
-        local = [t for t in (*node.copies, *node.inflight) if t is not Tier.REMOTE]
+        local = [t for t in (*record.copies, *record.inflight) if t is not Tier.REMOTE]
         if any(t >= lower for t in local):
             return
         self.copy_down(node, lower, frees_source=False)
+
+    def write_through_path(self, node: RadixNode) -> None:
+        """`write_through` for the device copies of the path to `node` (an insert's)."""
+        for path_node in node.path():
+            if Tier.DEVICE in path_node.residence.copies:
+                self.write_through(path_node, Tier.DEVICE)
+
+    def copy_path(self, node: RadixNode, tiers: list[Tier]) -> Tier | None:
+        """Start copying each node of the path to `node` (parents first) to each of `tiers`
+        where it has no copy and none on its way (a pin's). Returns the first tier found with
+        no room (the copies started stay), None when all started."""
+        for path_node in node.path():
+            record = path_node.residence
+            for tier in tiers:
+                if tier in record.copies or tier in record.inflight:
+                    continue
+                if not self.copy_down(path_node, tier, frees_source=False):
+                    return tier
+        return None
 
     def flush(self, roots: list[RadixNode] | None = None) -> int:
         """Drop every copy that may leave its tier now (locked and in-flight ones stay), in
@@ -147,7 +162,7 @@ class Demoter:
             for tier in Tier:
                 later = []  # children below still need this copy: they go first
                 while node := self.residency.pop_evictable(tier):
-                    if not copy_may_leave(node, tier):
+                    if not copy_may_leave(node.residence, tier):
                         later.append(node)
                         continue
                     dropped += self._drop(node, tier)
@@ -162,15 +177,14 @@ class Demoter:
             nodes.extend(node.children.values())
         dropped = 0
         for node in reversed(nodes):  # children first: their parents' copies may then leave
-            for tier in list(node.copies):
+            for tier in list(node.residence.copies):
                 if not node.attached:
                     break
-                if self.residency.evictable(node, tier) and copy_may_leave(node, tier):
+                if self.residency.evictable(node, tier) and copy_may_leave(node.residence, tier):
                     dropped += self._drop(node, tier)
         return dropped
 
     def _drop(self, node: RadixNode, tier: Tier) -> int:
-        demoted = any(t > tier for t in node.copies)
-        self.residency.free_copy(node, tier, count_as=demoted)
-        self._after_free(node)
+        demoted = any(t > tier for t in node.residence.copies)
+        self.residency.drop(node, tier, count_as=demoted, closure=False)
         return node.num_pages

@@ -23,7 +23,8 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from tieredkv.cache.index.radix_tree import RadixNode
+from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.tier import Tier
 
 Priority = tuple[int, int]
@@ -31,25 +32,26 @@ PINNED_TIERS = (Tier.HOST, Tier.DISK)  # where a pinned node's copies never leav
 _MIN_COMPACT_LEN = 1024
 
 
-def copy_may_leave(node: RadixNode, tier: Tier) -> bool:
-    """Would freeing `node`'s copy in `tier` keep the closure invariants?"""
+def copy_may_leave(record: Residence, tier: Tier) -> bool:
+    """Would freeing the copy in `tier` of `record`'s node keep the closure invariants?"""
     if tier is Tier.DISK:
-        return not node.children_on_disk
-    if any(t < tier for t in node.copies):
+        return not record.children_on_disk
+    if any(t < tier for t in record.copies):
         return True
-    lower = min((t for t in node.copies if t > tier), default=None)
+    lower = min((t for t in record.copies if t > tier), default=None)
     deepest_lost = max(Tier) if lower is None else Tier(lower - 1)
-    return not node.any_child_in_closure(deepest_lost)
+    return not record.any_child_in_closure(deepest_lost)
 
 
-def copy_may_move_down(node: RadixNode, tier: Tier) -> bool:
-    """Could `node`'s copy in `tier` leave by demotion (a copy one tier down first)? Then the
-    node leaves only the closure of `tier`, so no child may have a copy in `tier` or faster."""
+def copy_may_move_down(record: Residence, tier: Tier) -> bool:
+    """Could the copy in `tier` of `record`'s node leave by demotion (a copy one tier down
+    first)? Then the node leaves only the closure of `tier`, so no child may have a copy in
+    `tier` or faster."""
     if tier is Tier.DISK:
-        return not node.children_on_disk
-    if node.copies and min(node.copies) < tier:  # a faster copy stays
+        return not record.children_on_disk
+    if record.copies and min(record.copies) < tier:  # a faster copy stays
         return True
-    return not node.any_child_in_closure(tier)
+    return not record.any_child_in_closure(tier)
 
 
 class LruEvictionPolicy:
@@ -63,17 +65,18 @@ class LruEvictionPolicy:
 
     @staticmethod
     def evictable(node: RadixNode, tier: Tier) -> bool:
-        if not node.attached or node.parent is None or tier not in node.copies:
+        record = node.residence
+        if not node.attached or node.parent is None or tier not in record.copies:
             return False
-        if node.lock_count or node.inflight:
+        if node.lock_count or record.inflight:
             return False
-        if node.pin_count and tier in PINNED_TIERS:
+        if record.pin_count and tier in PINNED_TIERS:
             return False  # a pinned prefix stays on host (and on disk, to outlive a restart)
-        return copy_may_move_down(node, tier)
+        return copy_may_move_down(record, tier)
 
     @staticmethod
     def priority(node: RadixNode, tier: Tier) -> Priority:
-        redundant = min(node.copies) < tier  # a faster copy serves (it has one in `tier`)
+        redundant = min(node.residence.copies) < tier  # a faster copy serves (one in `tier`)
         return (0 if redundant else 1, node.last_access)
 
 
@@ -95,8 +98,9 @@ class TierHeap:
 
     def push(self, node: RadixNode, priority: Priority) -> None:
         """(Re)insert `node`; any older entry for it in this tier becomes stale."""
-        node.stamps[self.tier] += 1
-        heapq.heappush(self._entries, (priority, next(self._seq), node.stamps[self.tier], node))
+        stamps = node.residence.stamps
+        stamps[self.tier] += 1
+        heapq.heappush(self._entries, (priority, next(self._seq), stamps[self.tier], node))
         if len(self._entries) > self._compact_at:
             self._compact()
 
@@ -108,7 +112,7 @@ class TierHeap:
         tier = self.tier
         while self._entries:  # not aliased: a push may compact the list into a new one
             priority, _, stamp, node = self._entries[0]
-            if stamp != node.stamps[tier] or not evictable(node, tier):
+            if stamp != node.residence.stamps[tier] or not evictable(node, tier):
                 heapq.heappop(self._entries)
                 continue
             current = self._priority(node, tier)
@@ -124,12 +128,14 @@ class TierHeap:
         if self.peek(evictable) is None:
             return None
         node = heapq.heappop(self._entries)[3]
-        node.stamps[self.tier] += 1  # popped: no live entry remains
+        node.residence.stamps[self.tier] += 1  # popped: no live entry remains
         return node
 
     def _compact(self) -> None:
         """Drop stale entries; amortised O(1) per push since the size at least halves."""
         tier = self.tier
-        self._entries = [e for e in self._entries if e[2] == e[3].stamps[tier] and e[3].attached]
+        self._entries = [
+            e for e in self._entries if e[2] == e[3].residence.stamps[tier] and e[3].attached
+        ]
         heapq.heapify(self._entries)
         self._compact_at = max(_MIN_COMPACT_LEN, 2 * len(self._entries))

@@ -16,9 +16,10 @@ and the tiers below host keep one heap: their order is plain LRU whatever the se
 What a namespace holds in a tier is its committed pages there plus its copies on their way
 there (they hold pool pages too: counting only committed pages let a namespace whose demotions
 were still in flight look within its share and take an older namespace's pages by plain LRU).
-Both are counted on its nodes (`RadixNode.usage` and `arriving`, kept by `set_copy`/`pop_copy`
-and `set_inflight`/`pop_inflight`), so nothing is scanned but the namespaces themselves: a pop
-costs O(namespaces with evictable copies in the tier) plus the heap operations.
+Both are counted on its nodes' records (`Residence.usage` and `arriving`, kept by
+`set_copy`/`pop_copy` and `set_inflight`/`pop_inflight`), so nothing is scanned but the
+namespaces themselves: a pop costs O(namespaces with evictable copies in the tier) plus the
+heap operations.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class Claim:
 
 def held(root: RadixNode, tier: Tier) -> int:
     """The pages of `tier` that the namespace of `root` holds: committed or on their way."""
-    return root.usage[tier] + root.arriving[tier]
+    record = root.residence
+    return record.usage[tier] + record.arriving[tier]
 
 
 class FairTierHeap:
@@ -61,7 +63,7 @@ class FairTierHeap:
         priority: Callable[[RadixNode, Tier], Priority] = LruEvictionPolicy.priority,
     ) -> None:
         self.tier = tier
-        self._roots = roots  # the tree's namespace roots, each with its namespace's `usage`
+        self._roots = roots  # the tree's namespace roots, their records count the namespace
         self._capacity = capacity  # the tier's pages
         self._share = share  # a fraction of the tier per namespace; None: an equal part
         self._priority = priority

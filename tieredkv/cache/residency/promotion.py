@@ -103,10 +103,11 @@ def planned_device_pages(path: list[RadixNode], num_pages: int) -> tuple[int | N
     for node in path:
         if len(pages) >= num_pages:
             break
-        if Tier.DEVICE in node.copies:
-            pages.extend(node.copies[Tier.DEVICE])
-        elif Tier.DEVICE in node.inflight:
-            pages.extend(node.inflight[Tier.DEVICE].dst_pages)
+        record = node.residence
+        if Tier.DEVICE in record.copies:
+            pages.extend(record.copies[Tier.DEVICE])
+        elif Tier.DEVICE in record.inflight:
+            pages.extend(record.inflight[Tier.DEVICE].dst_pages)
         else:
             pages.extend([None] * node.num_pages)
     return tuple(pages[:num_pages])
@@ -119,11 +120,12 @@ def _plan_copies(path: list[RadixNode], stage_prefetched: bool) -> CopyPlan:
     may head for the device only once its parent does (parents commit first)."""
     plan = CopyPlan()
     for node in path:
-        prefetch = node.inflight.get(Tier.HOST)
-        if Tier.DEVICE in node.copies:
+        record = node.residence
+        prefetch = record.inflight.get(Tier.HOST)
+        if Tier.DEVICE in record.copies:
             source = Tier.DEVICE
-        elif Tier.DEVICE in node.inflight:
-            part = node.inflight[Tier.DEVICE]
+        elif Tier.DEVICE in record.inflight:
+            part = record.inflight[Tier.DEVICE]
             source = part.src_tier
             if not part.ticket.done:  # else it arrived and commits with its parent
                 plan.shared[part.ticket.id] = part.ticket
@@ -131,11 +133,11 @@ def _plan_copies(path: list[RadixNode], stage_prefetched: bool) -> CopyPlan:
             source = prefetch.src_tier
             plan.staged_pages += node.num_pages
             plan.prefetches[prefetch.ticket.id] = prefetch.ticket
-        elif plan.staged_pages and node.copies:  # below a staged node: the second stage's
-            source = node.fastest_copy()  # type: ignore[assignment]
+        elif plan.staged_pages and record.copies:  # below a staged node: the second stage's
+            source = record.fastest_copy()  # type: ignore[assignment]
             plan.staged_pages += node.num_pages
-        elif node.copies:
-            source = node.fastest_copy()  # type: ignore[assignment]
+        elif record.copies:
+            source = record.fastest_copy()  # type: ignore[assignment]
             plan.needed.append(node)
         else:
             break
@@ -221,9 +223,10 @@ class Promoter:
         pages: list[int] = []
         ready_node = None
         for node in path:
-            if Tier.DEVICE not in node.copies or len(pages) >= ticket.match.num_pages:
+            device_pages = node.residence.device_pages()
+            if device_pages is None or len(pages) >= ticket.match.num_pages:
                 break
-            pages.extend(node.copies[Tier.DEVICE])
+            pages.extend(device_pages)
             ready_node = node
         pages = pages[: ticket.match.num_pages]
         if ticket.hold_lock and ready_node is not None:
@@ -254,9 +257,9 @@ class Promoter:
         chosen: list[RadixNode] = []
         budget = max_pages
         for node in match_path(match):
-            if node.in_closure(Tier.HOST):
+            if node.residence.in_closure(Tier.HOST):
                 continue
-            if not budget or not any(tier.is_store for tier in node.copies):
+            if not budget or not any(tier.is_store for tier in node.residence.copies):
                 break
             if node.num_pages > budget:
                 node = self.residency.split(node, budget)  # take the head only

@@ -10,13 +10,13 @@ Rules kept here (engine thread only):
   - A demotion frees its source only when applied, and only if the node could still leave
     that tier (unlocked, no child needing it); otherwise the source stays as the serving copy.
 
-Demotion and promotion use it through its methods; `presence(node)` says in one place what a
-node has in each tier: present, arriving or leaving.
+Each node's record (`residence.Residence`, `node.residence`) keeps its copies and transfers;
+this layer alone reads it. Applying a finished transfer is `completion`'s. Demotion and
+promotion use it through its methods.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -29,24 +29,10 @@ from tieredkv.cache.pools.tier_pools import TierPools
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, copy_may_leave
 from tieredkv.cache.residency.fair_share import Claim, FairTierHeap, tier_heap
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.transfer.mover import (
-    Mover,
-    PartState,
-    TicketState,
-    TransferPart,
-    TransferTicket,
-)
+from tieredkv.cache.transfer.mover import Mover, PartState, TransferPart, TransferTicket
 from tieredkv.cache.transfer.page_copier import PageCopier
 
 Commit = tuple[RadixNode, Tier]  # a copy committed in a tier
-
-
-class Presence(enum.Enum):
-    """What a node has in one tier."""
-
-    PRESENT = "present"  # a committed copy, staying
-    ARRIVING = "arriving"  # a copy on its way (copying, or arrived and waiting for the parent)
-    LEAVING = "leaving"  # a committed copy that a demotion in flight frees when applied
 
 
 def page_records(node: RadixNode, tree: RadixTree) -> list[DiskRecord]:
@@ -87,26 +73,36 @@ class Residency:
             for tier in Tier
         }
         self._pending_free = dict.fromkeys(Tier, 0)  # source pages in-flight demotions free
-        self._commits: list[Commit] = []  # since the last `apply`
+        self._commits: list[Commit] = []  # since the last `take_commits`
 
     # --- what is where ---------------------------------------------------------------------
 
-    def presence(self, node: RadixNode) -> dict[Tier, Presence]:
-        """Per tier where `node` has pages: present, arriving or leaving."""
-        leaving = {
-            part.src_tier
-            for part in node.inflight.values()
-            if part.ticket.frees_source  # type: ignore[attr-defined]
-        }
-        found = {
-            tier: Presence.LEAVING if tier in leaving else Presence.PRESENT for tier in node.copies
-        }
-        found.update(dict.fromkeys(node.inflight, Presence.ARRIVING))
-        return found
+    def path_held_in(self, node: RadixNode, tiers: tuple[Tier, ...]) -> bool:
+        """Has every node of the path to `node` a committed copy in one of `tiers`?"""
+        return all(any(t in n.residence.copies for t in tiers) for n in node.path())
+
+    def path_missing(self, node: RadixNode, held: Tier, wanted: Tier) -> list[RadixNode]:
+        """The nodes of the path to `node` with a copy in `held` and none in `wanted`, nor one
+        on its way there."""
+        return [
+            n
+            for n in node.path()
+            if held in n.residence.copies
+            and wanted not in n.residence.copies
+            and wanted not in n.residence.inflight
+        ]
+
+    def namespace_usage(self, root: RadixNode) -> list[int]:
+        """The committed pages per tier of the namespace rooted at `root` (index by tier)."""
+        return root.residence.usage
 
     def pending_free(self, tier: Tier) -> int:
         """Pages of `tier` that demotions in flight free when applied."""
         return self._pending_free[tier]
+
+    def demotion_applied(self, src: Tier, num_pages: int) -> None:
+        """A demotion's `num_pages` source pages in `src` are no longer pending."""
+        self._pending_free[src] -= num_pages
 
     def transfers_in_flight(self) -> bool:
         return bool(self.mover.in_flight)
@@ -129,7 +125,7 @@ class Residency:
         """Push `node` into the heap of every tier where it is evictable now."""
         if node is None or node.parent is None or not node.attached:
             return
-        for tier in node.copies:
+        for tier in node.residence.copies:
             if self._policy.evictable(node, tier):
                 self._heaps[tier].push(node, self._policy.priority(node, tier))
 
@@ -141,13 +137,37 @@ class Residency:
 
     # --- what the index reports (`TreeEvents`) ---------------------------------------------
 
-    def device_copy_adopted(self, node: RadixNode) -> None:
+    def adopt_device_copy(self, node: RadixNode, pages: list[int]) -> bool:
+        record = node.residence
+        if Tier.DEVICE in record.inflight or not record.may_commit(Tier.DEVICE):
+            return False
+        record.set_copy(Tier.DEVICE, pages)
         self.refresh(node.parent)
         self.commit_waiting_children(node)
+        return True
+
+    def new_device_copy(self, node: RadixNode, pages: list[int]) -> None:
+        node.residence.set_copy(Tier.DEVICE, pages)
+
+    def found_copy(self, node: RadixNode, tier: Tier, pages: list[int]) -> None:
+        node.residence.set_copy(tier, pages)
 
     def released(self, node: RadixNode) -> None:
         self.refresh(node)
         self.remove_if_empty(node, cascade=False)
+
+    # --- pins and locks --------------------------------------------------------------------
+
+    def pin(self, node: RadixNode, delta: int) -> None:
+        """Pin (+1) or unpin (-1) the prefix that ends at `node` (see `tieredkv.cache.pins`):
+        the pin count of `node` and of its ancestors changes; a count crossing zero changes
+        the node's evictability."""
+        for path_node in node.path():
+            record = path_node.residence
+            record.pin_count += delta
+            assert record.pin_count >= 0, f"pin count below zero on {path_node}"
+            if record.pin_count == (1 if delta > 0 else 0):
+                self.refresh(path_node)
 
     @contextmanager
     def pinned(self, node: RadixNode) -> Iterator[None]:
@@ -170,8 +190,9 @@ class Residency:
         One ticket per source tier; nodes keep their order (parents first)."""
         by_source: dict[Tier, list[RadixNode]] = {}
         for node in nodes:
-            source = node.fastest_copy()
-            assert source is not None and source != dst and dst not in node.inflight, node
+            record = node.residence
+            source = record.fastest_copy()
+            assert source is not None and source != dst and dst not in record.inflight, node
             by_source.setdefault(source, []).append(node)
         return [self._submit(src, dst, group, frees_source) for src, group in by_source.items()]
 
@@ -186,8 +207,9 @@ class Residency:
         for node in nodes:
             offset = len(src_pages)
             part_dst = dst_pages[offset : offset + node.num_pages]
-            part = TransferPart(node, ticket, src, dst, list(node.copies[src]), part_dst, offset)
-            node.set_inflight(dst, part)
+            record = node.residence
+            part = TransferPart(node, ticket, src, dst, list(record.copies[src]), part_dst, offset)
+            record.set_inflight(dst, part)
             ticket.parts.append(part)
             src_pages.extend(part.src_pages)
             if src.is_store or dst.is_store:
@@ -197,50 +219,16 @@ class Residency:
         self.mover.submit(ticket, self.copier.job(src, dst, src_pages, dst_pages, records))
         return ticket
 
-    # --- applying completions --------------------------------------------------------------
+    # --- committing arrived copies --------------------------------------------------------
 
-    def apply(self, ticket: TransferTicket) -> list[Commit]:
-        """Commit or roll back every part of a ticket whose copy finished. Returns the copies
-        committed since the last call: this ticket's, the waiting children's they let commit,
-        and any an insert let commit since (`device_copy_adopted`)."""
-        failed = ticket.error is not None or ticket.page_ok is None
-        if failed and ticket.dst_tier is Tier.DISK:
-            self.pools.mark_degraded(Tier.DISK, f"write failed: {ticket.error}")
-        arrived_pages = 0
-        for part in list(ticket.parts):
-            if ticket.frees_source:
-                self._pending_free[part.src_tier] -= len(part.src_pages)
-            if part.state is PartState.DETACHED:
-                self.pools.free(part.dst_tier, part.dst_pages)
-                continue
-            if failed:
-                self._fail(part, bad_record=False)
-                continue
-            page_ok = ticket.page_ok[part.offset : part.offset + len(part.dst_pages)]  # type: ignore[index]
-            if not all(page_ok):
-                arrived_pages += self._fail_from(part, page_ok.index(False))
-                continue
-            arrived_pages += len(part.dst_pages)
-            part.state = PartState.ARRIVED
-            self._try_commit(part)
-        ticket.state = TicketState.FAILED if failed else TicketState.DONE
-        ticket.completed_at = self.clock()
-        self.counters.transfer_bytes[ticket.src_tier, ticket.dst_tier] += (
-            arrived_pages * self.pools.layout.page_bytes
-        )
-        for tier, pages in ticket.release:
-            self.pools.free(tier, pages)
-        ticket.release.clear()
-        self.mover.retire(ticket)
-        commits, self._commits = self._commits, []
-        return commits
-
-    def _try_commit(self, part: TransferPart) -> None:
-        node, dst = part.node, part.dst_tier
-        if not node.may_commit(dst):
+    def try_commit(self, part: TransferPart) -> None:
+        """Commit an arrived copy if its parent's copies allow (else its parent's commit does)."""
+        node: RadixNode = part.node  # type: ignore[assignment]
+        dst, record = part.dst_tier, node.residence
+        if not record.may_commit(dst):
             return  # the parent's copy commits first and then commits this one
-        node.pop_inflight(dst)
-        node.set_copy(dst, part.dst_pages)
+        record.pop_inflight(dst)
+        record.set_copy(dst, part.dst_pages)
         self._commits.append((node, dst))
         if part.ticket.frees_source:
             self._finish_demotion(node, part.src_tier)
@@ -248,50 +236,34 @@ class Residency:
         self.refresh(node.parent)
         self.commit_waiting_children(node)
 
+    def take_commits(self) -> list[Commit]:
+        """The copies committed since the last call."""
+        commits, self._commits = self._commits, []
+        return commits
+
     def commit_waiting_children(self, node: RadixNode) -> None:
         """Commit the children's arrived copies that `node`'s copies now allow."""
         for child in list(node.children.values()):
-            for child_part in list(child.inflight.values()):
+            for child_part in list(child.residence.inflight.values()):
                 if child_part.state is PartState.ARRIVED:
-                    self._try_commit(child_part)
+                    self.try_commit(child_part)
 
     def _finish_demotion(self, node: RadixNode, src: Tier) -> None:
         """Free the demoted source if the node may still leave `src`; else keep it."""
-        if src not in node.copies or node.lock_count:
+        record = node.residence
+        if src not in record.copies or node.lock_count:
             return
-        if any(part.src_tier == src for part in node.inflight.values()):
+        if any(part.src_tier == src for part in record.inflight.values()):
             return
-        if not copy_may_leave(node, src):
+        if not copy_may_leave(record, src):
             return
         self.counters.count_eviction(src, node.num_pages, demoted=True)
-        self.pools.free(src, node.pop_copy(src))
+        self.pools.free(src, record.pop_copy(src))
         self.refresh(node.parent)
 
-    def _fail_from(self, part: TransferPart, first_bad: int) -> int:
-        """Pages from `first_bad` on failed verification: commit the head, fail the rest (a
-        miss from there). Returns the pages that arrived."""
-        if first_bad:
-            head = self.tree.split(part.node, first_bad)  # `part` keeps the tail
-            head_part = head.inflight[part.dst_tier]
-            head_part.state = PartState.ARRIVED
-            self._try_commit(head_part)
-        self._fail(part, bad_record=part.src_tier.is_store)
-        return first_bad
-
-    def _fail(self, part: TransferPart, bad_record: bool) -> None:
-        node = part.node
-        node.pop_inflight(part.dst_tier)
-        self.pools.free(part.dst_tier, part.dst_pages)
-        if bad_record and part.src_tier in node.copies:  # a bad record, a remote page gone
-            self.free_copy(node, part.src_tier, count_as=None)
-        self.enforce_closure(node)
-        self.commit_waiting_children(node)  # a copy it kept may be all they waited for
-        self.refresh(node)
-        self.remove_if_empty(node)
-
-    def _doom(self, part: TransferPart) -> None:
+    def doom(self, part: TransferPart) -> None:
         """Detach a part from its node; its destination is freed now or when it is applied."""
-        part.node.pop_inflight(part.dst_tier)
+        part.node.residence.pop_inflight(part.dst_tier)
         if part.state is PartState.ARRIVED:
             self.pools.free(part.dst_tier, part.dst_pages)
         part.state = PartState.DETACHED
@@ -301,11 +273,12 @@ class Residency:
     def free_copy(self, node: RadixNode, tier: Tier, count_as: bool | None) -> None:
         """Free `node`'s copy in `tier`; copies being read from it are detached first and the
         pages freed only when those reads finish. `count_as`: demoted, dropped, or None."""
-        pages = node.pop_copy(tier)
-        readers = [part for part in node.inflight.values() if part.src_tier == tier]
+        record = node.residence
+        pages = record.pop_copy(tier)
+        readers = [part for part in record.inflight.values() if part.src_tier == tier]
         live = [part.ticket for part in readers if part.state is PartState.COPYING]
         for part in readers:
-            self._doom(part)
+            self.doom(part)
         if live:
             live[0].release.append((tier, pages))
         else:
@@ -315,17 +288,19 @@ class Residency:
 
     def enforce_closure(self, node: RadixNode) -> None:
         """Detach or free whatever below `node` the closure invariants no longer allow."""
+        record = node.residence
         for child in list(node.children.values()):
-            for tier, part in list(child.inflight.items()):
-                allowed = node.has_disk_copy() if tier is Tier.DISK else node.in_closure(tier)
+            copies = child.residence.copies
+            for tier, part in list(child.residence.inflight.items()):
+                allowed = record.has_disk_copy() if tier is Tier.DISK else record.in_closure(tier)
                 if not allowed:
-                    self._doom(part)
+                    self.doom(part)
             kept = [
                 tier
-                for tier in child.copies
-                if (Tier.DISK in node.copies if tier is Tier.DISK else node.in_closure(tier))
+                for tier in copies
+                if (Tier.DISK in record.copies if tier is Tier.DISK else record.in_closure(tier))
             ]
-            for tier in list(child.copies):
+            for tier in list(copies):
                 if tier not in kept:  # demoted iff the child keeps a copy below
                     self.free_copy(child, tier, count_as=any(t > tier for t in kept))
             self.enforce_closure(child)
@@ -338,7 +313,8 @@ class Residency:
         left the tree (its parent, or the run it merged into, is refreshed)."""
         removed = False
         while node.attached and node.parent is not None:
-            if node.copies or node.inflight or node.children or node.lock_count or node.pin_count:
+            record = node.residence
+            if not record.empty() or record.pin_count or node.children or node.lock_count:
                 break
             parent = node.parent
             self.tree.remove(node)
@@ -351,3 +327,15 @@ class Residency:
                 break
             node = parent
         return removed
+
+    def drop(self, node: RadixNode, tier: Tier, count_as: bool | None, closure: bool) -> None:
+        """Free `node`'s copy in `tier` (`free_copy`); with `closure`, whatever below relied
+        on it too (`enforce_closure`). A node left empty leaves the tree; what stays is
+        refreshed."""
+        parent = node.parent
+        self.free_copy(node, tier, count_as)
+        if closure:
+            self.enforce_closure(node)
+        self.refresh(node)
+        if not self.remove_if_empty(node):  # which refreshes what it leaves behind
+            self.refresh(parent)

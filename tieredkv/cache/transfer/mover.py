@@ -14,8 +14,8 @@ import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.tier import STORE_TIERS, Tier
 from tieredkv.cache.transfer.executor import CopyJob, TransferExecutor
 
@@ -27,7 +27,7 @@ class TicketState(enum.Enum):
 
 
 class PartState(enum.Enum):
-    """A transfer part's life: copying, then committed (it leaves its node's `inflight`), or
+    """A transfer part's life: copying, then committed (it leaves its node's record), or
     arrived and waiting for its parent's copy to commit first; detached from its node at any
     point (its source or closure went away), and then its destination is freed."""
 
@@ -36,11 +36,15 @@ class PartState(enum.Enum):
     DETACHED = "detached"  # no longer its node's: the destination is freed when applied
 
 
+class PartOwner(Protocol):
+    """What a transfer part copies pages for (a node of the index): never read here."""
+
+
 @dataclass(eq=False)
 class TransferPart:
     """One node's pages inside a ticket (`offset` indexes the ticket's page order)."""
 
-    node: RadixNode
+    node: PartOwner
     ticket: TransferTicket
     src_tier: Tier
     dst_tier: Tier
@@ -49,7 +53,7 @@ class TransferPart:
     offset: int
     state: PartState = PartState.COPYING
 
-    def split_head(self, num_pages: int, head: RadixNode) -> TransferPart:
+    def split_head(self, num_pages: int, head: PartOwner) -> TransferPart:
         """Cut off the first `num_pages` pages as a part of the same ticket for `head`."""
         part = TransferPart(
             head,

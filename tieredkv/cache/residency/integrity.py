@@ -10,7 +10,7 @@
     token ids the packed run decodes to;
   - a transfer's source copy stays committed until its bytes arrive, and an arrived copy is
     committed as soon as its parent's copy allows;
-  - each namespace's page counts per tier (`RadixNode.usage` and `arriving`, what fair
+  - each namespace's page counts per tier (`Residence.usage` and `arriving`, what fair
     eviction reads) equal the pages of its nodes' copies and of its copies in flight.
 It walks the whole tree: for tests and the debug endpoint, never the hot path.
 """
@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 
 from tieredkv.cache.index.page_key import page_key
 from tieredkv.cache.index.radix_index import RadixIndex
-from tieredkv.cache.index.radix_node import NO_COPY, RadixNode
+from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.token_run import TOKEN_BYTES
 from tieredkv.cache.pools.tier_pools import TierPools
+from tieredkv.cache.residency.residence import NO_COPY
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.transfer.mover import PartState, TransferPart, TransferTicket
 
@@ -53,10 +54,10 @@ class _Ledger:
 
 
 def _live_parts(index: RadixIndex, transfers: Collection[TransferTicket]) -> list[TransferPart]:
-    parts = {id(p): p for node in index.tree.iter_nodes() for p in node.inflight.values()}
+    parts = {id(p): p for node in index.tree.iter_nodes() for p in node.residence.inflight.values()}
     for ticket in transfers:
         parts.update({id(p): p for p in ticket.parts if p.state is PartState.DETACHED})
-    return list(parts.values())  # type: ignore[arg-type]
+    return list(parts.values())
 
 
 def _check_node(
@@ -73,43 +74,50 @@ def _check_node(
     if parent.children.get(node.page_packed(0, ps)) is not node or not node.attached:
         problems.append(f"{node}: not reachable from its parent")
     _check_keys(node, chain_ends, problems, ps)
-    for tier, pages in node.copies.items():
-        if len(pages) != node.num_pages:
-            problems.append(f"{node}: {tier.label} copy has {len(pages)} pages")
-        if not node.may_commit(tier):
-            problems.append(f"{node}: committed {tier.label} copy without the parent's")
-    for tier, pending in node.inflight.items():
-        part: TransferPart = pending  # type: ignore[assignment]
-        if part.node is not node or part.dst_tier is not tier:
-            problems.append(f"{node}: stale transfer part towards {tier.label}")
-        if part.state is PartState.DETACHED:
-            problems.append(f"{node}: a detached transfer part towards {tier.label}")
-        if len(part.dst_pages) != node.num_pages or tier in node.copies:
-            problems.append(f"{node}: transfer towards {tier.label} does not fit the node")
-        arrived = part.state is PartState.ARRIVED
-        if arrived and node.may_commit(tier):
-            problems.append(f"{node}: its {tier.label} copy arrived and was never committed")
-        if not arrived and node.copies.get(part.src_tier) != part.src_pages:
-            problems.append(f"{node}: the source of its copy towards {tier.label} is gone")
-    for tier in Tier:
-        if node.in_closure(tier) and not parent.in_closure(tier):
-            problems.append(f"{node}: in the {tier.label} closure, its parent is not")
-    if node.has_disk_copy() and not parent.has_disk_copy():
-        problems.append(f"{node}: has a disk copy, its parent has none")
-    if not (node.copies or node.inflight or node.lock_count):
-        problems.append(f"{node}: holds nothing and is not locked")
-    ranks, on_disk = [0] * (NO_COPY + 1), 0
-    for child in node.children.values():
-        rank, child_on_disk = child.rank()
-        ranks[rank] += 1
-        on_disk += child_on_disk
-    if ranks != node.child_ranks or on_disk != node.children_on_disk:
-        problems.append(f"{node}: child counts {node.child_ranks}/{node.children_on_disk}")
+    _check_residence(node, problems)
     expected_locks = index.lock_holders.get(node, 0) + sum(
         child.lock_count for child in node.children.values()
     )
     if node.lock_count != expected_locks:
         problems.append(f"{node}: lock count {node.lock_count}, holders say {expected_locks}")
+
+
+def _check_residence(node: RadixNode, problems: list[str]) -> None:
+    """The node's copies and transfers fit it and keep the closure invariants; its parent's
+    counts of its children by rank are right."""
+    record, parent = node.residence, node.parent
+    assert parent is not None
+    for tier, pages in record.copies.items():
+        if len(pages) != node.num_pages:
+            problems.append(f"{node}: {tier.label} copy has {len(pages)} pages")
+        if not record.may_commit(tier):
+            problems.append(f"{node}: committed {tier.label} copy without the parent's")
+    for tier, part in record.inflight.items():
+        if part.node is not node or part.dst_tier is not tier:
+            problems.append(f"{node}: stale transfer part towards {tier.label}")
+        if part.state is PartState.DETACHED:
+            problems.append(f"{node}: a detached transfer part towards {tier.label}")
+        if len(part.dst_pages) != node.num_pages or tier in record.copies:
+            problems.append(f"{node}: transfer towards {tier.label} does not fit the node")
+        arrived = part.state is PartState.ARRIVED
+        if arrived and record.may_commit(tier):
+            problems.append(f"{node}: its {tier.label} copy arrived and was never committed")
+        if not arrived and record.copies.get(part.src_tier) != part.src_pages:
+            problems.append(f"{node}: the source of its copy towards {tier.label} is gone")
+    for tier in Tier:
+        if record.in_closure(tier) and not parent.residence.in_closure(tier):
+            problems.append(f"{node}: in the {tier.label} closure, its parent is not")
+    if record.has_disk_copy() and not parent.residence.has_disk_copy():
+        problems.append(f"{node}: has a disk copy, its parent has none")
+    if record.empty() and not node.lock_count:
+        problems.append(f"{node}: holds nothing and is not locked")
+    ranks, on_disk = [0] * (NO_COPY + 1), 0
+    for child in node.children.values():
+        rank, child_on_disk = child.residence.rank()
+        ranks[rank] += 1
+        on_disk += child_on_disk
+    if ranks != record.child_ranks or on_disk != record.children_on_disk:
+        problems.append(f"{node}: child counts {record.child_ranks}/{record.children_on_disk}")
 
 
 def _check_keys(
@@ -143,15 +151,17 @@ def check_integrity(
     arriving: dict[bytes, list[int]] = {}  # and pages in flight towards each tier
     for node in index.tree.iter_nodes():
         _check_node(index, node, chain_ends, problems)
-        for tier, pages in node.copies.items():
+        record = node.residence
+        for tier, pages in record.copies.items():
             ledger.claim(tier, pages, "node", node)
             usage.setdefault(node.root_key, [0] * len(Tier))[tier] += len(pages)
-        for tier in node.inflight:
+        for tier in record.inflight:
             arriving.setdefault(node.root_key, [0] * len(Tier))[tier] += node.num_pages
-        root = index.tree.roots.get(node.root_key, node)
-        if node.usage is not root.usage or node.arriving is not root.arriving:
+        root = index.tree.roots.get(node.root_key, node).residence
+        if record.usage is not root.usage or record.arriving is not root.arriving:
             problems.append(f"{node}: counts its pages apart from its namespace")
-    for key, root in index.tree.roots.items():
+    for key, root_node in index.tree.roots.items():
+        root = root_node.residence
         counted = usage.get(key, [0] * len(Tier))
         if root.usage != counted:
             problems.append(f"namespace pages per tier {root.usage}, its copies hold {counted}")

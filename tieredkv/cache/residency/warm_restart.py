@@ -20,7 +20,8 @@ from tieredkv.cache.tier import Tier
 
 if TYPE_CHECKING:
     from tieredkv.cache.disk.store import DiskRecord, DiskStore
-    from tieredkv.cache.index.radix_tree import RadixNode, RadixTree
+    from tieredkv.cache.index.radix_node import RadixNode
+    from tieredkv.cache.index.radix_tree import RadixTree
     from tieredkv.cache.residency.residency import Residency
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ def rebuild_from_disk(tree: RadixTree, disk: DiskStore, residency: Residency) ->
         parent, parent_key = stack.pop()
         for slot, record in children.pop(parent_key, []):
             node = tree.attach(parent, token_bytes(record.tokens), [record.key])
-            node.set_copy(Tier.DISK, [slot])
+            node.residence.set_copy(Tier.DISK, [slot])
             attached.append(node)
             stack.append((node, record.key))
     unreached = [slot for group in children.values() for slot, _ in group]  # key cycles
