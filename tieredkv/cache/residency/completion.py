@@ -53,12 +53,11 @@ def apply_transfer(residency: Residency, ticket: TransferTicket) -> list[Commit]
     return residency.take_commits()
 
 
-def _fail_from(residency: Residency, part: TransferPart, first_bad: int) -> int:
+def _fail_from(residency: Residency, part: TransferPart[RadixNode], first_bad: int) -> int:
     """Pages from `first_bad` on failed verification: commit the head, fail the rest (a miss
     from there). Returns the pages that arrived."""
     if first_bad:
-        node: RadixNode = part.node  # type: ignore[assignment]
-        head = residency.tree.split(node, first_bad)  # `part` keeps the tail
+        head = residency.tree.split(part.node, first_bad)  # `part` keeps the tail
         head_part = head.residence.inflight[part.dst_tier]
         head_part.state = PartState.ARRIVED
         residency.try_commit(head_part)
@@ -66,8 +65,8 @@ def _fail_from(residency: Residency, part: TransferPart, first_bad: int) -> int:
     return first_bad
 
 
-def _fail(residency: Residency, part: TransferPart, bad_record: bool) -> None:
-    node: RadixNode = part.node  # type: ignore[assignment]
+def _fail(residency: Residency, part: TransferPart[RadixNode], bad_record: bool) -> None:
+    node = part.node
     record = node.residence
     record.pop_inflight(part.dst_tier)
     residency.pools.free(part.dst_tier, part.dst_pages)

@@ -53,7 +53,9 @@ class _Ledger:
             self.owner[tier][page] = owner
 
 
-def _live_parts(index: RadixIndex, transfers: Collection[TransferTicket]) -> list[TransferPart]:
+def _live_parts(
+    index: RadixIndex, transfers: Collection[TransferTicket]
+) -> list[TransferPart[RadixNode]]:
     parts = {id(p): p for node in index.tree.iter_nodes() for p in node.residence.inflight.values()}
     for ticket in transfers:
         parts.update({id(p): p for p in ticket.parts if p.state is PartState.DETACHED})

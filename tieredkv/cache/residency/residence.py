@@ -48,7 +48,7 @@ class Residence:
     def __init__(self, node: RadixNode, usage: list[int], arriving: list[int]) -> None:
         self.node = node
         self.copies: dict[Tier, list[int]] = {}  # committed copies: page ids per tier
-        self.inflight: dict[Tier, TransferPart] = {}  # copies on their way, by destination tier
+        self.inflight: dict[Tier, TransferPart[RadixNode]] = {}  # on their way, by destination
         self.pin_count = 0  # pinned prefixes through the node: its host and disk copies stay
         self.stamps = [0] * len(Tier)  # per-tier heap entry versions (lazy deletion)
         # the namespace's committed pages per tier: the root's list, shared by all its records
@@ -129,14 +129,14 @@ class Residence:
         self._ranked(before)
         return pages
 
-    def set_inflight(self, tier: Tier, part: TransferPart) -> None:
+    def set_inflight(self, tier: Tier, part: TransferPart[RadixNode]) -> None:
         before = self.rank()
         if tier not in self.inflight:
             self.arriving[tier] += self.node.num_pages
         self.inflight[tier] = part
         self._ranked(before)
 
-    def pop_inflight(self, tier: Tier) -> TransferPart:
+    def pop_inflight(self, tier: Tier) -> TransferPart[RadixNode]:
         before = self.rank()
         part = self.inflight.pop(tier)
         self.arriving[tier] -= self.node.num_pages

@@ -221,10 +221,10 @@ class Residency:
 
     # --- committing arrived copies --------------------------------------------------------
 
-    def try_commit(self, part: TransferPart) -> None:
+    def try_commit(self, part: TransferPart[RadixNode]) -> None:
         """Commit an arrived copy if its parent's copies allow (else its parent's commit does)."""
-        node: RadixNode = part.node  # type: ignore[assignment]
-        dst, record = part.dst_tier, node.residence
+        node, dst = part.node, part.dst_tier
+        record = node.residence
         if not record.may_commit(dst):
             return  # the parent's copy commits first and then commits this one
         record.pop_inflight(dst)
@@ -261,7 +261,7 @@ class Residency:
         self.pools.free(src, record.pop_copy(src))
         self.refresh(node.parent)
 
-    def doom(self, part: TransferPart) -> None:
+    def doom(self, part: TransferPart[RadixNode]) -> None:
         """Detach a part from its node; its destination is freed now or when it is applied."""
         part.node.residence.pop_inflight(part.dst_tier)
         if part.state is PartState.ARRIVED:

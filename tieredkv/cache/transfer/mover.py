@@ -14,7 +14,7 @@ import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Generic, TypeVar
 
 from tieredkv.cache.tier import STORE_TIERS, Tier
 from tieredkv.cache.transfer.executor import CopyJob, TransferExecutor
@@ -36,15 +36,14 @@ class PartState(enum.Enum):
     DETACHED = "detached"  # no longer its node's: the destination is freed when applied
 
 
-class PartOwner(Protocol):
-    """What a transfer part copies pages for (a node of the index): never read here."""
+NodeT = TypeVar("NodeT")  # what a part copies pages for (a node of the index): never read here
 
 
 @dataclass(eq=False)
-class TransferPart:
+class TransferPart(Generic[NodeT]):
     """One node's pages inside a ticket (`offset` indexes the ticket's page order)."""
 
-    node: PartOwner
+    node: NodeT
     ticket: TransferTicket
     src_tier: Tier
     dst_tier: Tier
@@ -53,7 +52,7 @@ class TransferPart:
     offset: int
     state: PartState = PartState.COPYING
 
-    def split_head(self, num_pages: int, head: PartOwner) -> TransferPart:
+    def split_head(self, num_pages: int, head: NodeT) -> TransferPart[NodeT]:
         """Cut off the first `num_pages` pages as a part of the same ticket for `head`."""
         part = TransferPart(
             head,
@@ -91,7 +90,7 @@ class TransferTicket:
     state: TicketState = TicketState.PENDING
     page_ok: list[bool] | None = None
     error: BaseException | None = None
-    parts: list[TransferPart] = field(default_factory=list)
+    parts: list[TransferPart[Any]] = field(default_factory=list)
     release: list[tuple[Tier, list[int]]] = field(default_factory=list)  # freed when applied
 
     @property
