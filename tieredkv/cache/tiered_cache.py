@@ -40,7 +40,6 @@ from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pins import Pin, PinError, PinRegistry
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
-from tieredkv.cache.pools.tier_pools import TierPools
 from tieredkv.cache.remote.connection import RemoteTimeouts
 from tieredkv.cache.remote.record import RefusalReason
 from tieredkv.cache.remote.remote_tier import RemoteTier
@@ -49,6 +48,7 @@ from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.residency.promotion import Promoter, PromotionTicket
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.executor import (
     CudaStreamTransferExecutor,
     ThreadTransferExecutor,

@@ -1,5 +1,6 @@
 """The cache's imports point one way, from the facade down: no module imports the facade, and
-no import cycle remains among the cache's modules, type-only imports included."""
+no import cycle remains among the cache's modules, nor among its sub-packages (each top-level
+module its own part), type-only imports included."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import ast
 from pathlib import Path
 
 import tieredkv.cache
-from tests.import_graph import find_cycle, package_imports
+from tests.import_graph import find_cycle, package_imports, part_imports
 
+CACHE = "tieredkv.cache"
 CACHE_DIR = Path(tieredkv.cache.__file__).parent
 FACADE = "tieredkv.cache.tiered_cache"
 ON_TOP = {FACADE, "tieredkv.cache.testing"}  # test support builds a facade
@@ -16,13 +18,35 @@ ON_TOP = {FACADE, "tieredkv.cache.testing"}  # test support builds a facade
 
 def cache_imports() -> dict[str, set[str]]:
     """Every cache module and the cache modules it imports (anywhere in its file)."""
-    return package_imports(CACHE_DIR, "tieredkv.cache")
+    return package_imports(CACHE_DIR, CACHE)
+
+
+def cache_part_imports() -> dict[str, set[str]]:
+    """Every part of the cache (a sub-package, or a top-level module) and the parts it
+    imports."""
+    return part_imports(cache_imports(), CACHE)
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_cycle_finder_finds_a_cycle_between_packages() -> None:
+    modules = {
+        "p.a.x": {"p.b.y"},  # a -> b
+        "p.b.y": {"p.tier"},
+        "p.b.z": {"p.a.w"},  # b -> a
+        "p.a.w": {"p.tier"},
+        "p.tier": set(),
+    }
+    assert find_cycle(modules) is None
+    parts = part_imports(modules, "p")
+    assert parts == {"a": {"b", "tier"}, "b": {"a", "tier"}, "tier": set()}
+    assert find_cycle(parts) == ["a", "b", "a"]
+    del modules["p.b.z"]
+    assert find_cycle(part_imports(modules, "p")) is None
 
 
 def test_no_cache_module_imports_the_facade() -> None:
@@ -34,6 +58,12 @@ def test_no_cache_module_imports_the_facade() -> None:
 
 def test_no_import_cycle_among_cache_modules() -> None:
     graph = cache_imports()
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_no_import_cycle_among_cache_sub_packages() -> None:
+    graph = cache_part_imports()
+    assert {"index", "pools", "disk", "remote", "transfer", "residency", "tier"} <= set(graph)
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 

@@ -21,10 +21,10 @@ from typing import Protocol
 from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.index.match_results import MatchResult
 from tieredkv.cache.index.radix_node import RadixNode
-from tieredkv.cache.pools.tier_pools import TierPools
 from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.mover import TransferTicket
 
 

@@ -25,10 +25,10 @@ from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.disk.format import DiskRecord
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
-from tieredkv.cache.pools.tier_pools import TierPools
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, copy_may_leave
 from tieredkv.cache.residency.fair_share import Claim, FairTierHeap, tier_heap
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.mover import (
     Mover,
     PartState,
