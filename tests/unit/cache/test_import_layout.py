@@ -1,6 +1,7 @@
 """The cache's imports point one way, from the facade down: no module imports the facade, and
 no import cycle remains among the cache's modules, nor among its sub-packages (each top-level
-module its own part), type-only imports included."""
+module its own part), type-only imports included. The two stores are peers: neither imports
+the other."""
 
 from __future__ import annotations
 
@@ -65,6 +66,11 @@ def test_no_import_cycle_among_cache_sub_packages() -> None:
     graph = cache_part_imports()
     assert {"index", "pools", "disk", "remote", "transfer", "residency", "tier"} <= set(graph)
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_the_stores_do_not_import_each_other() -> None:
+    graph = cache_part_imports()
+    assert "disk" not in graph["remote"] and "remote" not in graph["disk"], graph
 
 
 def test_sub_packages_have_a_paragraph() -> None:

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
-from tieredkv.cache.disk.format import fingerprint_digest
+from tieredkv.cache.page_record import fingerprint_digest, lz4_block
 from tieredkv.cache.reads_first import ReadsFirst
 from tieredkv.cache.remote.connection import RemoteTimeouts, check_url, connection_errors
 from tieredkv.cache.remote.counters import CounterBox, RemoteCounters
@@ -95,6 +95,8 @@ class RemoteStore:
         check_url(url)
         if compression not in COMPRESSIONS:
             raise ConfigError(f"--remote-compression must be none or lz4, got {compression!r}")
+        if compression == "lz4":
+            lz4_block()  # fail at start, with the fix in the message, if the package is missing
         for name, value in (("page_size", page_size), ("page_bytes", page_bytes)):
             if value <= 0:
                 raise ConfigError(f"remote store {name} must be > 0, got {value}")

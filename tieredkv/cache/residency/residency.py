@@ -22,9 +22,9 @@ from contextlib import contextmanager
 from functools import partial
 
 from tieredkv.cache.cache_metrics import CacheCounters
-from tieredkv.cache.disk.format import DiskRecord
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
+from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, copy_may_leave
 from tieredkv.cache.residency.fair_share import Claim, FairTierHeap, tier_heap
 from tieredkv.cache.tier import Tier
@@ -49,13 +49,13 @@ class Presence(enum.Enum):
     LEAVING = "leaving"  # a committed copy that a demotion in flight frees when applied
 
 
-def page_records(node: RadixNode, tree: RadixTree) -> list[DiskRecord]:
+def page_records(node: RadixNode, tree: RadixTree) -> list[PageRecord]:
     """The disk identity of each page of `node`: key, parent page's key, tokens. The first
     time a page needs its key (`RadixTree.page_keys`)."""
     keys = tree.page_keys(node)
     parents = [tree.parent_key(node), *keys[:-1]]
     return [
-        DiskRecord(key, parent_key, node.page_ids(i, tree.page_size))
+        PageRecord(key, parent_key, node.page_ids(i, tree.page_size))
         for i, (key, parent_key) in enumerate(zip(keys, parents, strict=True))
     ]
 
@@ -182,7 +182,7 @@ class Residency:
         ticket = self.mover.new_ticket(src, dst, num_pages, frees_source)
         dst_pages = self.pools.alloc(dst, num_pages)
         src_pages: list[int] = []
-        records: list[DiskRecord] = []
+        records: list[PageRecord] = []
         for node in nodes:
             offset = len(src_pages)
             part_dst = dst_pages[offset : offset + node.num_pages]

@@ -13,10 +13,10 @@ import redis
 import redis.cluster
 
 from tests.unit.cache.remote.conftest import FINGERPRINT, make_pages
-from tieredkv.cache.disk.format import fingerprint_digest
+from tieredkv.cache.page_record import RAW, fingerprint_digest
 from tieredkv.cache.remote.connection import SOCKET_READ_BYTES, RemoteTimeouts
 from tieredkv.cache.remote.keys import redis_key
-from tieredkv.cache.remote.record import RAW, encode_value
+from tieredkv.cache.remote.record import encode_value
 from tieredkv.cache.remote.store import RemoteStore
 
 FLUSH_S = 10.0
