@@ -41,7 +41,7 @@ from tieredkv.cache.disk.scan import scan_headers
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.page_record import CODECS, PageRecord, lz4_block
 from tieredkv.cache.pools.free_list import PageFreeList, PagePool
-from tieredkv.cache.reads_first import ReadsFirst
+from tieredkv.cache.read_priority import ReadPriority
 from tieredkv.cache.tier import Tier
 from tieredkv.errors import DiskStoreError
 
@@ -125,7 +125,7 @@ class DiskStore(PagePool):
         self._min_chunk_pages = max(MIN_CHUNK_BYTES // opened.superblock.record_bytes, 1)
         self._read_pipeline = ChunkPipeline(IO_THREADS, IO_DEPTH, "tieredkv-disk-read")
         self._write_pipeline = ChunkPipeline(WRITE_IO_THREADS, IO_DEPTH, "tieredkv-disk-write")
-        self.reads_first = ReadsFirst()
+        self.read_priority = ReadPriority()
         logger.info(
             "disk store %s: %d pages of %d B, O_DIRECT %s",
             self.directory,
@@ -185,7 +185,7 @@ class DiskStore(PagePool):
 
         def encode(start: int, end: int) -> tuple[list, bytes]:  # checksums: calling thread
             # waits first: no hashing for a write while a read's verify needs the cores
-            self.reads_first.before_write()
+            self.read_priority.before_write()
             stored = [self._file.encode(row, self.codec) for row in rows[start:end]]
             headers = b"".join(
                 encode_header(header_bytes, codec, r.key, r.parent_key, r.tokens, data)
@@ -195,7 +195,7 @@ class DiskStore(PagePool):
 
         def write(start: int, end: int, encoded: tuple[list, bytes]) -> None:  # I/O thread
             # again here: a chunk encoded before a read began and still queued waits for it
-            self.reads_first.before_write()
+            self.read_priority.before_write()
             self._file.write_payloads(slots[start], rows[start:end], encoded[0])
 
         try:
@@ -258,7 +258,7 @@ class DiskStore(PagePool):
         runs = slot_runs(slots)
         chunks = [chunk for start, length in runs for chunk in self._chunks(start, length)]
         try:
-            with self.reads_first.reading():  # writes wait while a request waits for this
+            with self.read_priority.reading():  # writes wait while a request waits for this
                 for start, length in runs:
                     headers += self._read_headers(slots[start], length)
                 verified = [
