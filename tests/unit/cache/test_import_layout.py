@@ -1,7 +1,7 @@
 """The cache's imports point one way, from the facade down: no module imports the facade, and
 no import cycle remains among the cache's modules, nor among its sub-packages (each top-level
-module its own part), type-only imports included. The two stores are peers: neither imports
-the other."""
+module its own part), type-only imports included. The sub-packages stand in layers, each
+importing only from the layers below it: the two stores are peers, neither imports the other."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ CACHE = "tieredkv.cache"
 CACHE_DIR = Path(tieredkv.cache.__file__).parent
 FACADE = "tieredkv.cache.tiered_cache"
 ON_TOP = {FACADE, "tieredkv.cache.testing"}  # test support builds a facade
+# the sub-packages, lowest first: a sub-package imports only from the layers below its own
+LAYERS = ({"index", "pools"}, {"disk", "remote"}, {"transfer"}, {"residency"})
 
 
 def cache_imports() -> dict[str, set[str]]:
@@ -68,9 +70,12 @@ def test_no_import_cycle_among_cache_sub_packages() -> None:
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 
-def test_the_stores_do_not_import_each_other() -> None:
+def test_sub_packages_import_only_the_layers_below() -> None:
     graph = cache_part_imports()
-    assert "disk" not in graph["remote"] and "remote" not in graph["disk"], graph
+    for level, layer in enumerate(LAYERS):
+        not_below = set().union(*LAYERS[level:])
+        for package in layer:
+            assert not graph[package] & not_below, (package, sorted(graph[package] & not_below))
 
 
 def test_sub_packages_have_a_paragraph() -> None:
