@@ -7,6 +7,6 @@ backoff); `link` the client and its health; `connection` opening a single-server
 client and the budgets (`RemoteTimeouts`); `record` the self-describing, checksummed value a
 page is stored as (pure); `keys` the Redis key names (a prefix and the page key's hex, so no
 name reveals a token); `password` where the password comes from (a file or the environment,
-never the command line); `counters` the store's counters. The store's own eviction
-(`maxmemory`) bounds it; tieredkv never deletes.
+never the command line). The store's counters live with the cache's (`cache.metrics`). The
+store's own eviction (`maxmemory`) bounds it; tieredkv never deletes.
 """

@@ -25,13 +25,14 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from tieredkv.cache.disk.format import fingerprint_digest
+from tieredkv.cache.metrics import CounterBox, RemoteCounters
 from tieredkv.cache.reads_first import ReadsFirst
 from tieredkv.cache.remote.connection import RemoteTimeouts, check_url, connection_errors
-from tieredkv.cache.remote.counters import CounterBox, RemoteCounters
 from tieredkv.cache.remote.keys import redis_key
 from tieredkv.cache.remote.link import RemoteLink
 from tieredkv.cache.remote.record import (
     COMPRESSIONS,
+    RefusalReason,
     RemotePage,
     decode_value,
     max_value_bytes,
@@ -102,7 +103,7 @@ class RemoteStore:
         self.page_bytes = page_bytes
         self.timeouts = timeouts or RemoteTimeouts()
         self._digest = fingerprint_digest(fingerprint)
-        self._counters = CounterBox()
+        self._counters = CounterBox(reason.value for reason in RefusalReason)
         self._link = RemoteLink(url, password, self.timeouts)
         self.reads_first = ReadsFirst()
         self._writer = RemoteWriter(
@@ -141,7 +142,7 @@ class RemoteStore:
     def lookup(self, keys: Sequence[bytes]) -> int:
         """How many leading `keys` the store holds: one pipelined EXISTS round trip (one per
         cluster node holding them). 0 when degraded, failed or over budget."""
-        self._counters.add(lookups=1)
+        self._counters.on_lookup()
         if not keys:
             return 0
         return self._call(lambda client: self._leading(client, keys), 0, self.timeouts.lookup_s)
@@ -159,7 +160,7 @@ class RemoteStore:
         self._call(lambda client: self._get_into(client, keys, delivery), None, budget_s)
         delivered = delivery.close()
         found = sum(delivered)
-        self._counters.add(hits=found, misses=len(keys) - found)
+        self._counters.on_fetch(found, len(keys) - found)
         return delivered
 
     def fetch(self, keys: Sequence[bytes]) -> list[bytes | None]:
@@ -203,10 +204,10 @@ class RemoteStore:
                 return future.result(timeout=budget_s)  # SYNC: bounded by the call's budget
         except FutureTimeout:
             future.cancel()
-            self._counters.add(errors=1)
+            self._counters.on_call_failed()
             self._link.mark_degraded(f"a call ran past its {budget_s * 1e3:.0f} ms budget")
         except connection_errors() as error:
-            self._counters.add(errors=1)
+            self._counters.on_call_failed()
             self._link.mark_degraded(error)
         return nothing
 
@@ -243,7 +244,7 @@ class RemoteStore:
             if pool is None or not self._read_replies(pool, names, on_value):
                 self._pipelined_gets(client, names, on_value)
         finally:
-            self._counters.add(bytes_in=received)
+            self._counters.on_bytes_read(received)
             self._writer.forget(missing)  # evicted (or never written): write it again when put
 
     def _pipelined_gets(
@@ -297,5 +298,5 @@ class RemoteStore:
     def _verify(self, key: bytes, value: bytes | memoryview) -> memoryview | None:
         result = decode_value(value, key, self._digest, self.page_size, self.page_bytes)
         if result.refused is not None:
-            self._counters.refuse(result.refused)
+            self._counters.on_refused(result.refused.value)
         return result.data
