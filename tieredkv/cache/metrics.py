@@ -3,12 +3,13 @@
 
 Every event is recorded by an `on_<event>` method; `CounterBox.snapshot()` reads the remote
 totals. The engine's metrics mirror them (docs/operations.md, "Metrics"):
-  hit_tokens       cache_hit_tokens_total{tier}
   transfer_bytes   transfer_bytes_total{from_tier,to_tier} (write-through included)
   evicted_pages    evicted_pages_total{tier,action}: "demoted" iff a copy remains lower
   refused, errors  remote_page_errors_total{reason} (through `TieredCache.remote_page_errors()`)
 Disk page errors come from the store (`TieredCache.disk_page_errors()`), used and capacity
 bytes from the pools (`TieredCache.tier_used_bytes()` / `tier_capacity_bytes()`).
+`hit_tokens` counts every promotion, a preempted request's re-admission included; the engine
+exports what requests report at their first admission instead (`cache_hit_tokens_total`).
 """
 
 from __future__ import annotations

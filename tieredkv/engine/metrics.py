@@ -202,9 +202,8 @@ class EngineMetrics:
         remote_page_errors: Mapping[str, int],
     ) -> None:
         """Mirror the cache's own monotonic counters (once per step, on the engine thread:
-        `cache.counters`, `cache.disk_page_errors()`, `cache.remote_page_errors()`)."""
-        for tier, tokens in counters.hit_tokens.items():
-            self.cache_hit_tokens.set_total(tokens, tier=tier.label)
+        `cache.counters`, `cache.disk_page_errors()`, `cache.remote_page_errors()`); not its
+        hit tokens, which count a preempted request's re-admission again (`set_hit_tokens`)."""
         for (src, dst), num_bytes in counters.transfer_bytes.items():
             self.transfer_bytes.set_total(num_bytes, from_tier=src.label, to_tier=dst.label)
         for (tier, action), pages in counters.evicted_pages.items():

@@ -163,8 +163,9 @@ def test_set_cache_totals_and_tier_bytes_mirror_the_cache_counters_and_sizes():
     for _ in range(2):  # a total, not an increment
         metrics.set_cache_totals(counters, errors, remote_errors)
         metrics.set_tier_bytes(used, capacity)
+        metrics.set_hit_tokens({Tier.HOST: 48})
     _, _, s = parse(metrics.render())
-    assert s["tieredkv_cache_hit_tokens_total", frozenset({("tier", "host")})] == 64
+    assert s["tieredkv_cache_hit_tokens_total", frozenset({("tier", "host")})] == 48
     pair = frozenset({("from_tier", "host"), ("to_tier", "device")})
     assert s["tieredkv_transfer_bytes_total", pair] == 4096
     demoted = frozenset({("tier", "device"), ("action", "demoted")})
