@@ -134,7 +134,7 @@ class EngineMetrics:
             "queue order, admission, page reservation, computed pages inserted.",
         )
 
-    # -- events -------------------------------------------------------------------------------
+    # -- events ------------------------------------------------------------------------------------
 
     def on_request_arrived(self, num_prompt_tokens: int) -> None:
         self.prompt_tokens.inc(num_prompt_tokens)
@@ -182,7 +182,7 @@ class EngineMetrics:
         if reason is not FinishReason.ERROR:
             self.request_success.inc(finished_reason=reason.value)
 
-    # -- gauges and totals kept elsewhere ---------------------------------------------------
+    # -- gauges and totals kept elsewhere ----------------------------------------------------------
 
     def set_queue_sizes(self, num_running: int, num_waiting: int) -> None:
         self.requests_running.set(num_running)
@@ -218,13 +218,13 @@ class EngineMetrics:
         for tier, tokens in hit_tokens.items():
             self.cache_hit_tokens.set_total(tokens, tier=tier.label)
 
-    # -- called by the server ------------------------------------------------------------------
+    # -- called by the server ----------------------------------------------------------------------
 
     def render(self) -> str:
         """The Prometheus text exposition (format 0.0.4) of every metric."""
         return self.registry.render()
 
-    # -- declaration helpers -------------------------------------------------------------------
+    # -- declaration helpers -----------------------------------------------------------------------
 
     def _counter(
         self,
