@@ -7,5 +7,6 @@ eviction, demotion, promotion) over `transfer` (tickets, executors, copy jobs), 
 stores, `disk` and `remote` (peers: neither imports the other), over `index` (the tree,
 match/insert, locks) and `pools` (the device and host tiers' memory). `tier_pools` maps each
 enabled tier to its pool, stores included, for residency and the facade. `tier` and
-`page_layout` are shared by all.
+`page_layout` are shared by all; `metrics` holds the counters residency and the remote store
+record into.
 """

@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 import torch
 
 from tieredkv.cache.cache_handle import CacheHandle
-from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.store import DiskStore
@@ -36,6 +35,7 @@ from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.index.token_run import TokenSequence, packed_bytes
 from tieredkv.cache.integrity import IntegrityResult, check_integrity
+from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pins import Pin, PinError, PinRegistry
 from tieredkv.cache.pools.device_pool import DevicePool

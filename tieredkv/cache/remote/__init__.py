@@ -9,7 +9,7 @@ single-server or cluster client and the budgets (`RemoteTimeouts`); `get_replies
 fetch's GET replies off the socket into one reused buffer; `record` the self-describing value a
 page is stored as (pure; the codecs and checksum are `page_record`'s); `keys` the Redis key
 names (a prefix and the page key's hex, so no name reveals a token); `password` where the
-password comes from (a file or the environment, never the command line); `counters` the store's
-counters. Imports nothing from `disk`. The store's own eviction (`maxmemory`) bounds it;
-tieredkv never deletes.
+password comes from (a file or the environment, never the command line). The store's counters
+live with the cache's (`cache.metrics`). Imports nothing from `disk`. The store's own eviction
+(`maxmemory`) bounds it; tieredkv never deletes.
 """

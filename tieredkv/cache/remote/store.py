@@ -24,15 +24,16 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
+from tieredkv.cache.metrics import CounterBox, RemoteCounters
 from tieredkv.cache.page_record import fingerprint_digest, lz4_block
 from tieredkv.cache.read_priority import ReadPriority
 from tieredkv.cache.remote.client import RemoteClient
 from tieredkv.cache.remote.connection import RemoteTimeouts, check_url, connection_errors
-from tieredkv.cache.remote.counters import CounterBox, RemoteCounters
 from tieredkv.cache.remote.get_replies import ReplyStream, read_get_replies
 from tieredkv.cache.remote.keys import redis_key
 from tieredkv.cache.remote.record import (
     COMPRESSIONS,
+    RefusalReason,
     RemotePage,
     decode_value,
     max_value_bytes,
@@ -104,7 +105,7 @@ class RemoteStore:
         self.page_bytes = page_bytes
         self.timeouts = timeouts or RemoteTimeouts()
         self._digest = fingerprint_digest(fingerprint)
-        self._counters = CounterBox()
+        self._counters = CounterBox(reason.value for reason in RefusalReason)
         self._client = RemoteClient(url, password, self.timeouts)
         self.read_priority = ReadPriority()
         self._writer = RemoteWriter(
@@ -143,7 +144,7 @@ class RemoteStore:
     def lookup(self, keys: Sequence[bytes]) -> int:
         """How many leading `keys` the store holds: one pipelined EXISTS round trip (one per
         cluster node holding them). 0 when degraded, failed or over budget."""
-        self._counters.add(lookups=1)
+        self._counters.on_lookup()
         if not keys:
             return 0
         return self._call(lambda client: self._leading(client, keys), 0, self.timeouts.lookup_s)
@@ -161,7 +162,7 @@ class RemoteStore:
         self._call(lambda client: self._get_into(client, keys, delivery), None, budget_s)
         delivered = delivery.close()
         found = sum(delivered)
-        self._counters.add(hits=found, misses=len(keys) - found)
+        self._counters.on_fetch(found, len(keys) - found)
         return delivered
 
     def fetch(self, keys: Sequence[bytes]) -> list[bytes | None]:
@@ -205,10 +206,10 @@ class RemoteStore:
                 return future.result(timeout=budget_s)  # SYNC: bounded by the call's budget
         except FutureTimeout:
             future.cancel()
-            self._counters.add(errors=1)
+            self._counters.on_call_failed()
             self._client.mark_degraded(f"a call ran past its {budget_s * 1e3:.0f} ms budget")
         except connection_errors() as error:
-            self._counters.add(errors=1)
+            self._counters.on_call_failed()
             self._client.mark_degraded(error)
         return nothing
 
@@ -245,7 +246,7 @@ class RemoteStore:
             if pool is None or not self._read_replies(pool, names, on_value):
                 self._pipelined_gets(client, names, on_value)
         finally:
-            self._counters.add(bytes_in=received)
+            self._counters.on_bytes_read(received)
             self._writer.forget(missing)  # evicted (or never written): write it again when put
 
     def _pipelined_gets(
@@ -299,5 +300,5 @@ class RemoteStore:
     def _verify(self, key: bytes, value: bytes | memoryview) -> memoryview | None:
         result = decode_value(value, key, self._digest, self.page_size, self.page_bytes)
         if result.refused is not None:
-            self._counters.refuse(result.refused)
+            self._counters.on_refused(result.refused.value)
         return result.data

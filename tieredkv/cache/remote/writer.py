@@ -18,10 +18,10 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
+from tieredkv.cache.metrics import CounterBox
 from tieredkv.cache.read_priority import ReadPriority
 from tieredkv.cache.remote.client import RemoteClient
 from tieredkv.cache.remote.connection import RemoteTimeouts, connection_errors
-from tieredkv.cache.remote.counters import CounterBox
 from tieredkv.cache.remote.keys import redis_key
 from tieredkv.cache.remote.record import RemotePage, encode_value
 
@@ -81,7 +81,7 @@ class RemoteWriter:
                     self._pending.append(page)
                     self._queued.add(page.key)
             self._cond.notify_all()
-        self._counters.add(dedup_skips=skipped, dropped_writes=dropped)
+        self._counters.on_put(skipped, dropped)
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every queued page is written or dropped; False on timeout."""
@@ -154,7 +154,7 @@ class RemoteWriter:
                 pipe.set(names[i], value, nx=True)
             results = pipe.execute(raise_on_error=False) if missing else []
         except connection_errors() as error:
-            self._counters.add(errors=1, dropped_writes=len(batch))
+            self._counters.on_batch_failed(len(batch))
             self._client.mark_degraded(error)
             return
         failed = [r for r in results if isinstance(r, Exception)]
@@ -162,13 +162,8 @@ class RemoteWriter:
             log.warning("remote store refused %d writes: %s", len(failed), failed[0])
         written = sum(r is True for r in results)
         nbytes = sum(len(v) for v, r in zip(values, results, strict=True) if r is True)
-        self._counters.add(
-            writes=written,
-            dedup_skips=len(batch) - len(missing) + sum(r is None for r in results),
-            dropped_writes=len(failed),
-            errors=1 if failed else 0,
-            bytes_out=nbytes,
-        )
+        skipped = len(batch) - len(missing) + sum(r is None for r in results)
+        self._counters.on_batch_written(written, skipped, len(failed), nbytes)
         ok = [batch[i].key for i, found in enumerate(present) if found]
         stored = zip(missing, results, strict=True)
         ok += [batch[i].key for i, result in stored if not isinstance(result, Exception)]

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 
-from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
+from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, copy_may_leave
 from tieredkv.cache.residency.fair_share import Claim, FairTierHeap, tier_heap
@@ -225,8 +225,8 @@ class Residency:
             self._try_commit(part)
         ticket.state = TicketState.FAILED if failed else TicketState.DONE
         ticket.completed_at = self.clock()
-        self.counters.transfer_bytes[ticket.src_tier, ticket.dst_tier] += (
-            arrived_pages * self.pools.layout.page_bytes
+        self.counters.on_transfer(
+            ticket.src_tier, ticket.dst_tier, arrived_pages * self.pools.layout.page_bytes
         )
         for tier, pages in ticket.release:
             self.pools.free(tier, pages)
@@ -263,7 +263,7 @@ class Residency:
             return
         if not copy_may_leave(node, src):
             return
-        self.counters.count_eviction(src, node.num_pages, demoted=True)
+        self.counters.on_eviction(src, node.num_pages, demoted=True)
         self.pools.free(src, node.pop_copy(src))
         self.refresh(node.parent)
 
@@ -311,7 +311,7 @@ class Residency:
         else:
             self.pools.free(tier, pages)
         if count_as is not None:
-            self.counters.count_eviction(tier, len(pages), demoted=count_as)
+            self.counters.on_eviction(tier, len(pages), demoted=count_as)
 
     def enforce_closure(self, node: RadixNode) -> None:
         """Detach or free whatever below `node` the closure invariants no longer allow."""
