@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 import torch
 
 from tieredkv.cache.cache_handle import CacheHandle
-from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.store import DiskStore
@@ -34,11 +33,11 @@ from tieredkv.cache.index.page_key import chain_packed_keys
 from tieredkv.cache.index.radix_index import RadixIndex
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.index.token_run import TokenSequence, packed_bytes
+from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pins import Pin, PinError, PinRegistry
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
-from tieredkv.cache.pools.tier_pools import TierPools
 from tieredkv.cache.remote.connection import RemoteTimeouts
 from tieredkv.cache.remote.record import RefusalReason
 from tieredkv.cache.remote.remote_tier import RemoteTier
@@ -51,6 +50,7 @@ from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.residency.warm_restart import rebuild_from_disk
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.executor import (
     CudaStreamTransferExecutor,
     ThreadTransferExecutor,

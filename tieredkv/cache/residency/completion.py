@@ -43,8 +43,8 @@ def apply_transfer(residency: Residency, ticket: TransferTicket) -> list[Commit]
         residency.try_commit(part)
     ticket.state = TicketState.FAILED if failed else TicketState.DONE
     ticket.completed_at = residency.clock()
-    residency.counters.transfer_bytes[ticket.src_tier, ticket.dst_tier] += (
-        arrived_pages * pools.layout.page_bytes
+    residency.counters.on_transfer(
+        ticket.src_tier, ticket.dst_tier, arrived_pages * pools.layout.page_bytes
     )
     for tier, pages in ticket.release:
         pools.free(tier, pages)

@@ -21,27 +21,27 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 
-from tieredkv.cache.cache_metrics import CacheCounters
-from tieredkv.cache.disk.format import DiskRecord
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
-from tieredkv.cache.pools.tier_pools import TierPools
+from tieredkv.cache.metrics import CacheCounters
+from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, copy_may_leave
 from tieredkv.cache.residency.fair_share import Claim, FairTierHeap, tier_heap
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.mover import Mover, PartState, TransferPart, TransferTicket
 from tieredkv.cache.transfer.page_copier import PageCopier
 
 Commit = tuple[RadixNode, Tier]  # a copy committed in a tier
 
 
-def page_records(node: RadixNode, tree: RadixTree) -> list[DiskRecord]:
+def page_records(node: RadixNode, tree: RadixTree) -> list[PageRecord]:
     """The disk identity of each page of `node`: key, parent page's key, tokens. The first
     time a page needs its key (`RadixTree.page_keys`)."""
     keys = tree.page_keys(node)
     parents = [tree.parent_key(node), *keys[:-1]]
     return [
-        DiskRecord(key, parent_key, node.page_ids(i, tree.page_size))
+        PageRecord(key, parent_key, node.page_ids(i, tree.page_size))
         for i, (key, parent_key) in enumerate(zip(keys, parents, strict=True))
     ]
 
@@ -203,7 +203,7 @@ class Residency:
         ticket = self.mover.new_ticket(src, dst, num_pages, frees_source)
         dst_pages = self.pools.alloc(dst, num_pages)
         src_pages: list[int] = []
-        records: list[DiskRecord] = []
+        records: list[PageRecord] = []
         for node in nodes:
             offset = len(src_pages)
             part_dst = dst_pages[offset : offset + node.num_pages]
@@ -257,7 +257,7 @@ class Residency:
             return
         if not copy_may_leave(record, src):
             return
-        self.counters.count_eviction(src, node.num_pages, demoted=True)
+        self.counters.on_eviction(src, node.num_pages, demoted=True)
         self.pools.free(src, record.pop_copy(src))
         self.refresh(node.parent)
 
@@ -284,7 +284,7 @@ class Residency:
         else:
             self.pools.free(tier, pages)
         if count_as is not None:
-            self.counters.count_eviction(tier, len(pages), demoted=count_as)
+            self.counters.on_eviction(tier, len(pages), demoted=count_as)
 
     def enforce_closure(self, node: RadixNode) -> None:
         """Detach or free whatever below `node` the closure invariants no longer allow."""
