@@ -42,9 +42,9 @@ from tieredkv.cache.remote.connection import RemoteTimeouts
 from tieredkv.cache.remote.record import RefusalReason
 from tieredkv.cache.remote.remote_tier import RemoteTier
 from tieredkv.cache.remote.store import RemoteStore
-from tieredkv.cache.residency.completion import apply_transfer
 from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.residency.integrity import IntegrityResult, check_integrity
+from tieredkv.cache.residency.node_transfers import NodeTransfers
 from tieredkv.cache.residency.promotion import Promoter, PromotionTicket
 from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.residency.residency import Residency
@@ -134,18 +134,13 @@ class TieredCache:
             clock,
         )
         self.residency = Residency(
-            self.tree,
-            self.pools,
-            self.copier,
-            self.mover,
-            self.counters,
-            clock,
-            namespace_share=config.namespace_share,
+            self.tree, self.pools, self.counters, namespace_share=config.namespace_share
         )
+        self.transfers = NodeTransfers(self.residency, self.copier, self.mover, clock)
         self.index = RadixIndex(self.tree, fingerprint, config.enable_prefix_reuse, self.residency)
-        self.demoter = Demoter(self.pools, self.residency)
+        self.demoter = Demoter(self.pools, self.residency, self.transfers)
         self.promoter = Promoter(
-            self.pools, self.residency, self.demoter, self.index, self.counters, clock
+            self.residency, self.transfers, self.demoter, self.index, self.counters, clock
         )
         if disk is not None:
             rebuild_from_disk(self.tree, disk, self.residency)
@@ -304,7 +299,7 @@ class TieredCache:
         finished: list[PromotionTicket] = []
         committed = []
         for ticket in self.mover.drain():
-            committed += apply_transfer(self.residency, ticket)
+            committed += self.transfers.apply(ticket)
             finished.extend(self.promoter.transfer_applied(ticket))
         if start_write_through and self.write_policy is WritePolicy.WRITE_THROUGH:
             for node, tier in committed:
@@ -402,7 +397,7 @@ class TieredCache:
         policy): the path's device pages that have no remote copy yet start towards it."""
         missing = self.residency.path_missing(node, Tier.DEVICE, Tier.REMOTE)
         if missing and self.demoter.make_room(Tier.REMOTE, sum(n.num_pages for n in missing)):
-            self.residency.start_copy(missing, Tier.REMOTE, frees_source=False)
+            self.transfers.start_copy(missing, Tier.REMOTE, frees_source=False)
 
     # --- inspection ------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.residency.eviction import copy_may_leave
 from tieredkv.cache.residency.fair_share import Claim
+from tieredkv.cache.residency.node_transfers import NodeTransfers
 from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.tier import Tier
@@ -32,9 +33,10 @@ from tieredkv.cache.tier_pools import TierPools
 class Demoter:
     """Frees pages in a tier on demand (engine thread only)."""
 
-    def __init__(self, pools: TierPools, residency: Residency) -> None:
+    def __init__(self, pools: TierPools, residency: Residency, transfers: NodeTransfers) -> None:
         self.pools = pools
         self.residency = residency
+        self.transfers = transfers
 
     def make_room(self, tier: Tier, count: int, claimant: bytes | None = None) -> bool:
         """Try to have `count` free pages in `tier` now; `claimant`: the namespace root key of
@@ -44,7 +46,7 @@ class Demoter:
         free their pages when applied, see `TieredCache.poll`). True if `count` are free now."""
         pools, residency = self.pools, self.residency
         claim = Claim(claimant, count) if claimant is not None else None
-        while (needed := count - pools.num_free(tier) - residency.pending_free(tier)) > 0:
+        while (needed := count - pools.num_free(tier) - self.transfers.pending_free(tier)) > 0:
             node = residency.pop_evictable(tier, claim)
             if node is None:
                 break
@@ -79,10 +81,10 @@ class Demoter:
                     break  # its copy there is too low for its children: drop below instead
                 if self.copy_down(node, lower, frees_source=True):
                     return True
-                if self.residency.pending_free(lower):
+                if self.transfers.pending_free(lower):
                     return False  # room is on its way there: wait for it
                 lower = self.pools.lower(lower)
-            if self.residency.transfers_in_flight() and self._drop_loses_pages(record, tier):
+            if self.transfers.in_flight() and self._drop_loses_pages(record, tier):
                 return False  # transfers in flight will change what can move: wait, lose nothing
         # demoted iff a copy remains below (a clean lower copy that was too low for children);
         # copies below that relied on this one go too
@@ -115,8 +117,8 @@ class Demoter:
                 if not self.make_room(lower, num_pages, claimant=node.root_key):
                     return False
         if len(chain) > 1:
-            self.residency.start_copy(chain[:-1], lower, frees_source=False)
-        self.residency.start_copy([node], lower, frees_source=frees_source)
+            self.transfers.start_copy(chain[:-1], lower, frees_source=False)
+        self.transfers.start_copy([node], lower, frees_source=frees_source)
         return True
 
     def write_through(self, node: RadixNode, tier: Tier) -> None:

@@ -22,9 +22,9 @@ from tieredkv.cache.index.match_results import MatchResult
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.residency.demotion import Demoter
+from tieredkv.cache.residency.node_transfers import NodeTransfers
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.mover import TransferTicket
 
 
@@ -150,15 +150,16 @@ class Promoter:
 
     def __init__(
         self,
-        pools: TierPools,
         residency: Residency,
+        transfers: NodeTransfers,
         demoter: Demoter,
         locks: PathLocks,
         counters: CacheCounters,
         clock: Callable[[], float],
     ) -> None:
-        self.pools = pools
+        self.pools = residency.pools
         self.residency = residency
+        self.transfers = transfers
         self.demoter = demoter
         self.locks = locks
         self.counters = counters
@@ -180,7 +181,7 @@ class Promoter:
             self.locks.unlock(match.last_node)
             return None
         ticket.staged = plan.staged_pages > 0
-        started = self.residency.start_copy(plan.needed, Tier.DEVICE, frees_source=False)
+        started = self.transfers.start_copy(plan.needed, Tier.DEVICE, frees_source=False)
         self._wait_for(ticket, [*started, *plan.shared.values(), *plan.prefetches.values()])
         ticket.planned_pages = planned_device_pages(path, match.num_pages)
         if not ticket.waiting_on:
@@ -204,7 +205,7 @@ class Promoter:
         num_pages = sum(node.num_pages for node in needed)
         if num_pages and not self.demoter.make_room(Tier.DEVICE, num_pages):
             needed = []  # the room made at admission was taken since: the rest is computed
-        started = self.residency.start_copy(needed, Tier.DEVICE, frees_source=False)
+        started = self.transfers.start_copy(needed, Tier.DEVICE, frees_source=False)
         self._wait_for(ticket, [*started, *plan.shared.values()])
 
     def transfer_applied(self, transfer: TransferTicket) -> list[PromotionTicket]:
@@ -273,6 +274,6 @@ class Promoter:
             num_pages, claimant = sum(n.num_pages for n in chosen), chosen[0].root_key
             if not self.demoter.make_room(Tier.HOST, num_pages, claimant):
                 return []
-            return self.residency.start_copy(chosen, Tier.HOST, frees_source=False)
+            return self.transfers.start_copy(chosen, Tier.HOST, frees_source=False)
         finally:
             self.locks.unlock(match.last_node)

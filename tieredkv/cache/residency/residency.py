@@ -1,4 +1,4 @@
-"""Residency: which tiers hold each node's pages, and the transfers that change it.
+"""Residency: which tiers hold each node's pages, and the rules every change keeps.
 
 Rules kept here (engine thread only):
   - A copy is committed only after its parent has a committed copy in the same or a faster
@@ -11,68 +11,49 @@ Rules kept here (engine thread only):
     that tier (unlocked, no child needing it); otherwise the source stays as the serving copy.
 
 Each node's record (`residence.Residence`, `node.residence`) keeps its copies and transfers;
-this layer alone reads it. Applying a finished transfer is `completion`'s. Demotion and
-promotion use it through its methods.
+this layer alone reads it. Starting transfers and applying their outcomes is
+`node_transfers`'s; demotion and promotion use both through their methods.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.metrics import CacheCounters
-from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, copy_may_leave
 from tieredkv.cache.residency.fair_share import Claim, FairTierHeap, tier_heap
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tier_pools import TierPools
-from tieredkv.cache.transfer.mover import Mover, PartState, TransferPart, TransferTicket
-from tieredkv.cache.transfer.page_copier import PageCopier
+from tieredkv.cache.transfer.mover import PartState, TransferPart
 
 Commit = tuple[RadixNode, Tier]  # a copy committed in a tier
 
 
-def page_records(node: RadixNode, tree: RadixTree) -> list[PageRecord]:
-    """The disk identity of each page of `node`: key, parent page's key, tokens. The first
-    time a page needs its key (`RadixTree.page_keys`)."""
-    keys = tree.page_keys(node)
-    parents = [tree.parent_key(node), *keys[:-1]]
-    return [
-        PageRecord(key, parent_key, node.page_ids(i, tree.page_size))
-        for i, (key, parent_key) in enumerate(zip(keys, parents, strict=True))
-    ]
-
-
 class Residency:
-    """Starts transfers, applies their completions and keeps the per-tier heaps current."""
+    """Commits and drops nodes' copies, keeps the per-tier heaps current, takes what the
+    index reports (`TreeEvents`) and pins."""
 
     def __init__(
         self,
         tree: RadixTree,
         pools: TierPools,
-        copier: PageCopier,
-        mover: Mover,
         counters: CacheCounters,
-        clock: Callable[[], float],
         namespace_share: float | None = None,
     ) -> None:
         """`namespace_share`: each namespace's share of the device and host tiers when they
         make room (`fair_share`; None: an equal part among the namespaces holding pages)."""
         self.tree = tree
         self.pools = pools
-        self.copier = copier
-        self.mover = mover
         self.counters = counters
-        self.clock = clock
         self._policy = LruEvictionPolicy()
         self._heaps = {
             tier: tier_heap(tier, tree.roots, partial(pools.num_pages, tier), namespace_share)
             for tier in Tier
         }
-        self._pending_free = dict.fromkeys(Tier, 0)  # source pages in-flight demotions free
         self._commits: list[Commit] = []  # since the last `take_commits`
 
     # --- what is where ---------------------------------------------------------------------
@@ -95,17 +76,6 @@ class Residency:
     def namespace_usage(self, root: RadixNode) -> list[int]:
         """The committed pages per tier of the namespace rooted at `root` (index by tier)."""
         return root.residence.usage
-
-    def pending_free(self, tier: Tier) -> int:
-        """Pages of `tier` that demotions in flight free when applied."""
-        return self._pending_free[tier]
-
-    def demotion_applied(self, src: Tier, num_pages: int) -> None:
-        """A demotion's `num_pages` source pages in `src` are no longer pending."""
-        self._pending_free[src] -= num_pages
-
-    def transfers_in_flight(self) -> bool:
-        return bool(self.mover.in_flight)
 
     # --- heaps -----------------------------------------------------------------------------
 
@@ -178,46 +148,6 @@ class Residency:
         finally:
             for changed in self.tree.lock_path(node, -1):
                 self.refresh(changed)
-
-    # --- starting transfers ----------------------------------------------------------------
-
-    def start_copy(
-        self, nodes: list[RadixNode], dst: Tier, frees_source: bool
-    ) -> list[TransferTicket]:
-        """Copy each node's fastest committed copy to `dst` (room must already be free); a
-        demotion (`frees_source`) frees each source when applied.
-
-        One ticket per source tier; nodes keep their order (parents first)."""
-        by_source: dict[Tier, list[RadixNode]] = {}
-        for node in nodes:
-            record = node.residence
-            source = record.fastest_copy()
-            assert source is not None and source != dst and dst not in record.inflight, node
-            by_source.setdefault(source, []).append(node)
-        return [self._submit(src, dst, group, frees_source) for src, group in by_source.items()]
-
-    def _submit(
-        self, src: Tier, dst: Tier, nodes: list[RadixNode], frees_source: bool
-    ) -> TransferTicket:
-        num_pages = sum(node.num_pages for node in nodes)
-        ticket = self.mover.new_ticket(src, dst, num_pages, frees_source)
-        dst_pages = self.pools.alloc(dst, num_pages)
-        src_pages: list[int] = []
-        records: list[PageRecord] = []
-        for node in nodes:
-            offset = len(src_pages)
-            part_dst = dst_pages[offset : offset + node.num_pages]
-            record = node.residence
-            part = TransferPart(node, ticket, src, dst, list(record.copies[src]), part_dst, offset)
-            record.set_inflight(dst, part)
-            ticket.parts.append(part)
-            src_pages.extend(part.src_pages)
-            if src.is_store or dst.is_store:
-                records.extend(page_records(node, self.tree))
-        if frees_source:
-            self._pending_free[src] += num_pages
-        self.mover.submit(ticket, self.copier.job(src, dst, src_pages, dst_pages, records))
-        return ticket
 
     # --- committing arrived copies --------------------------------------------------------
 

@@ -1,0 +1,170 @@
+"""`NodeTransfers`: copying nodes' pages between tiers, and applying each copy's outcome.
+
+Starting: each node's fastest committed copy is copied to the destination tier, one mover
+ticket per source tier, nodes in path order (parents first); each node's part of a ticket is
+its transfer in flight (`Residence.inflight`). A demotion (`frees_source`) counts its source
+pages as pending free until applied.
+
+Applying (engine thread, `TieredCache.poll`): a part whose pages arrived intact commits as soon
+as its parent's copy allows (`Residency.try_commit`; else when the parent commits). A failed
+copy frees its destination; a page that failed verification commits the pages before it and
+fails the rest (a miss from there), and a bad store record or a remote page gone loses that
+source copy too. Whatever relied on what was lost is detached or freed
+(`Residency.enforce_closure`), so the closure invariants hold after every completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.index.radix_tree import RadixTree
+from tieredkv.cache.page_record import PageRecord
+from tieredkv.cache.residency.residency import Commit, Residency
+from tieredkv.cache.tier import Tier
+from tieredkv.cache.transfer.mover import (
+    Mover,
+    PartState,
+    TicketState,
+    TransferPart,
+    TransferTicket,
+)
+from tieredkv.cache.transfer.page_copier import PageCopier
+
+
+def page_records(node: RadixNode, tree: RadixTree) -> list[PageRecord]:
+    """The disk identity of each page of `node`: key, parent page's key, tokens. The first
+    time a page needs its key (`RadixTree.page_keys`)."""
+    keys = tree.page_keys(node)
+    parents = [tree.parent_key(node), *keys[:-1]]
+    return [
+        PageRecord(key, parent_key, node.page_ids(i, tree.page_size))
+        for i, (key, parent_key) in enumerate(zip(keys, parents, strict=True))
+    ]
+
+
+class NodeTransfers:
+    """Starts copies of nodes between tiers and applies the finished ones (engine thread)."""
+
+    def __init__(
+        self,
+        residency: Residency,
+        copier: PageCopier,
+        mover: Mover,
+        clock: Callable[[], float],
+    ) -> None:
+        self.residency = residency
+        self.pools = residency.pools
+        self.copier = copier
+        self.mover = mover
+        self.clock = clock
+        self._pending_free = dict.fromkeys(Tier, 0)  # source pages in-flight demotions free
+
+    def pending_free(self, tier: Tier) -> int:
+        """Pages of `tier` that demotions in flight free when applied."""
+        return self._pending_free[tier]
+
+    def in_flight(self) -> bool:
+        """Transfers started and not applied yet?"""
+        return bool(self.mover.in_flight)
+
+    # --- starting --------------------------------------------------------------------------
+
+    def start_copy(
+        self, nodes: list[RadixNode], dst: Tier, frees_source: bool
+    ) -> list[TransferTicket]:
+        """Copy each node's fastest committed copy to `dst` (room must already be free); a
+        demotion (`frees_source`) frees each source when applied.
+
+        One ticket per source tier; nodes keep their order (parents first)."""
+        by_source: dict[Tier, list[RadixNode]] = {}
+        for node in nodes:
+            record = node.residence
+            source = record.fastest_copy()
+            assert source is not None and source != dst and dst not in record.inflight, node
+            by_source.setdefault(source, []).append(node)
+        return [self._submit(src, dst, group, frees_source) for src, group in by_source.items()]
+
+    def _submit(
+        self, src: Tier, dst: Tier, nodes: list[RadixNode], frees_source: bool
+    ) -> TransferTicket:
+        num_pages = sum(node.num_pages for node in nodes)
+        ticket = self.mover.new_ticket(src, dst, num_pages, frees_source)
+        dst_pages = self.pools.alloc(dst, num_pages)
+        src_pages: list[int] = []
+        records: list[PageRecord] = []
+        for node in nodes:
+            offset = len(src_pages)
+            part_dst = dst_pages[offset : offset + node.num_pages]
+            record = node.residence
+            part = TransferPart(node, ticket, src, dst, list(record.copies[src]), part_dst, offset)
+            record.set_inflight(dst, part)
+            ticket.parts.append(part)
+            src_pages.extend(part.src_pages)
+            if src.is_store or dst.is_store:
+                records.extend(page_records(node, self.residency.tree))
+        if frees_source:
+            self._pending_free[src] += num_pages
+        self.mover.submit(ticket, self.copier.job(src, dst, src_pages, dst_pages, records))
+        return ticket
+
+    # --- applying --------------------------------------------------------------------------
+
+    def apply(self, ticket: TransferTicket) -> list[Commit]:
+        """Commit or roll back every part of a ticket whose copy finished. Returns the copies
+        committed since the last call: this ticket's, the waiting children's they let commit,
+        and any an insert let commit since (`Residency.adopt_device_copy`)."""
+        pools, residency = self.pools, self.residency
+        failed = ticket.error is not None or ticket.page_ok is None
+        if failed and ticket.dst_tier is Tier.DISK:
+            pools.mark_degraded(Tier.DISK, f"write failed: {ticket.error}")
+        arrived_pages = 0
+        for part in list(ticket.parts):
+            if ticket.frees_source:
+                self._pending_free[part.src_tier] -= len(part.src_pages)
+            if part.state is PartState.DETACHED:
+                pools.free(part.dst_tier, part.dst_pages)
+                continue
+            if failed:
+                self._fail(part, bad_record=False)
+                continue
+            page_ok = ticket.page_ok[part.offset : part.offset + len(part.dst_pages)]  # type: ignore[index]
+            if not all(page_ok):
+                arrived_pages += self._fail_from(part, page_ok.index(False))
+                continue
+            arrived_pages += len(part.dst_pages)
+            part.state = PartState.ARRIVED
+            residency.try_commit(part)
+        ticket.state = TicketState.FAILED if failed else TicketState.DONE
+        ticket.completed_at = self.clock()
+        residency.counters.on_transfer(
+            ticket.src_tier, ticket.dst_tier, arrived_pages * pools.layout.page_bytes
+        )
+        for tier, pages in ticket.release:
+            pools.free(tier, pages)
+        ticket.release.clear()
+        self.mover.retire(ticket)
+        return residency.take_commits()
+
+    def _fail_from(self, part: TransferPart[RadixNode], first_bad: int) -> int:
+        """Pages from `first_bad` on failed verification: commit the head, fail the rest (a
+        miss from there). Returns the pages that arrived."""
+        if first_bad:
+            head = self.residency.tree.split(part.node, first_bad)  # `part` keeps the tail
+            head_part = head.residence.inflight[part.dst_tier]
+            head_part.state = PartState.ARRIVED
+            self.residency.try_commit(head_part)
+        self._fail(part, bad_record=part.src_tier.is_store)
+        return first_bad
+
+    def _fail(self, part: TransferPart[RadixNode], bad_record: bool) -> None:
+        node, residency = part.node, self.residency
+        record = node.residence
+        record.pop_inflight(part.dst_tier)
+        self.pools.free(part.dst_tier, part.dst_pages)
+        if bad_record and part.src_tier in record.copies:  # a bad record, a remote page gone
+            residency.free_copy(node, part.src_tier, count_as=None)
+        residency.enforce_closure(node)
+        residency.commit_waiting_children(node)  # a copy it kept may be all they waited for
+        residency.refresh(node)
+        residency.remove_if_empty(node)
