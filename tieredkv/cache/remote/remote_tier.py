@@ -16,6 +16,7 @@ read, never set from outside).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -24,13 +25,14 @@ import torch
 from tieredkv.cache.disk.format import DiskRecord
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.free_list import PageFreeList, PagePool
-from tieredkv.cache.remote.record import RemotePage
+from tieredkv.cache.remote.record import RefusalReason, RemotePage
 from tieredkv.cache.remote.store import PageSink, RemoteStore
 from tieredkv.cache.tier import Tier
 
 logger = logging.getLogger(__name__)
 
 REMOTE_INDEX_PAGES = 1 << 18  # remote pages one replica indexes (96 GiB of bf16 default-model KV)
+REMOTE_ERROR_REASONS = (*(reason.value for reason in RefusalReason), "unavailable")
 
 
 def _rows(pages: torch.Tensor) -> torch.Tensor:
@@ -65,6 +67,17 @@ class RemoteTier(PagePool):
     def mark_degraded(self, reason: str) -> None:
         """The store decides its own health (it reconnects by itself): only logged here."""
         logger.warning("remote tier: %s", reason)
+
+    def page_errors(self) -> dict[str, int]:
+        """Values refused by reason (`REMOTE_ERROR_REASONS`) and calls that failed or ran past
+        their budget (unavailable)."""
+        counters = self.store.counters()
+        return {**counters.refused, "unavailable": counters.errors}
+
+    def state(self) -> dict:
+        """The store's counters, health and last error."""
+        counters = dataclasses.asdict(self.store.counters())
+        return {**counters, "degraded": self.degraded, "last_error": self.store.last_error}
 
     def lookup(self, keys: list[bytes]) -> int:
         """How many leading `keys` the store holds (one round trip; 0 while degraded)."""
