@@ -93,7 +93,7 @@ class TieredCache:
         return result
 
     def look_up_remote(self, tokens: TokenSequence, namespace: str = DEFAULT_NAMESPACE) -> int:
-        """Index the remote store's pages past the local match (one round trip); how many."""
+        """Index the pages past the local match that the remote store holds; returns how many."""
         remote = self.pools.remote
         if not (remote and self.config.enable_prefix_reuse and self.pools.healthy(Tier.REMOTE)):
             return 0
@@ -184,7 +184,8 @@ class TieredCache:
         self.mover.add_listener(notify)
 
     def add_device_landing_listener(self, landed: Callable[[list[int]], None]) -> None:
-        """Call `landed(pages)` (from a reading thread) once a store read put them on the device."""
+        """Call `landed(pages)` (from a reading thread) whenever a store read has put pages'
+        verified KV into the device pool, before their transfer is applied."""
         self.copier.device_landing_listeners.append(landed)
 
     def evict(self, tier: Tier, num_pages: int) -> bool:
@@ -293,8 +294,7 @@ class TieredCache:
     def close(self) -> None:
         """Finish and apply transfers in flight, stop the copy threads, close the stores."""
         self.mover.close()
-        # no new copies once the mover is closed: what write-through would start now has no
-        # executor to run on (the disk stays closed under "parent of": nothing more is written)
+        # the mover is closed: no write-through now (the disk stays closed under "parent of")
         self._apply_finished(start_write_through=False)
         self.copier.close()
         self.pools.close_stores()
