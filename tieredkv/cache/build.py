@@ -3,7 +3,7 @@
 It opens the stores the configuration enables (the disk store's directory locked, the remote
 store connected), makes the pools, the tree, the copier and the mover with their executors,
 and the residency, index, demotion, promotion and pinning over them; the disk's records are
-indexed again before the facade is handed out. Nothing else constructs these parts.
+indexed again before the facade is handed out. Nowhere else does the library build them.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ request's path) and `read_pages_into` (one pipelined fetch, each verified page h
 copier to copy into its destination; a page gone or refused is a miss, and so is every page
 after it). `read_pages` fills a staging tensor the same way (the CUDA path). Health follows
 the store: degraded while it is unreachable, healthy again once it reconnects (`degraded` is
-read, never set from outside).
+read, never set from outside). `page_errors` and `state` report the store's counters (the
+metrics, GET /debug/cache).
 """
 
 from __future__ import annotations
