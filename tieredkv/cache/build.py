@@ -13,22 +13,22 @@ from collections.abc import Callable
 
 import torch
 
-from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.index.radix_index import RadixIndex
 from tieredkv.cache.index.radix_tree import RadixTree
+from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pins import Pinning, PinRegistry
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
-from tieredkv.cache.pools.tier_pools import TierPools
 from tieredkv.cache.remote.connection import RemoteTimeouts
 from tieredkv.cache.remote.remote_tier import RemoteTier
 from tieredkv.cache.remote.store import RemoteStore
 from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.residency.promotion import Promoter
 from tieredkv.cache.residency.residency import Residency
+from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.cache.transfer.executor import (
     CudaStreamTransferExecutor,

@@ -27,9 +27,9 @@ from pathlib import Path
 from tieredkv.cache.disk.directory import PINS_FILE
 from tieredkv.cache.index.radix_index import RadixIndex
 from tieredkv.cache.index.radix_node import RadixNode
-from tieredkv.cache.pools.tier_pools import TierPools
 from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier_pools import TierPools
 from tieredkv.errors import RequestError
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.index.match_results import InsertResult, MatchResult
 from tieredkv.cache.index.radix_index import RadixIndex
@@ -27,16 +26,17 @@ from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.index.token_run import TokenSequence, packed_bytes
 from tieredkv.cache.integrity import IntegrityResult, check_integrity
+from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pins import Pin, Pinning, PinRegistry
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
-from tieredkv.cache.pools.tier_pools import TierPools
 from tieredkv.cache.remote.lookup import remote_keys_past
 from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.residency.promotion import Promoter, PromotionTicket
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.mover import Mover, TransferTicket
 from tieredkv.cache.transfer.page_copier import PageCopier
 from tieredkv.config import CacheConfig, WritePolicy

@@ -31,8 +31,7 @@ from tieredkv.cache.tier import Tier
 from tieredkv.config import CacheConfig, EngineConfig
 from tieredkv.engine.capacity import capacity_lines, capacity_summary
 from tieredkv.engine.engine import Engine
-from tieredkv.engine.engine_metrics import EngineRecorder
-from tieredkv.engine.metrics import EngineMetrics
+from tieredkv.engine.metrics import EngineMetrics, EngineRecorder
 from tieredkv.engine.protocol import (
     EngineClient,
     EngineUnavailableError,

@@ -7,8 +7,8 @@ from cache_steps import compute, ok, settle
 
 from tieredkv.cache.build import build_cache
 from tieredkv.cache.disk.error_reason import DiskErrorReason
-from tieredkv.cache.disk.store import DiskRecord
 from tieredkv.cache.index.page_key import page_key
+from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.residency.residency import Presence
 from tieredkv.cache.testing import (
     FINGERPRINT,
@@ -183,7 +183,7 @@ def test_failed_disk_read_shortens_the_match(tmp_path: Path) -> None:
     assert disk is not None
     other, bad_tokens = b"x" * 16, node.page_ids(2, 4)
     zeros = torch.zeros((1, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
-    record = DiskRecord(page_key(other, bad_tokens), other, bad_tokens)
+    record = PageRecord(page_key(other, bad_tokens), other, bad_tokens)
     disk.write_pages([node.copies[Tier.DISK][2]], [record], zeros)
     ticket = cache.promote(match)
     assert ticket is not None

@@ -23,8 +23,8 @@ import logging
 import numpy as np
 import torch
 
-from tieredkv.cache.disk.format import DiskRecord
 from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.pools.free_list import PageFreeList, PagePool
 from tieredkv.cache.remote.record import RefusalReason, RemotePage
 from tieredkv.cache.remote.store import PageSink, RemoteStore
@@ -85,7 +85,7 @@ class RemoteTier(PagePool):
         return self.store.lookup(keys)
 
     def write_pages(
-        self, slots: list[int], records: list[DiskRecord], payload: torch.Tensor
+        self, slots: list[int], records: list[PageRecord], payload: torch.Tensor
     ) -> None:
         """Queue `payload`'s pages (n, *page_shape) for writing under their records' keys."""
         assert len(slots) == len(records) == payload.shape[0], "one record and page per slot"
@@ -98,7 +98,7 @@ class RemoteTier(PagePool):
         )
 
     def read_pages(
-        self, slots: list[int], records: list[DiskRecord], out: torch.Tensor
+        self, slots: list[int], records: list[PageRecord], out: torch.Tensor
     ) -> list[bool]:
         """Fill out[i] with the page named by records[i] (as `read_pages_into`)."""
         assert len(slots) == len(records) == out.shape[0], "one record and page per slot"
@@ -110,7 +110,7 @@ class RemoteTier(PagePool):
         return self.read_pages_into(slots, records, into_out)
 
     def read_pages_into(
-        self, slots: list[int], records: list[DiskRecord], sink: PageSink
+        self, slots: list[int], records: list[PageRecord], sink: PageSink
     ) -> list[bool]:
         """Hand the page named by records[i] to `sink(i, data)` (on the store's call thread,
         in order, never after this returns). True for the pages handed on, up to the first
