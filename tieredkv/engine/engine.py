@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import EngineConfig
@@ -140,7 +141,7 @@ class Engine:
             self.tokenizer, spec.prompt_ids, spec.sampling, self.config.max_model_len
         )
         generator = self.sampler.new_generator(spec.sampling)
-        kv = self.cache.new_handle(spec.namespace)
+        kv = CacheHandle(self.cache, spec.namespace)
         request = Request(spec, next(self._seq_ids), output, generator, kv)
         request.unforked = spec.sampling.n - 1
         self.scheduler.add(request)
@@ -242,7 +243,7 @@ class Engine:
         output = OutputProcessor(
             self.tokenizer, spec.prompt_ids, spec.sampling, self.config.max_model_len
         )
-        kv = self.cache.new_handle(spec.namespace)
+        kv = CacheHandle(self.cache, spec.namespace)
         fork = Request(spec, next(self._seq_ids), output, generator, kv, index=index)
         fork.prompt_logprobs = parent.prompt_logprobs  # scored once, reported by each
         fork.admitted_at, fork.first_forward_at = parent.admitted_at, parent.first_forward_at

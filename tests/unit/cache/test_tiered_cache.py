@@ -5,6 +5,7 @@ import pytest
 import torch
 from cache_steps import compute, ok, settle
 
+from tieredkv.cache.build import build_cache
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.index.page_key import page_key
 from tieredkv.cache.page_record import PageRecord
@@ -241,7 +242,7 @@ def test_no_cache_reuses_nothing() -> None:
     config = CacheConfig(
         page_size=4, device_cache_bytes=4 * LAYOUT.page_bytes, enable_prefix_reuse=False
     )
-    cache = TieredCache(config, LAYOUT, FINGERPRINT, memory_executor=ManualTransferExecutor())
+    cache = build_cache(config, LAYOUT, FINGERPRINT, memory_executor=ManualTransferExecutor())
     tokens = list(range(9))
     pages = cache.allocate(2)
     assert pages is not None

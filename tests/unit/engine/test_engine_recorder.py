@@ -1,9 +1,11 @@
 """`EngineRecorder`: what the engine's requests and steps move in `EngineMetrics`."""
 
+from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.testing import make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.tiered_cache import DEFAULT_NAMESPACE
 from tieredkv.engine.metrics import EngineMetrics, EngineRecorder, StepFigures
 from tieredkv.engine.protocol import GenerationRequest
 from tieredkv.engine.request import Request
@@ -12,7 +14,7 @@ from tieredkv.model.sampler import SamplingParams
 
 def _request(host_tokens: int, num_preemptions: int) -> Request:
     spec = GenerationRequest("r", tuple(range(40)), SamplingParams(max_tokens=4))
-    kv = make_cache(tiny_layout(), device_pages=4)[0].new_handle()
+    kv = CacheHandle(make_cache(tiny_layout(), device_pages=4)[0], DEFAULT_NAMESPACE)
     request = Request(spec, seq_id=0, output=None, generator=None, kv=kv)  # type: ignore[arg-type]
     request.cached_by_tier[Tier.DEVICE] = 8
     request.cached_by_tier[Tier.HOST] = host_tokens

@@ -138,6 +138,11 @@ class DiskStore(PagePool):
         with self._lock:
             self.error_counts[reason] += count
 
+    def page_errors(self) -> dict[DiskErrorReason, int]:
+        """Records or files refused so far, by reason (every reason present)."""
+        with self._lock:
+            return dict(self.error_counts)
+
     def mark_degraded(self, reason: str) -> None:
         with self._lock:
             super().mark_degraded(reason)
