@@ -41,6 +41,7 @@ from tieredkv.engine.protocol import (
     QueueFullError,
     RequestOutput,
 )
+from tieredkv.engine.request import RequestStatus
 from tieredkv.engine.stats_line import StatsLine
 from tieredkv.engine.warmup import check_device_capacity, warm_up
 from tieredkv.model.fingerprint import model_fingerprint
@@ -181,7 +182,7 @@ class AsyncEngine(EngineClient):
     async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         if not self._ready or self._stopping or self._dead:
             raise EngineUnavailableError("the engine is not accepting requests")
-        if len(self.engine.scheduler.waiting) >= self.engine.config.max_queue:
+        if self.engine.scheduler.queue_full:
             raise QueueFullError(f"the queue is full ({self.engine.config.max_queue} requests)")
         if not request.arrival_time:
             request = dataclasses.replace(request, arrival_time=self.clock())
@@ -276,7 +277,6 @@ class AsyncEngine(EngineClient):
     async def debug_cache(self) -> dict:
         def inspect() -> dict:
             result = self.engine.cache.check_integrity()
-            scheduler = self.engine.scheduler
             return {
                 "ok": result.ok,
                 "problems": list(result.problems),
@@ -286,11 +286,7 @@ class AsyncEngine(EngineClient):
                 "pins_waiting": len(self.engine.cache.pins.waiting()),
                 "namespaces": self.engine.cache.namespace_pages(),
                 "remote_store": self.engine.cache.remote_store_state(),
-                "requests": {
-                    "waiting": len(scheduler.waiting),
-                    "promoting": len(scheduler.promoting),
-                    "running": len(scheduler.running),
-                },
+                "requests": dataclasses.asdict(self.engine.scheduler.queue_sizes()),
             }
 
         return await self._on_engine_thread(inspect)
@@ -328,7 +324,7 @@ class AsyncEngine(EngineClient):
         engine = self.engine
 
         def abort_waiting() -> None:
-            for request in list(engine.scheduler.waiting):
+            for request in engine.scheduler.queued(RequestStatus.WAITING):
                 engine.abort(request.request_id)
 
         def abort_all() -> None:

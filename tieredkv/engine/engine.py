@@ -26,7 +26,13 @@ from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import EngineConfig
 from tieredkv.engine.engine_metrics import EngineRecorder, StepFigures
 from tieredkv.engine.output import OutputProcessor
-from tieredkv.engine.protocol import FinishReason, GenerationRequest, RequestOutput, Usage
+from tieredkv.engine.protocol import (
+    FinishReason,
+    GenerationRequest,
+    QueueFullError,
+    RequestOutput,
+    Usage,
+)
 from tieredkv.engine.request import Request, RequestStatus
 from tieredkv.engine.request_pages import RequestPages
 from tieredkv.engine.scheduler import Scheduler, StepPlan
@@ -209,7 +215,10 @@ class Engine:
             request, fork = sampled[i]
             if fork:
                 request.unforked -= 1
-                request = self._fork(request, fork, generators[i])
+                forked = self._fork(request, fork, generators[i])
+                if forked is None:
+                    continue  # refused: the queue is full
+                request = forked
             token = tokens[i]
             if isinstance(token, Exception):
                 logger.error("sampling failed for %s: %r", request.key, token)
@@ -234,10 +243,11 @@ class Engine:
                 result[i] = logprob
         return result
 
-    def _fork(self, parent: Request, index: int, generator) -> Request:
+    def _fork(self, parent: Request, index: int, generator) -> Request | None:
         """Sequence `index` of `parent`'s request, with the parent's prompt KV (shared and
         copied, not recomputed). With no device page free for it now, it waits in the queue
-        with its first token and computes what it lacks when admitted."""
+        with its first token and computes what it lacks when admitted; past --max-queue it
+        ends at once, refused as a new request is (None), and the parent goes on."""
         spec = parent.spec
         output = OutputProcessor(
             self.tokenizer, spec.prompt_ids, spec.sampling, self.config.max_model_len
@@ -248,12 +258,11 @@ class Engine:
         fork.admitted_at, fork.first_forward_at = parent.admitted_at, parent.first_forward_at
         fork.first_token_at = self.clock()  # the request's first token is timed once
         self.requests[fork.key] = fork
-        if self.pages.share_prompt(parent, fork):
-            fork.status = RequestStatus.RUNNING
-            self.scheduler.running.append(fork)
-        else:
-            self.pages.on_arrival(fork)
-            self.scheduler.waiting.append(fork)
+        try:
+            self.scheduler.add_fork(parent, fork)
+        except QueueFullError as error:
+            self._finish(fork, FinishReason.QUEUE_FULL, error=str(error))
+            return None
         return fork
 
     def _emit_token(
@@ -289,12 +298,12 @@ class Engine:
                 self.pages.insert_computed(request)
 
     def _step_figures(self, step_s: float, scheduler_s: float) -> StepFigures:
-        cache, scheduler = self.cache, self.scheduler
+        cache, queues = self.cache, self.scheduler.queue_sizes()
         return StepFigures(
             step_seconds=step_s,
             scheduler_seconds=scheduler_s,
-            num_running=len(scheduler.running),
-            num_waiting=len(scheduler.waiting) + len(scheduler.promoting),
+            num_running=queues.running,
+            num_waiting=queues.waiting + queues.promoting,
             cache_counters=cache.counters,
             tier_used_bytes={tier: cache.tier_used_bytes(tier) for tier in Tier},
             tier_capacity_bytes={tier: cache.tier_capacity_bytes(tier) for tier in Tier},
@@ -356,6 +365,6 @@ class Engine:
     def fail_all(self, message: str) -> None:
         """An unexpected error in a step: every request ends with `message` (generic: never
         an exception's text, which could carry another request's details), pages freed."""
-        for request in [*self.scheduler.running, *self.scheduler.waiting]:
+        for request in self.scheduler.drain():
             logger.error("request %s failed: %s", request.request_id, message)
             self._finish(request, FinishReason.ERROR, error=message)
