@@ -101,7 +101,9 @@ class AsyncEngine(EngineClient):
         )
         warm_up(runner, cache)
         weights_bytes = sum(t.numel() * t.element_size() for t in loaded.weights.values())
-        capacity = capacity_summary(cache, weights_bytes, runner.attention.workspace_bytes)
+        workspace_bytes = runner.attention.workspace_bytes
+        in_ram = torch.device(device).type == "cpu"
+        capacity = capacity_summary(cache, weights_bytes, workspace_bytes, in_ram)
         for line in capacity_lines(capacity, layout.token_bytes):
             logger.info("%s", line)
         client: AsyncEngine

@@ -62,7 +62,6 @@ class Engine:
         reuse_prefixes: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        assert runner.pool is cache.device_pool, "the runner must use the cache's device pool"
         self.runner = runner
         self.cache = cache
         self.tokenizer = tokenizer
