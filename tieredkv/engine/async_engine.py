@@ -33,6 +33,7 @@ from tieredkv.engine.capacity import capacity_lines, capacity_summary
 from tieredkv.engine.engine import Engine
 from tieredkv.engine.engine_metrics import EngineRecorder
 from tieredkv.engine.metrics import EngineMetrics
+from tieredkv.engine.output_streams import OutputStreams
 from tieredkv.engine.protocol import (
     EngineClient,
     EngineUnavailableError,
@@ -65,8 +66,7 @@ class AsyncEngine(EngineClient):
         self.clock = clock
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.config.max_model_len
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._streams_lock = threading.Lock()
+        self._streams = OutputStreams()
         self._stopping = False
         self._ready = False
         self._dead = False
@@ -112,7 +112,7 @@ class AsyncEngine(EngineClient):
             cache,
             loaded.tokenizer,
             engine_config,
-            sink=lambda output: client._deliver(output),
+            sink=lambda output: client._streams.deliver(output.request_id, output),
             recorder=EngineRecorder(metrics),
             reuse_prefixes=cache_config.enable_prefix_reuse,
             clock=clock,
@@ -131,7 +131,7 @@ class AsyncEngine(EngineClient):
         except BaseException:
             logger.critical("the engine thread died; failing every request", exc_info=True)
             self._dead = True
-            self._fail_streams(EngineUnavailableError("the engine stopped"))
+            self._streams.fail_all(EngineUnavailableError("the engine stopped"))
         finally:
             self._close_on_this_thread()
 
@@ -152,12 +152,6 @@ class AsyncEngine(EngineClient):
                     continue  # idle: one chunk of the host tier faulted in, then look again
                 engine.wait_for_work(_STALLED_RECHECK_SECONDS if engine.has_work else None)
 
-    def _fail_streams(self, error: Exception) -> None:
-        with self._streams_lock:
-            request_ids = list(self._streams)
-        for request_id in request_ids:
-            self._deliver_to(request_id, error)
-
     def _close_on_this_thread(self) -> None:
         """Let transfers in flight finish, close the disk store (it reopens cleanly) and the
         runner. Stuck I/O blocks only this thread: `shutdown` does not wait past its bound."""
@@ -169,16 +163,6 @@ class AsyncEngine(EngineClient):
         finally:
             self._closed.set()
 
-    def _deliver(self, output: RequestOutput) -> None:
-        self._deliver_to(output.request_id, output)
-
-    def _deliver_to(self, request_id: str, item: RequestOutput | Exception) -> None:
-        with self._streams_lock:
-            target = self._streams.get(request_id)
-        if target is not None:
-            loop, stream = target
-            loop.call_soon_threadsafe(stream.put_nowait, item)
-
     # --- EngineClient ----------------------------------------------------------------------
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
@@ -188,9 +172,7 @@ class AsyncEngine(EngineClient):
             raise QueueFullError(f"the queue is full ({self.engine.config.max_queue} requests)")
         if not request.arrival_time:
             request = dataclasses.replace(request, arrival_time=self.clock())
-        stream: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
-        with self._streams_lock:
-            self._streams[request.request_id] = (asyncio.get_running_loop(), stream)
+        stream = self._streams.open(request.request_id)
         self.engine.call_soon(lambda: self._add(request))
         if self._dead:  # died between the check and the registration: nobody would answer
             stream.put_nowait(EngineUnavailableError("the engine stopped"))
@@ -206,8 +188,7 @@ class AsyncEngine(EngineClient):
                 finished = sequences_left == 0
                 yield output
         finally:
-            with self._streams_lock:
-                self._streams.pop(request.request_id, None)
+            self._streams.close(request.request_id)
             if not finished:  # the client hung up: free its pages
                 self.engine.call_soon(lambda: self.engine.abort(request.request_id))
 
@@ -215,7 +196,7 @@ class AsyncEngine(EngineClient):
         try:
             self.engine.add_request(request)
         except QueueFullError as error:  # the queue filled between the check and now
-            self._deliver_to(request.request_id, error)
+            self._streams.deliver(request.request_id, error)
 
     async def abort(self, request_id: str) -> None:
         self.engine.call_soon(lambda: self.engine.abort(request_id))

@@ -37,8 +37,8 @@ from tieredkv.engine.request import Request, RequestStatus
 from tieredkv.engine.request_pages import RequestPages
 from tieredkv.engine.scheduler import Scheduler, StepPlan
 from tieredkv.engine.sessions import SessionWarmth
-from tieredkv.model.forward_batch import SequenceChunk
-from tieredkv.model.logprobs import TokenLogprob, token_logprobs
+from tieredkv.engine.step_logprobs import sampled_logprobs, score_prompt
+from tieredkv.model.logprobs import TokenLogprob
 from tieredkv.model.runner import ModelRunner
 from tieredkv.model.sampler import Sampler
 from tieredkv.model.tokenizer import ChatTokenizer
@@ -97,7 +97,7 @@ class Engine:
             scored = [i for i, r in enumerate(plan.requests) if r.needs_prompt_logits]
             logits, row_logits = self.runner.forward_with_rows(plan.chunks, scored)
             for i, rows in row_logits.items():
-                self._score_prompt(plan.requests[i], plan.chunks[i], rows)
+                score_prompt(plan.requests[i], plan.chunks[i], rows)
             self._sample_and_emit(plan, logits, forward_started)
             self.recorder.prefilled(
                 sum(
@@ -169,16 +169,6 @@ class Engine:
         for request in requests:
             self._finish(request, FinishReason.ABORT)
 
-    def _score_prompt(self, request: Request, chunk: SequenceChunk, rows) -> None:
-        """Prompt logprobs of the positions after this chunk's tokens (row j of `rows`, the
-        logits at position start + j, scores the prompt token at start + j + 1)."""
-        assert request.prompt_logprobs is not None
-        prompt = request.spec.prompt_ids
-        targets = prompt[chunk.start + 1 : min(chunk.end + 1, len(prompt))]
-        top = request.spec.sampling.prompt_logprobs or 0
-        scored = token_logprobs(rows[: len(targets)], targets, [top] * len(targets))
-        request.prompt_logprobs[chunk.start + 1 : chunk.start + 1 + len(scored)] = scored
-
     def _sample_and_emit(self, plan: StepPlan, logits, forward_started: float) -> None:
         now = self.clock()
         rows: list[int] = []
@@ -207,7 +197,7 @@ class Engine:
             [r.output.banned_tokens() for r, _ in sampled],
             [r.output_ids for r, _ in sampled],
         )
-        logprobs = self._logprobs(raw, sampled, tokens)
+        logprobs = sampled_logprobs(raw, sampled, tokens)
         # forks first: each copies its parent's pages before the parent's token may end it
         order = sorted(range(len(sampled)), key=lambda i: sampled[i][1] == 0)
         for i in order:
@@ -224,23 +214,6 @@ class Engine:
                 self._finish(request, FinishReason.ERROR, error=f"sampling failed: {token}")
             else:
                 self._emit_token(request, token, now, logprobs[i])
-
-    def _logprobs(
-        self, raw, sampled: list[tuple[Request, int]], tokens: list
-    ) -> list[TokenLogprob | None]:
-        """The sampled tokens' logprobs, for the rows whose request asked."""
-        wanted = [
-            i
-            for i, (request, _) in enumerate(sampled)
-            if request.spec.sampling.logprobs is not None and not isinstance(tokens[i], Exception)
-        ]
-        result: list[TokenLogprob | None] = [None] * len(sampled)
-        if wanted:
-            top = [sampled[i][0].spec.sampling.logprobs or 0 for i in wanted]
-            scored = token_logprobs(raw[wanted], [tokens[i] for i in wanted], top)
-            for i, logprob in zip(wanted, scored, strict=True):
-                result[i] = logprob
-        return result
 
     def _fork(self, parent: Request, index: int, generator) -> Request | None:
         """Sequence `index` of `parent`'s request, with the parent's prompt KV (shared and
