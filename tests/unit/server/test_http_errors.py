@@ -6,7 +6,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 from tieredkv.server.errors import APIError
-from tieredkv.server.translate import resolve_namespace
+from tieredkv.server.generation_inputs import resolve_namespace
 
 from tests.unit.server.conftest import MAX_MODEL_LEN, MODEL_NAME, make_app
 from tieredkv.engine.protocol import FinishReason
