@@ -8,6 +8,7 @@ import torch
 from cache_steps import ok, settle
 from test_cache_handle import NAMESPACE, run_request
 
+from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.testing import device_page, make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
 
@@ -19,7 +20,7 @@ def test_a_fork_shares_the_resident_prompt_pages_and_copies_the_partial_one() ->
     tokens = list(range(10))  # two full pages and a partial one
     parent = run_request(cache, tokens)
     cache.device_pool.kv[:, :, parent.page_table[2]] = 7.0  # the partial page's KV
-    fork = cache.new_handle(NAMESPACE)
+    fork = CacheHandle(cache, NAMESPACE)
     assert fork.share_resident(tokens) == 8
     assert fork.page_table == parent.page_table[:2] and fork.num_tree_pages == 2
     assert cache.num_locks() == 2  # the fork holds the shared path as a cache hit does
@@ -41,7 +42,7 @@ def test_a_fork_shares_nothing_while_a_prompt_page_is_off_the_device() -> None:
     run_request(cache, tokens).release()
     cache.evict(Tier.DEVICE, 4)
     settle(cache, executor)
-    fork = cache.new_handle(NAMESPACE)
+    fork = CacheHandle(cache, NAMESPACE)
     fork.look_up(tokens)
     assert fork.matched_tokens_by_tier[Tier.HOST] == 8
     assert fork.share_resident(tokens) is None
@@ -51,7 +52,7 @@ def test_a_fork_shares_nothing_while_a_prompt_page_is_off_the_device() -> None:
 
 def test_a_fork_of_an_uncached_prompt_shares_no_page() -> None:
     cache, _ = make_cache(LAYOUT, device_pages=4)
-    fork = cache.new_handle(NAMESPACE)
+    fork = CacheHandle(cache, NAMESPACE)
     assert fork.share_resident(list(range(9))) == 0
     assert fork.page_table == []
     fork.release()
