@@ -7,9 +7,10 @@ Other threads talk to it through `call_soon` (a queue of callables drained at th
 A request with `n` > 1 is prefilled once: the step that computes its prompt samples `n` first
 tokens from the same logits (sequence `i` with its own generator, `seed + i`), and forks
 sequences 1 .. n - 1 off it. A fork shares the prompt's full pages through the tree and gets a
-copy of the partial last page; from then on it is a request of its own (`Request.index`).
-Logprobs are computed from the raw logits of the rows a request samples; prompt logprobs
-(echo) from the logits of every prompt row, which the runner returns for such requests.
+copy of the partial last page; from then on it is a request of its own (`Request.index`). A
+fork that would wait past `--max-queue` ends at once with `QUEUE_FULL`, as a new request is
+refused; the other sequences go on. Logprobs come from the raw logits (`step_logprobs`): the
+runner returns every prompt row's for a request that scores its prompt (echo).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Who runs next, with which pages: the queues, admission, promotion waits, each step's device
 pages and preemption (engine thread only).
 
-Queues: `waiting` (arrived, or preempted), `promoting` (admitted; host and disk pages on their
-way to the device), `running` (in admission order, the oldest first).
+Queues: `waiting` (arrived, preempted, or forked with no device page free; `--max-queue` caps
+it), `promoting` (admitted; host and disk pages on their way to the device), `running` (in
+admission order, the oldest first). Only the scheduler touches them; the engine adds, forks,
+removes and drains requests through its methods.
 
 Each step: running decodes first (one token each, oldest first), then prefill chunks of running
 requests, then newly admitted requests, until `max_batch_tokens` tokens or `max_num_seqs`
@@ -12,66 +14,33 @@ already in the plan (whose pages are about to be written) is preempted: its comp
 into the tree, where they are demoted, not lost, and it waits again. Nothing is preempted while
 transfers are in flight: the demotions among them free pages soon.
 
-Admission order. FCFS is arrival order. Cache-aware (`lpm`): a waiting request's priority is
-the tokens its prompt matches in the tree as it is now, each weighted by the tier that holds it
-(a device page is worth more than a host page, which must still be copied, or a disk page,
-which must still be read: pages ready sooner rank higher; a prefetch that lands moves a page
-up), plus `aging_tokens_per_second` × its wait. Before each admission the waiting requests are
-matched again, `REMATCH_MAX_WAITING` at most, in turn (a match costs ~10 µs; the engine reports
-the time it spends here as `scheduler_seconds_total`). A request that matched nothing overtakes
-any request arriving after it once it has waited `max_model_len / aging_tokens_per_second`
-seconds (no match is worth more than a whole context): under a steady stream of hot requests, a
-cold request's extra wait is bounded by that time (2 s with the defaults: 8192 tokens / 4096
-tokens/s) plus the service of the requests already ahead of it. Admission stops at the first
-request the device has no room for, its whole prompt counted (`admission.DeviceRoom`); under
-`lpm` a request that shares a prefix with one still computing it waits for it, bounded, and is
-passed over meanwhile (`admission.prefix_being_computed`).
+Admission order is `QueueOrder`'s (`queue_order`: arrival, or cache-aware with aging). Before
+each admission the waiting requests are matched again, `REMATCH_MAX_WAITING` at most, in turn (a
+match costs ~10 µs; the engine reports the time it spends here as `scheduler_seconds_total`).
+Admission stops at the first request the device has no room for, its whole prompt counted
+(`admission.DeviceRoom`); under `lpm` a request that shares a prefix with one still computing
+it waits for it, bounded, and is passed over meanwhile (`admission.prefix_being_computed`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tieredkv.cache.cache_handle import WarmHold
-from tieredkv.cache.tier import Tier
 from tieredkv.config import EngineConfig, SchedulePolicy
 from tieredkv.engine.admission import DeviceRoom, prefix_being_computed
 from tieredkv.engine.metrics import EngineRecorder
 from tieredkv.engine.protocol import FinishReason, QueueFullError
+from tieredkv.engine.queue_order import QueueOrder
 from tieredkv.engine.request import Request, RequestStatus
 from tieredkv.engine.request_pages import RequestPages
 from tieredkv.model.forward_batch import SequenceChunk
 
 logger = logging.getLogger(__name__)
 
-TIER_WEIGHT = {Tier.DEVICE: 1.0, Tier.HOST: 0.75, Tier.DISK: 0.5, Tier.REMOTE: 0.4}
-DEFAULT_AGING_TOKENS_PER_SECOND = 4096.0
 REMATCH_MAX_WAITING = 64  # re-matched per admission, in turn: ~0.7 ms at most
-
-
-@dataclass(frozen=True)
-class QueueOrder:
-    policy: SchedulePolicy
-    aging_tokens_per_second: float = DEFAULT_AGING_TOKENS_PER_SECOND
-
-    def priority(self, request: Request, now: float) -> tuple[float, float]:
-        """Sort key: smaller runs first."""
-        arrival = request.spec.arrival_time
-        if self.policy is SchedulePolicy.FCFS:
-            return (arrival, arrival)
-        score = weighted_match_tokens(request)
-        score += self.aging_tokens_per_second * max(0.0, now - arrival)
-        return (-score, arrival)
-
-    def ordered(self, waiting: Iterable[Request], now: float) -> list[Request]:
-        return sorted(waiting, key=lambda request: self.priority(request, now))
-
-
-def weighted_match_tokens(request: Request) -> float:
-    matched = request.kv.matched_tokens_by_tier
-    return sum(TIER_WEIGHT[tier] * tokens for tier, tokens in matched.items() if tokens)
 
 
 @dataclass
@@ -93,6 +62,8 @@ class StepBudget:
 
 @dataclass(frozen=True)
 class QueueSizes:
+    """The queues' lengths now (the step's figures, `GET /debug/cache`)."""
+
     waiting: int
     promoting: int
     running: int

@@ -17,9 +17,10 @@ from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import EngineConfig, SchedulePolicy, WritePolicy
 from tieredkv.engine.metrics import EngineMetrics, EngineRecorder
 from tieredkv.engine.protocol import FinishReason, GenerationRequest
+from tieredkv.engine.queue_order import QueueOrder
 from tieredkv.engine.request import Request, RequestStatus
 from tieredkv.engine.request_pages import RequestPages
-from tieredkv.engine.scheduler import QueueOrder, Scheduler, StepPlan
+from tieredkv.engine.scheduler import Scheduler, StepPlan
 from tieredkv.model.sampler import SamplingParams
 
 PAGE_SIZE = 4
@@ -329,7 +330,7 @@ def test_a_host_match_ranks_above_an_equal_disk_match_and_a_device_one_above_bot
 
 
 def test_every_tier_has_a_weight_in_the_queue_order() -> None:
-    from tieredkv.engine.scheduler import TIER_WEIGHT
+    from tieredkv.engine.queue_order import TIER_WEIGHT
 
     assert set(TIER_WEIGHT) == set(Tier)
     weights = [TIER_WEIGHT[tier] for tier in Tier]
