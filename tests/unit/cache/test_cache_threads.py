@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from tieredkv.cache.testing import FINGERPRINT, disk_bytes_for, fill_device_pages, tiny_layout
+from tests.support.tiny_cache import FINGERPRINT, disk_bytes_for, fill_device_pages, tiny_layout
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.cache.transfer.page_copier import HELPER_THREAD_PREFIX

@@ -1,6 +1,6 @@
 """`Request.packed_tokens`: the prompt packed once, generated tokens appended as they come."""
 
-from tieredkv.cache.testing import make_cache, tiny_layout
+from tests.support.tiny_cache import make_cache, tiny_layout
 from tieredkv.engine.protocol import GenerationRequest
 from tieredkv.engine.request import Request
 from tieredkv.model.sampler import SamplingParams
