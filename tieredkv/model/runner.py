@@ -15,11 +15,12 @@ import torch
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.config import ModelConfig
-from tieredkv.model.attention import AttentionBackend, PagedKernelAttention, WorkspaceAttention
+from tieredkv.model.attention import AttentionBackend, PagedKernelAttention
 from tieredkv.model.cpu_kernels import load_cpu_kernels
 from tieredkv.model.forward_batch import ForwardBatch, SequenceChunk
 from tieredkv.model.llama import LlamaModel
 from tieredkv.model.matmul_attention import prefers_c_decode, prefers_matmul_attention
+from tieredkv.model.workspace_attention import WorkspaceAttention
 
 DEFAULT_MAX_SEQS = 16  # running sequences whose CPU workspaces share one arena (EngineConfig's)
 
