@@ -76,18 +76,6 @@ def _serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     raise LookupError("the tieredkv parser has no `serve` command")
 
 
-def serve_options(parser: argparse.ArgumentParser | None = None) -> list[str]:
-    """Every long option of `tieredkv serve`, in the parser's order."""
-    serve = _serve_parser(parser or build_parser())
-    return [
-        option
-        for action in serve._actions
-        if not isinstance(action, argparse._HelpAction)
-        for option in action.option_strings
-        if option.startswith("--")
-    ]
-
-
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
