@@ -88,7 +88,7 @@ class RemotePromotions:
 def redis_get_throughput(url: str, promotions: dict | None = None, batch: int = 64) -> dict:
     """Pipelined GETs of every tieredkv value in the Redis at `url`, one client (redis-py with
     hiredis, the store's socket read size, and redis-benchmark's C client; the store's own
-    fetches from a single Redis read the replies themselves, see cache/remote/replies.py):
+    fetches from a single Redis read the replies themselves, see cache/remote/get_replies.py):
     Redis's own read throughput on loopback for the values the replicas wrote. With `promotions`
     (`RemotePromotions.figures()`), as many GETs a round trip as an average promotion from the
     remote tier fetched; else `batch`."""

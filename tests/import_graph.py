@@ -1,5 +1,5 @@
-"""The import graph of a tieredkv package, read with ast (type-only imports included), and a
-cycle finder: what the import-layout tests check."""
+"""The import graph of a tieredkv package, read with ast (type-only imports included), the
+same graph between its sub-packages, and a cycle finder: what the import-layout tests check."""
 
 from __future__ import annotations
 
@@ -30,6 +30,27 @@ def package_imports(package_dir: Path, prefix: str) -> dict[str, set[str]]:
         module_name(path, package_dir): {m for m in imported_modules(path) if m.startswith(prefix)}
         for path in package_dir.rglob("*.py")
     }
+
+
+def part_of(module: str, package: str) -> str:
+    """The part of `package` that `module` belongs to: its sub-package (`package.disk.store` ->
+    `disk`), or the module itself when it sits at the top (`package.tier` -> `tier`)."""
+    if module == package:
+        return package
+    assert module.startswith(package + "."), f"{module} is not in {package}"
+    return module[len(package) + 1 :].split(".")[0]
+
+
+def part_imports(module_imports: dict[str, set[str]], package: str) -> dict[str, set[str]]:
+    """`module_imports` between the parts of `package` (see `part_of`): part A imports part B
+    when any module of A imports any module of B."""
+    graph: dict[str, set[str]] = {}
+    for module, imported in module_imports.items():
+        part = part_of(module, package)
+        graph.setdefault(part, set()).update(
+            other for other in (part_of(name, package) for name in imported) if other != part
+        )
+    return graph
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.index.token_run import TokenPacker
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.engine.protocol import GenerationRequest
@@ -99,7 +100,7 @@ class ChatDriver:
         spec = GenerationRequest(
             f"turn-{seq_id}", tuple(fresh_tokens(turn.prompt)), SamplingParams(), self.namespace
         )
-        kv = self.cache.new_handle(self.namespace)
+        kv = CacheHandle(self.cache, self.namespace)
         # RequestPages never reads the output processor or the generator: no model needed
         request = self.timer(self.times.pack, Request, spec, seq_id, None, None, kv)
         pages = self.pages

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from tieredkv.cache.build import build_cache
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
@@ -36,7 +37,7 @@ def tiny_cache(device_pages: int) -> TieredCache:
         device_cache_bytes=device_pages * TINY_LAYOUT.page_bytes,
         host_cache_bytes=0,
     )
-    return TieredCache(
+    return build_cache(
         config, TINY_LAYOUT, FINGERPRINT, "cpu", memory_executor=executor, disk_executor=executor
     )
 

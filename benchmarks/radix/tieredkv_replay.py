@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
+from tieredkv.cache.build import build_cache
+from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig, WritePolicy
 from tieredkv.engine.protocol import GenerationRequest
 from tieredkv.engine.request import Request
@@ -54,7 +55,7 @@ class TieredkvReplay:
             write_policy=WritePolicy.WRITE_BACK,
         )
         executor = NoTransferExecutor()  # nothing moves between tiers: no threads
-        self.cache = TieredCache(
+        self.cache = build_cache(
             config, layout, b"radix-vs-sglang", memory_executor=executor, disk_executor=executor
         )
         self.pages = RequestPages(self.cache, PAGE_SIZE, reuse_prefixes=True)
@@ -80,7 +81,7 @@ class TieredkvReplay:
 
     def run(self, turn: Turn, seq_id: int) -> None:
         spec = GenerationRequest(f"r{seq_id}", tuple(turn.prompt), SamplingParams())
-        kv = self.cache.new_handle(spec.namespace)
+        kv = CacheHandle(self.cache, spec.namespace)
         # RequestPages never reads the output processor or the generator: no model needed
         request = Request(spec, seq_id, output=None, generator=None, kv=kv)  # type: ignore[arg-type]
         pages = self.pages

@@ -26,11 +26,11 @@ from hypothesis.stateful import (
 )
 
 from tests.support.tiny_cache import expected_pages, make_cache, tiny_layout
-from tieredkv.cache.disk.store import DiskRecord
 from tieredkv.cache.index.match_results import MatchResult
 from tieredkv.cache.index.page_key import page_key
 from tieredkv.cache.index.radix_tree import RadixNode
 from tieredkv.cache.index.token_run import PackedTokens
+from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.residency.promotion import PromotionTicket
 from tieredkv.cache.tier import Tier
 from tieredkv.config import WritePolicy
@@ -340,7 +340,7 @@ class TieredCacheMachine(RuleBasedStateMachine):
         node = data.draw(st.sampled_from(nodes))
         index = data.draw(st.integers(0, node.num_pages - 1))
         slot, tokens = node.copies[Tier.DISK][index], node.page_ids(index, PAGE_SIZE)
-        record = DiskRecord(page_key(b"other chain" * 2, tokens), b"other chain" * 2, tokens)
+        record = PageRecord(page_key(b"other chain" * 2, tokens), b"other chain" * 2, tokens)
         zeros = torch.zeros((1, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
         disk.write_pages([slot], [record], zeros)
         self.corrupted.add(slot)

@@ -21,7 +21,7 @@ The faults come from the environment variable TKV_FAULTS, a JSON object (every k
 Runtime faults are armed once the engine has started (warm-up done, disk index rebuilt), so
 their counts are relative to serving. A "crash" is a real SIGKILL of this process, sent from
 inside the write that tears: nothing after it runs, exactly as with kill -9. Production code
-is untouched: the engine's TieredCache is given the backend through its `disk_io` argument.
+is untouched: the engine's cache is built with the backend as `build_cache`'s `disk_io`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.fault_io import FaultInjectingIO
+from tieredkv.cache.build import build_cache
 from tieredkv.cache.disk.direct_io import Buffer, DiskIOBackend, as_bytes
 from tieredkv.cache.disk.directory import STORE_FILE
 from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, decode_superblock
@@ -161,14 +162,14 @@ def main(argv: list[str]) -> int:
     start = AsyncEngine.start.__func__  # type: ignore[attr-defined]
 
     def cache_with_faults(*args: Any, **kwargs: Any) -> TieredCache:
-        return TieredCache(*args, disk_io=io, **kwargs)
+        return build_cache(*args, disk_io=io, **kwargs)
 
     def start_with_faults(cls: type[AsyncEngine], *args: Any, **kwargs: Any) -> AsyncEngine:
         engine = start(cls, *args, **kwargs)
         io.arm(_disk_dir(argv))
         return engine
 
-    async_engine.TieredCache = cache_with_faults  # type: ignore[misc, assignment]
+    async_engine.build_cache = cache_with_faults  # type: ignore[misc, assignment]
     AsyncEngine.start = classmethod(start_with_faults)  # type: ignore[method-assign]
     from tieredkv.cli import main as cli_main
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from tests.support.manual_executor import ManualTransferExecutor
+from tieredkv.cache.build import build_cache
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, align_up, header_bytes_for
 from tieredkv.cache.index.page_key import chain_keys, namespace_root_key
@@ -57,7 +58,7 @@ def make_cache(
         write_policy=write_policy,
         namespace_share=namespace_share,
     )
-    cache = TieredCache(
+    cache = build_cache(
         config,
         layout,
         FINGERPRINT,

@@ -14,22 +14,22 @@ from collections.abc import Callable
 import torch
 
 from tieredkv.bench.tier_limits import Rate, rep_seconds
-from tieredkv.cache.disk.store import DiskRecord
 from tieredkv.cache.index.page_key import namespace_root_key, page_key
 from tieredkv.cache.page_layout import PageLayout, aligned_empty
+from tieredkv.cache.page_record import PageRecord
 
 LAYOUT = PageLayout(num_layers=30, num_kv_heads=3, head_dim=64, page_size=16, dtype=torch.bfloat16)
 REP_BYTES = 256 << 20  # bytes moved per timed repetition, in batches
 
 
-def make_records(count: int) -> list[DiskRecord]:
+def make_records(count: int) -> list[PageRecord]:
     """`count` chained page records (one conversation's pages, in order)."""
     parent = namespace_root_key(b"bench", "bench")
     records = []
     for index in range(count):
         tokens = tuple(range(index * LAYOUT.page_size, (index + 1) * LAYOUT.page_size))
         key = page_key(parent, tokens)
-        records.append(DiskRecord(key, parent, tokens))
+        records.append(PageRecord(key, parent, tokens))
         parent = key
     return records
 

@@ -1,7 +1,13 @@
-"""The tiered KV cache: one radix tree indexing KV pages on the device, on host and on disk.
+"""The tiered KV cache: one radix tree indexing KV pages on the device, on host, on disk and in
+a remote store.
 
-The engine talks only to the facade, `tiered_cache.TieredCache`. Beneath it, imports point one
-way, down: `residency` (which tier holds each node's pages; eviction, demotion, promotion) over
-`transfer` (tickets, executors, copy jobs), over `index` (the tree, match/insert, locks), `pools`
-(each tier's memory) and `disk` (the store). `tier` and `page_layout` are shared by all.
+The engine talks only to the facade, `tiered_cache.TieredCache`, through one
+`cache_handle.CacheHandle` per request; `build.build_cache` opens the stores and wires the parts
+the facade delegates to. Beneath the facade, imports point one way, down, type-only imports
+included: `residency` (which tier holds each node's pages; eviction, demotion, promotion) over
+`transfer` (tickets, executors, copy jobs), over the two stores, `disk` and `remote` (peers:
+neither imports the other), over `index` (the tree, match/insert, locks) and `pools` (the
+device and host tiers' memory). `tier_pools` maps each enabled tier to its pool, stores
+included, for residency and the facade. `tier` and `page_layout` are shared by all; `metrics`
+holds the counters residency and the remote store record into.
 """

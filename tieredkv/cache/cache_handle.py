@@ -3,11 +3,11 @@
 Through a handle a request sees tokens and device pages, never the tree. The handle keeps what
 the request's prompt matched while it waits (for the queue's order and a prefetch), its
 promotion, the lock on the path its pages are in, and its page table: the tree's pages first,
-then the request's private ones. It is built on the facade's node-level calls (`NodeCache`), the
-same ones the cache's own tests drive.
+then the request's private ones. It is built on the facade's node-level calls, the same ones
+the cache's own tests drive.
 
 A request's life through its handle (engine thread only):
-  handle = cache.new_handle(namespace)
+  handle = CacheHandle(cache, namespace)
   handle.look_up(tokens)              # at arrival (the remote store asked once): the queue's order
   handle.prefetch()                   # while it waits: its disk/remote pages to host, once
   handle.promote(tokens)              # at admission; False: no device room now, retry later
@@ -20,58 +20,23 @@ A request's life through its handle (engine thread only):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
-from tieredkv.cache.index.match_results import InsertResult, MatchResult
+from tieredkv.cache.index.match_results import MatchResult
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.token_run import TokenSequence
 from tieredkv.cache.residency.promotion import PromotionTicket
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.transfer.mover import TransferTicket
+from tieredkv.cache.tiered_cache import TieredCache
 
 _NO_MATCH: Mapping[Tier, int] = dict.fromkeys(Tier, 0)
-
-
-class NodeCache(Protocol):
-    """The node-level calls a handle is built on (`TieredCache`'s; see their docstrings)."""
-
-    page_size: int
-
-    def match(self, tokens: TokenSequence, namespace: str) -> MatchResult: ...
-
-    def look_up_remote(self, tokens: TokenSequence, namespace: str) -> int: ...
-
-    def insert(
-        self,
-        tokens: TokenSequence,
-        namespace: str,
-        device_pages: Sequence[int],
-        *,
-        start_node: RadixNode | None = None,
-        start_pages: int = 0,
-    ) -> InsertResult: ...
-
-    def lock(self, node: RadixNode) -> None: ...
-
-    def unlock(self, node: RadixNode) -> None: ...
-
-    def allocate(self, num_pages: int) -> list[int] | None: ...
-
-    def free(self, pages: Sequence[int]) -> None: ...
-
-    def promote(self, match: MatchResult, hold_lock: bool = False) -> PromotionTicket | None: ...
-
-    def prefetch(self, match: MatchResult) -> list[TransferTicket]: ...
-
-    def hold_warm(self, node: RadixNode, delta: int) -> None: ...
 
 
 class WarmHold:
     """A finished request's pages kept on host (see `CacheHandle.hold_warm`)."""
 
-    def __init__(self, cache: NodeCache, node: RadixNode) -> None:
+    def __init__(self, cache: TieredCache, node: RadixNode) -> None:
         self._cache = cache
         self._node: RadixNode | None = node
         cache.hold_warm(node, +1)
@@ -93,9 +58,9 @@ class PromotionResult:
 
 
 class CacheHandle:
-    """One request's hold on the cache: made by `TieredCache.new_handle`, engine thread only."""
+    """One request's hold on the cache in `namespace`, holding nothing yet; engine thread only."""
 
-    def __init__(self, cache: NodeCache, namespace: str) -> None:
+    def __init__(self, cache: TieredCache, namespace: str) -> None:
         self._cache = cache
         self.namespace = namespace
         self._queued_match: MatchResult | None = None  # unlocked: a snapshot for ordering

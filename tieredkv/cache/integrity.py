@@ -24,8 +24,8 @@ from tieredkv.cache.index.page_key import page_key
 from tieredkv.cache.index.radix_index import RadixIndex
 from tieredkv.cache.index.radix_node import NO_COPY, RadixNode
 from tieredkv.cache.index.token_run import TOKEN_BYTES
-from tieredkv.cache.pools.tier_pools import TierPools
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.mover import PartState, TransferPart, TransferTicket
 
 OWNERS = ("node", "request", "ticket")

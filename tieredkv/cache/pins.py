@@ -11,6 +11,8 @@ own full pages against its namespace's budget (two pins sharing a prefix count i
 The registry is saved as JSON beside the disk store (`pins.json`, written atomically on every
 change) and read at start: those pins are pinned again once the server is up (their pages
 come back from disk), so pins survive a restart.
+
+`PinRegistry` keeps the pins; `Pinning` makes and releases them over the index and the tiers.
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tieredkv.cache.disk.directory import PINS_FILE
+from tieredkv.cache.index.radix_index import RadixIndex
 from tieredkv.cache.index.radix_node import RadixNode
+from tieredkv.cache.residency.demotion import Demoter
+from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier_pools import TierPools
 from tieredkv.errors import RequestError
 
 log = logging.getLogger(__name__)
@@ -104,3 +110,72 @@ class PinRegistry:
             os.replace(temporary, self._path)
         except OSError as exc:  # a full disk: the pins hold now, a restart may forget them
             log.error("could not save %s: %s", self._path, exc)
+
+
+class Pinning:
+    """Making and releasing pins: the path's pin counts in the index, copies down to host and
+    disk, the registry's entries (engine thread only)."""
+
+    def __init__(
+        self,
+        registry: PinRegistry,
+        index: RadixIndex,
+        demoter: Demoter,
+        pools: TierPools,
+        host_enabled: bool,
+    ) -> None:
+        self.pins = registry
+        self.index = index
+        self.demoter = demoter
+        self.pools = pools
+        self.host_enabled = host_enabled
+        self.page_size = pools.layout.page_size
+
+    def pin(self, token_ids: Sequence[int], namespace: str) -> Pin | None:
+        """See `TieredCache.pin`."""
+        pin = self.pins.get(namespace, token_ids)
+        if pin is not None and pin.node is not None:
+            return pin  # pinned already
+        if not self.host_enabled:
+            raise PinError("pinning needs a host tier (--host-cache-size)", "prompt", "no_host")
+        num_pages = len(token_ids) // self.page_size
+        if num_pages == 0:
+            message = f"a pinned prompt needs at least one full page ({self.page_size} tokens)"
+            raise PinError(message, "prompt", "prompt_too_short")
+        used = self.pins.pages_in(namespace, besides=pin)
+        if used + num_pages > self.pins.budget_pages:
+            message = (
+                f"pinning {num_pages} pages would exceed this namespace's pin budget "
+                f"({used} of {self.pins.budget_pages} pages pinned)"
+            )
+            raise PinError(message, "prompt", "pin_budget_exceeded")
+        node = self.index.full_path(token_ids, namespace)
+        if node is None or any(
+            Tier.DEVICE not in n.copies and Tier.HOST not in n.copies for n in node.path()
+        ):
+            return None
+        self.index.pin(node, +1)
+        for path_node in node.path():  # parents first
+            for tier in (Tier.HOST, Tier.DISK):
+                if not self.pools.enabled(tier) or tier in path_node.copies:
+                    continue
+                if tier in path_node.inflight:
+                    continue
+                if not self.demoter.copy_down(path_node, tier, frees_source=False):
+                    self.index.pin(node, -1)
+                    message = f"the {tier.label} tier has no room for this prefix"
+                    raise PinError(message, "prompt", "tier_full")
+        pin = pin or Pin(namespace, tuple(token_ids), num_pages)
+        pin.node = node
+        self.pins.add(pin)
+        return pin
+
+    def unpin(self, token_ids: Sequence[int], namespace: str) -> bool:
+        """See `TieredCache.unpin`."""
+        pin = self.pins.get(namespace, token_ids)
+        if pin is None:
+            return False
+        if pin.node is not None:
+            self.index.pin(pin.node, -1)
+        self.pins.remove(pin)
+        return True

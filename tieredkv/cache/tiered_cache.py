@@ -1,13 +1,11 @@
-"""The tiered KV cache facade: the one object the engine talks to.
+"""The tiered KV cache facade (made by `build.build_cache`): the one object the engine talks to.
 
-Threads: every method runs on the engine thread, the only writer of the tree, pools, locks and
-heaps. Mover threads copy bytes and report; `poll()` applies what they reported.
-
-The engine holds one `CacheHandle` per request (`new_handle`; its life in `cache_handle.py`) and
-never sees a node. The handle is built on these node-level calls, which the cache's tests drive:
+Every method runs on the engine thread, the only writer of the tree, pools, locks and heaps;
+mover threads copy bytes and report, and `poll()` applies what they reported. The engine holds
+one `CacheHandle(cache, namespace)` per request and never sees a node; the handle is built on
+these node-level calls, which the cache's tests drive:
   match = cache.match(prompt, namespace)          # device, host, disk segments + the miss
-  cache.lock(match.last_node)                     # keep the path while queued
-  cache.prefetch(match)                           # disk/remote -> host in the background
+  cache.lock(match.last_node); cache.prefetch(match)   # while queued: disk/remote -> host
   promo = cache.promote(match)                    # at admission; None: no room now, retry
   ... cache.poll() until promo.done; use promo.device_pages (promo.ready_len tokens)
   pages = cache.allocate(n)                       # private device pages for the suffix
@@ -18,171 +16,60 @@ never sees a node. The handle is built on these node-level calls, which the cach
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-import torch
-
-from tieredkv.cache.cache_handle import CacheHandle
-from tieredkv.cache.cache_metrics import CacheCounters
-from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.error_reason import DiskErrorReason
-from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.index.match_results import InsertResult, MatchResult
-from tieredkv.cache.index.page_key import chain_packed_keys
 from tieredkv.cache.index.radix_index import RadixIndex
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.index.token_run import TokenSequence, packed_bytes
 from tieredkv.cache.integrity import IntegrityResult, check_integrity
+from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.page_layout import PageLayout
-from tieredkv.cache.pins import Pin, PinError, PinRegistry
+from tieredkv.cache.pins import Pin, Pinning, PinRegistry
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
-from tieredkv.cache.pools.tier_pools import TierPools
-from tieredkv.cache.remote.connection import RemoteTimeouts
-from tieredkv.cache.remote.record import RefusalReason
-from tieredkv.cache.remote.remote_tier import RemoteTier
-from tieredkv.cache.remote.store import RemoteStore
+from tieredkv.cache.remote.lookup import remote_keys_past
 from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.residency.promotion import Promoter, PromotionTicket
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.transfer.executor import (
-    CudaStreamTransferExecutor,
-    ThreadTransferExecutor,
-    TransferExecutor,
-)
+from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.mover import Mover, TransferTicket
 from tieredkv.cache.transfer.page_copier import PageCopier
-from tieredkv.cache.warm_restart import rebuild_from_disk
 from tieredkv.config import CacheConfig, WritePolicy
 
 DEFAULT_NAMESPACE = "default"
-DEFAULT_PREFETCH_PAGES = 256
-REMOTE_ERROR_REASONS = (*(reason.value for reason in RefusalReason), "unavailable")
-IO_WORKERS = 4  # disk and remote transfers at once
-REMOTE_LOOKUP_MAX_PAGES = 512  # pages one look-up asks the remote store for (8k tokens at 16)
+PREFETCH_PAGES = 256
 
 
-def _default_memory_executor(device: torch.device) -> TransferExecutor:
-    if device.type == "cuda":
-        return CudaStreamTransferExecutor(num_workers=2, device=device)
-    return ThreadTransferExecutor(num_workers=2, name="tkv-copy")
-
-
+@dataclass(eq=False, repr=False)
 class TieredCache:
-    """Device, host and disk KV pages indexed by one radix tree (see docs/architecture.md).
+    """KV pages in four tiers under one radix tree; each call delegates to the part owning it."""
 
-    `fingerprint` identifies the model (weights, tokenizer, dtype, layout, page size); it roots
-    every namespace's key chain. With `config.disk_enabled`, the disk store is opened (its
-    directory locked; DiskStoreError if it cannot be) and its records are indexed again, so
-    their prefixes match in the disk tier. Executors and the clock can be replaced (tests).
-    """
+    config: CacheConfig
+    layout: PageLayout
+    tree: RadixTree
+    pools: TierPools
+    counters: CacheCounters
+    copier: PageCopier
+    mover: Mover
+    residency: Residency
+    index: RadixIndex
+    demoter: Demoter
+    promoter: Promoter
+    pinning: Pinning
 
-    def __init__(
-        self,
-        config: CacheConfig,
-        layout: PageLayout,
-        fingerprint: bytes,
-        device: torch.device | str = "cpu",
-        *,
-        disk_io: DiskIOBackend | None = None,
-        memory_executor: TransferExecutor | None = None,
-        disk_executor: TransferExecutor | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.config = config
-        self.layout = layout
-        self.page_size = layout.page_size
-        self.fingerprint = fingerprint
-        self.write_policy = config.write_policy
-        device = torch.device(device)
-        disk = None
-        if config.disk_enabled:
-            assert config.disk_cache_dir is not None
-            disk = DiskStore(
-                config.disk_cache_dir, fingerprint, layout, config.disk_cache_bytes, io=disk_io
-            )
-        remote = None
-        if config.remote_enabled:
-            assert config.remote_cache_url is not None
-            store = RemoteStore(
-                config.remote_cache_url,
-                fingerprint,
-                layout.page_size,
-                layout.page_bytes,
-                config.remote_compression,
-                config.remote_password,
-                timeouts=RemoteTimeouts().scaled(config.remote_budget_scale),
-            )
-            remote = RemoteTier(store, layout)
-        self.pools = TierPools(
-            DevicePool.from_bytes(layout, config.device_cache_bytes, device),
-            HostPool.from_bytes(layout, config.host_cache_bytes),
-            disk,
-            remote,
-        )
-        self.tree = RadixTree(self.page_size)
-        self.counters = CacheCounters()
-        self.copier = PageCopier(self.pools.device, self.pools.host, disk, remote=remote)
-        self.mover = Mover(
-            memory_executor or _default_memory_executor(device),
-            disk_executor or self._default_io_executor(),
-            clock,
-        )
-        self.residency = Residency(
-            self.tree,
-            self.pools,
-            self.copier,
-            self.mover,
-            self.counters,
-            clock,
-            namespace_share=config.namespace_share,
-        )
-        self.index = RadixIndex(self.tree, fingerprint, config.enable_prefix_reuse, self.residency)
-        self.demoter = Demoter(self.pools, self.residency)
-        self.promoter = Promoter(
-            self.pools, self.residency, self.demoter, self.index, self.counters, clock
-        )
-        if disk is not None:
-            rebuild_from_disk(self.tree, disk, self.residency)
-        budget = config.pin_budget_bytes
-        if budget is None:  # a quarter of the host tier
-            budget = config.host_cache_bytes // 4
-        self.pins = PinRegistry(
-            budget // layout.page_bytes, config.disk_cache_dir if disk is not None else None
-        )
-
-    def _default_io_executor(self) -> ThreadTransferExecutor:
-        """Four I/O workers. With a store below host they start now, each with its staging
-        buffers faulted in (a store read lands in them on its way to the device): 4 x 96 MiB
-        (three slots of 32 MiB) resident from the start. A first touch of fresh memory costs a
-        page fault per 4 KiB page, far slower than a copy into resident memory on a VM that
-        hands freed memory back to its host; faulting the buffers in at start keeps that cost
-        out of the first promotion from disk or Redis."""
-        stores = self.copier.stores
-        if not stores:
-            return ThreadTransferExecutor(num_workers=IO_WORKERS, name="tkv-disk")
-        staging, pages = self.copier.staging, self.copier.stage_pages
-        return ThreadTransferExecutor(
-            num_workers=IO_WORKERS, name="tkv-disk", warm=lambda: staging.prefault(pages)
-        )
-
-    def new_handle(self, namespace: str = DEFAULT_NAMESPACE) -> CacheHandle:
-        """A request's hold on the cache in `namespace`, holding nothing yet."""
-        return CacheHandle(self, namespace)
-
-    # --- matching and inserting ------------------------------------------------------------
+    @property
+    def page_size(self) -> int:
+        return self.layout.page_size
 
     def match(self, tokens: TokenSequence, namespace: str = DEFAULT_NAMESPACE) -> MatchResult:
-        """The longest cached prefix of `tokens` in `namespace`, in whole pages, reusing at most
-        `len(tokens) - 1` tokens. Marks the path recently used. A node being demoted is a hit in
-        its source tier; a node being promoted is a hit in its source tier too.
-
-        `tokens` are ids, or `PackedTokens` (what the tree compares: a caller that matches the
-        same sequence several times packs it once; ids are packed on every call)."""
+        """The longest cached prefix of `tokens` (ids, or `PackedTokens` packed once) in whole
+        pages, reusing at most `len(tokens) - 1` tokens; marks the path recently used. A node
+        being demoted or promoted is a hit in its source tier."""
         return self.index.match(tokens, namespace)
 
     def insert(
@@ -194,54 +81,36 @@ class TieredCache:
         start_node: RadixNode | None = None,
         start_pages: int = 0,
     ) -> InsertResult:
-        """Index the full pages of `tokens` (ids or `PackedTokens`, as for `match`) whose KV is
-        in `device_pages` (the request's page table, one device page per full page; pages
-        already the tree's stay so). Leading pages the tree already has are reported, not
-        replaced: see `InsertResult`. Pages the tree takes stop being the caller's. Does not
-        lock: lock `result.node` next.
-
-        `start_node` (a node the caller holds locked, in `namespace`) and `start_pages` say the
-        first `start_pages` pages of `tokens` are the path ending at `start_node`: the walk
-        goes on from there instead of comparing those pages again. The result is the same as
-        without them; a node whose depth is not `start_pages` is a programming error."""
+        """Index the full pages of `tokens` whose KV is in `device_pages` (the page table). Pages
+        the tree has already are reported (`InsertResult`), the others become the tree's; lock
+        `result.node` next. A `start_node` the caller holds locked, `start_pages` pages deep,
+        starts the walk past those pages, with the same result."""
         result = self.index.insert(tokens, namespace, device_pages, start_node, start_pages)
-        if self.write_policy is WritePolicy.WRITE_THROUGH and result.node is not None:
+        if self.config.write_policy is WritePolicy.WRITE_THROUGH and result.node is not None:
             self._write_through_path(result.node)
         if result.node is not None and self.pools.healthy(Tier.REMOTE):
             self._write_remote_path(result.node)
         return result
 
     def look_up_remote(self, tokens: TokenSequence, namespace: str = DEFAULT_NAMESPACE) -> int:
-        """Past the local match, the next pages of `tokens` that the remote store holds (one
-        round trip) join the tree as remote copies, to be promoted like disk pages. Returns
-        how many; 0 without a healthy remote tier."""
+        """Index the pages past the local match that the remote store holds; returns how many."""
         remote = self.pools.remote
-        if remote is None or not self.pools.healthy(Tier.REMOTE):
+        if not (remote and self.config.enable_prefix_reuse and self.pools.healthy(Tier.REMOTE)):
             return 0
         match = self.index.match(tokens, namespace)
-        max_pages = max(match.num_tokens - 1, 0) // self.page_size
-        wanted = min(max_pages - match.num_pages, REMOTE_LOOKUP_MAX_PAGES)
-        if wanted <= 0 or not self.config.enable_prefix_reuse:
-            return 0
         query = packed_bytes(tokens)
-        last = match.last_node
-        parent_key = match.namespace_key if last is None else self.tree.page_keys(last)[-1]
-        page_bytes = self.tree.page_bytes
-        start = match.num_pages * page_bytes
-        keys = chain_packed_keys(
-            parent_key, query[start : start + wanted * page_bytes], self.page_size
-        )
-        found = remote.lookup(keys)
-        if not found:
+        keys = remote_keys_past(remote, self.tree, match, query)
+        if not keys:
             return 0
+        last = match.last_node
         if last is not None:
             self.index.lock(last)  # making room must not take the path the pages hang from
         try:
-            if not self.demoter.make_room(Tier.REMOTE, found):
+            if not self.demoter.make_room(Tier.REMOTE, len(keys)):
                 return 0
-            slots = self.pools.alloc(Tier.REMOTE, found)
-            if self.index.attach_found(query, namespace, match, keys[:found], Tier.REMOTE, slots):
-                return found
+            slots = self.pools.alloc(Tier.REMOTE, len(keys))
+            if self.index.attach_found(query, namespace, match, keys, Tier.REMOTE, slots):
+                return len(keys)
             self.pools.free(Tier.REMOTE, slots)
             return 0
         finally:
@@ -256,12 +125,9 @@ class TieredCache:
         """Release one `lock(node)`."""
         self.index.unlock(node)
 
-    # --- device pages for requests ---------------------------------------------------------
-
     def allocate(self, num_pages: int) -> list[int] | None:
-        """`num_pages` free device pages for a request, all or none. Demotes least recently
-        used pages to make room; None if they are not free yet (demotions started: retry after
-        `poll`) or cannot be (everything else locked)."""
+        """`num_pages` free device pages for a request, all or none, demoting to make room; None
+        if not free yet (demotions started: retry after `poll`) or never (all else locked)."""
         if not self.demoter.make_room(Tier.DEVICE, num_pages):
             return None
         pages = self.pools.alloc(Tier.DEVICE, num_pages)
@@ -273,26 +139,18 @@ class TieredCache:
         self.index.reclaim(pages)
         self.pools.free(Tier.DEVICE, list(pages))
 
-    # --- moving pages ----------------------------------------------------------------------
-
     def promote(self, match: MatchResult, hold_lock: bool = False) -> PromotionTicket | None:
-        """Bring the match's host and disk pages to the device; call once per admitted request
-        (it credits hit tokens per tier). Allocates every device page needed or none: None means
-        no room now (demotions may have started; retry after `poll`). The ticket locks the match
-        until done; an already-resident match gives a ticket that is done at once. With
-        `hold_lock`, the done ticket hands the caller a lock on `ticket.ready_node`."""
+        """Bring the match's lower pages to the device, once per admitted request (it credits
+        hit tokens per tier), all device pages or none (None: retry after `poll`). The ticket
+        locks the match until done; `hold_lock` hands the caller a lock on its `ready_node`."""
         return self.promoter.promote(match, hold_lock)
 
-    def prefetch(
-        self, match: MatchResult, max_pages: int = DEFAULT_PREFETCH_PAGES
-    ) -> list[TransferTicket]:
-        """Start moving up to `max_pages` of the match's disk or remote pages to host (no
-        wait)."""
+    def prefetch(self, match: MatchResult, max_pages: int = PREFETCH_PAGES) -> list[TransferTicket]:
+        """Start moving up to `max_pages` of the match's disk or remote pages to host."""
         return self.promoter.prefetch(match, max_pages)
 
     def prefault_some(self) -> bool:
-        """Fault in the next chunk of the host tier's memory (the engine thread, when it has
-        nothing else to do: see `pools/prefault.py`); True while more remains."""
+        """Fault in the next chunk of host memory (when idle); True while more remains."""
         return self.pools.host.prefault_some()
 
     def poll(self) -> list[PromotionTicket]:
@@ -305,7 +163,7 @@ class TieredCache:
         for ticket in self.mover.drain():
             committed += self.residency.apply(ticket)
             finished.extend(self.promoter.transfer_applied(ticket))
-        if start_write_through and self.write_policy is WritePolicy.WRITE_THROUGH:
+        if start_write_through and self.config.write_policy is WritePolicy.WRITE_THROUGH:
             for node, tier in committed:
                 if tier is not Tier.DEVICE:
                     self.demoter.write_through(node, tier)
@@ -322,8 +180,7 @@ class TieredCache:
         return len(self.mover.in_flight)
 
     def add_transfer_listener(self, notify: Callable[[], None]) -> None:
-        """Call `notify()` (from a mover thread) whenever a transfer finishes: the engine
-        thread sleeps on one event for both new requests and finished transfers."""
+        """Call `notify()` (from a mover thread) whenever a transfer finishes."""
         self.mover.add_listener(notify)
 
     def add_device_landing_listener(self, landed: Callable[[list[int]], None]) -> None:
@@ -332,75 +189,32 @@ class TieredCache:
         self.copier.device_landing_listeners.append(landed)
 
     def evict(self, tier: Tier, num_pages: int) -> bool:
-        """Make `num_pages` free in `tier` (demoting, or dropping at the last tier); True if
-        they are free now. Locked paths and copies in flight are never touched."""
+        """Free `num_pages` in `tier` (demoting; dropping at the last tier), never touching
+        locked paths or copies in flight; True if they are free now."""
         return self.demoter.make_room(tier, num_pages)
 
     def flush(self, within: Callable[[str], bool] | None = None) -> int:
-        """Drop every cached page that is not locked or in flight, in every tier (the disk
-        records too); with `within`, only in the namespaces it accepts (those named by a
-        match or insert since the start). Returns the number of pages dropped."""
-        if within is None:
-            return self.demoter.flush()
+        """Drop every cached page not locked or in flight, in every tier (disk records too), or
+        only in the namespaces `within` accepts; returns the number of pages dropped."""
         names = self.tree.names
-        return self.demoter.flush([self.tree.roots[key] for key in names if within(names[key])])
-
-    # --- pinned prefixes (see `pins`) -------------------------------------------------------
+        roots = None if within is None else [self.tree.roots[k] for k in names if within(names[k])]
+        return self.demoter.flush(roots)
 
     def pin(self, token_ids: Sequence[int], namespace: str = DEFAULT_NAMESPACE) -> Pin | None:
-        """Pin the full pages of `token_ids`: from now on at least on host (and copied to disk
-        when there is one). None when the tree does not hold them all on the device or host
-        (compute the prompt first); PinError when it may not be pinned."""
-        pin = self.pins.get(namespace, token_ids)
-        if pin is not None and pin.node is not None:
-            return pin  # pinned already
-        if not self.config.host_enabled:
-            raise PinError("pinning needs a host tier (--host-cache-size)", "prompt", "no_host")
-        num_pages = len(token_ids) // self.page_size
-        if num_pages == 0:
-            message = f"a pinned prompt needs at least one full page ({self.page_size} tokens)"
-            raise PinError(message, "prompt", "prompt_too_short")
-        used = self.pins.pages_in(namespace, besides=pin)
-        if used + num_pages > self.pins.budget_pages:
-            message = (
-                f"pinning {num_pages} pages would exceed this namespace's pin budget "
-                f"({used} of {self.pins.budget_pages} pages pinned)"
-            )
-            raise PinError(message, "prompt", "pin_budget_exceeded")
-        node = self.index.full_path(token_ids, namespace)
-        if node is None or any(
-            Tier.DEVICE not in n.copies and Tier.HOST not in n.copies for n in node.path()
-        ):
-            return None
-        self.index.pin(node, +1)
-        for path_node in node.path():  # parents first
-            for tier in (Tier.HOST, Tier.DISK):
-                if not self.tier_enabled(tier) or tier in path_node.copies:
-                    continue
-                if tier in path_node.inflight:
-                    continue
-                if not self.demoter.copy_down(path_node, tier, frees_source=False):
-                    self.index.pin(node, -1)
-                    message = f"the {tier.label} tier has no room for this prefix"
-                    raise PinError(message, "prompt", "tier_full")
-        pin = pin or Pin(namespace, tuple(token_ids), num_pages)
-        pin.node = node
-        self.pins.add(pin)
-        return pin
+        """Keep the full pages of `token_ids` at least on host (and on disk); None when they are
+        not all on the device or host (compute first); PinError when they may not be pinned."""
+        return self.pinning.pin(token_ids, namespace)
 
     def unpin(self, token_ids: Sequence[int], namespace: str = DEFAULT_NAMESPACE) -> bool:
         """Release a pin; False when `token_ids` were not pinned in `namespace`."""
-        pin = self.pins.get(namespace, token_ids)
-        if pin is None:
-            return False
-        if pin.node is not None:
-            self.index.pin(pin.node, -1)
-        self.pins.remove(pin)
-        return True
+        return self.pinning.unpin(token_ids, namespace)
+
+    @property
+    def pins(self) -> PinRegistry:
+        return self.pinning.pins
 
     def hold_warm(self, node: RadixNode, delta: int) -> None:
-        """Keep (+1) or stop keeping (-1) the path to `node` on host as a pin does, without a
-        registry entry or budget: a conversation's pages during its think time."""
+        """Keep (+1) or stop keeping (-1) the path to `node` on host, as a pin without a budget."""
         self.index.pin(node, delta)
 
     def _write_remote_path(self, node: RadixNode) -> None:
@@ -421,8 +235,6 @@ class TieredCache:
             if Tier.DEVICE in path_node.copies:
                 self.demoter.write_through(path_node, Tier.DEVICE)
 
-    # --- inspection ------------------------------------------------------------------------
-
     def check_integrity(self) -> IntegrityResult:
         """Reconcile page ownership, lock counts and the closure invariants (engine thread)."""
         return check_integrity(self.index, self.pools, list(self.mover.in_flight.values()))
@@ -431,7 +243,7 @@ class TieredCache:
         return self.pools.enabled(tier)
 
     def tier_healthy(self, tier: Tier) -> bool:
-        """False for a disabled tier and for a degraded one (its pool takes no new copies)."""
+        """Enabled and not degraded (a degraded pool takes no new copies)."""
         return self.pools.healthy(tier)
 
     def tier_used_bytes(self, tier: Tier) -> int:
@@ -443,22 +255,15 @@ class TieredCache:
 
     def disk_page_errors(self) -> dict[DiskErrorReason, int]:
         """Disk records or files refused, by reason; every reason present, 0 without a disk."""
-        disk = self.pools.disk
-        return dict(disk.error_counts) if disk else dict.fromkeys(DiskErrorReason, 0)
+        return self.pools.disk_page_errors()
 
     def remote_page_errors(self) -> dict[str, int]:
-        """Remote values refused by reason (corrupt, fingerprint, key) and calls that failed
-        or ran past their budget (unavailable); every reason present, 0 without the tier."""
-        remote = self.pools.remote
-        if remote is None:
-            return dict.fromkeys(REMOTE_ERROR_REASONS, 0)
-        counters = remote.store.counters()
-        return {**counters.refused, "unavailable": counters.errors}
+        """Remote values refused (corrupt, fingerprint, key) and calls failed (unavailable)."""
+        return self.pools.remote_page_errors()
 
     def namespace_pages(self) -> dict[str, dict[str, int]]:
-        """Each namespace's cached pages per enabled tier: what fair eviction weighs against its
-        share (GET /debug/cache). A namespace known only from disk records at restart, by no
-        name yet, is shown by the start of its root key."""
+        """Each namespace's cached pages per enabled tier (GET /debug/cache); one known only
+        from disk records at restart, by no name yet, is shown by the start of its root key."""
         return {
             self.tree.names.get(key, f"key:{key.hex()[:16]}"): {
                 tier.label: root.usage[tier] for tier in self.pools
@@ -467,17 +272,12 @@ class TieredCache:
         }
 
     def remote_store_state(self) -> dict | None:
-        """The remote store's counters, health and last error (GET /debug/cache); None
-        without the remote tier."""
-        remote = self.pools.remote
-        if remote is None:
-            return None
-        counters = dataclasses.asdict(remote.store.counters())
-        return {**counters, "degraded": remote.degraded, "last_error": remote.store.last_error}
+        """The remote store's counters, health and last error; None without the tier."""
+        return self.pools.remote_store_state()
 
     def disk_direct_io(self) -> bool | None:
         """Whether the disk tier uses O_DIRECT; None without a disk tier."""
-        return None if self.pools.disk is None else self.pools.disk.direct_io
+        return self.pools.disk_direct_io()
 
     def num_locks(self) -> int:
         """Locks held on paths, by requests and by promotions in progress."""
@@ -492,14 +292,9 @@ class TieredCache:
         return self.pools.host
 
     def close(self) -> None:
-        """Let transfers in flight finish and apply them, stop the copy threads, then close the
-        disk store (its records stay for the next start)."""
+        """Finish and apply transfers in flight, stop the copy threads, close the stores."""
         self.mover.close()
-        # no new copies once the mover is closed: what write-through would start now has no
-        # executor to run on (the disk stays closed under "parent of": nothing more is written)
+        # the mover is closed: no write-through now (the disk stays closed under "parent of")
         self._apply_finished(start_write_through=False)
         self.copier.close()
-        if self.pools.disk is not None:
-            self.pools.disk.close()
-        if self.pools.remote is not None:
-            self.pools.remote.close()
+        self.pools.close_stores()

@@ -19,8 +19,9 @@ from tieredkv.cache.index.page_key import token_bytes
 from tieredkv.cache.tier import Tier
 
 if TYPE_CHECKING:
-    from tieredkv.cache.disk.store import DiskRecord, DiskStore
+    from tieredkv.cache.disk.store import DiskStore
     from tieredkv.cache.index.radix_tree import RadixNode, RadixTree
+    from tieredkv.cache.page_record import PageRecord
     from tieredkv.cache.residency.residency import Residency
 
 logger = logging.getLogger(__name__)
@@ -28,14 +29,14 @@ logger = logging.getLogger(__name__)
 
 def rebuild_from_disk(tree: RadixTree, disk: DiskStore, residency: Residency) -> int:
     """Attach every reachable record of `disk.scan()` to `tree`; returns the pages indexed."""
-    by_key: dict[bytes, tuple[int, DiskRecord]] = {}
+    by_key: dict[bytes, tuple[int, PageRecord]] = {}
     unusable: list[int] = []
     for slot, record in disk.scan():
         if record.key in by_key or len(record.tokens) != tree.page_size:
             unusable.append(slot)  # a duplicate (or a page of another size): freed
         else:
             by_key[record.key] = (slot, record)
-    children: dict[bytes, list[tuple[int, DiskRecord]]] = {}
+    children: dict[bytes, list[tuple[int, PageRecord]]] = {}
     for slot, record in by_key.values():
         children.setdefault(record.parent_key, []).append((slot, record))
     stack: list[tuple[RadixNode, bytes]] = []

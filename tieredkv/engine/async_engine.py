@@ -24,15 +24,14 @@ from typing import Any
 
 import torch
 
+from tieredkv.cache.build import build_cache
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pins import PinError
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig, EngineConfig
 from tieredkv.engine.capacity import capacity_lines, capacity_summary
 from tieredkv.engine.engine import Engine
-from tieredkv.engine.engine_metrics import EngineRecorder
-from tieredkv.engine.metrics import EngineMetrics
+from tieredkv.engine.metrics import EngineMetrics, EngineRecorder
 from tieredkv.engine.protocol import (
     EngineClient,
     EngineUnavailableError,
@@ -90,7 +89,7 @@ class AsyncEngine(EngineClient):
         layout = PageLayout.for_model(loaded.config, cache_config.page_size, dtype)
         check_device_capacity(cache_config, layout, engine_config.max_model_len)
         fingerprint = model_fingerprint(loaded, layout)
-        cache = TieredCache(cache_config, layout, fingerprint, device, clock=clock)
+        cache = build_cache(cache_config, layout, fingerprint, device, clock=clock)
         runner = ModelRunner(
             loaded.config,
             loaded.weights,

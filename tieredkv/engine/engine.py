@@ -21,10 +21,11 @@ import threading
 import time
 from collections.abc import Callable
 
+from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import EngineConfig
-from tieredkv.engine.engine_metrics import EngineRecorder, StepFigures
+from tieredkv.engine.metrics import EngineRecorder, StepFigures
 from tieredkv.engine.output import OutputProcessor
 from tieredkv.engine.protocol import FinishReason, GenerationRequest, RequestOutput, Usage
 from tieredkv.engine.request import Request, RequestStatus
@@ -94,7 +95,7 @@ class Engine:
             for i, rows in row_logits.items():
                 self._score_prompt(plan.requests[i], plan.chunks[i], rows)
             self._sample_and_emit(plan, logits, forward_started)
-            self.recorder.prefilled(
+            self.recorder.on_prefill(
                 sum(
                     max(0, min(chunk.end, len(request.spec.prompt_ids)) - chunk.start)
                     for request, chunk in zip(plan.requests, plan.chunks, strict=True)
@@ -106,7 +107,7 @@ class Engine:
         # the figures cover steps that forwarded something (an idle step's time is not work)
         step_s = time.perf_counter() - started if plan.chunks else 0.0
         scheduler_s = scheduler_s if plan.chunks else 0.0
-        self.recorder.step_done(self._step_figures(step_s, scheduler_s))
+        self.recorder.on_step(self._step_figures(step_s, scheduler_s))
         return bool(plan.chunks)
 
     def wait_for_work(self, timeout: float | None = None) -> None:
@@ -140,12 +141,12 @@ class Engine:
             self.tokenizer, spec.prompt_ids, spec.sampling, self.config.max_model_len
         )
         generator = self.sampler.new_generator(spec.sampling)
-        kv = self.cache.new_handle(spec.namespace)
+        kv = CacheHandle(self.cache, spec.namespace)
         request = Request(spec, next(self._seq_ids), output, generator, kv)
         request.unforked = spec.sampling.n - 1
         self.scheduler.add(request)
         self.requests[request.key] = request
-        self.recorder.request_arrived(request)
+        self.recorder.on_request_arrived(request)
 
     def abort(self, request_id: str) -> None:
         """Stop a request, every sequence of it, wherever it is (engine thread); its pages are
@@ -182,7 +183,7 @@ class Engine:
             request.kv_len = chunk.end
             if request.first_forward_at is None:  # queue_seconds ends where the forward began
                 request.first_forward_at = forward_started
-                self.recorder.first_forward(request)
+                self.recorder.on_first_forward(request)
             if request.num_pending == 0:
                 forks = range(request.index + 1, request.index + 1 + request.unforked)
                 for fork in (0, *forks):
@@ -242,7 +243,7 @@ class Engine:
         output = OutputProcessor(
             self.tokenizer, spec.prompt_ids, spec.sampling, self.config.max_model_len
         )
-        kv = self.cache.new_handle(spec.namespace)
+        kv = CacheHandle(self.cache, spec.namespace)
         fork = Request(spec, next(self._seq_ids), output, generator, kv, index=index)
         fork.prompt_logprobs = parent.prompt_logprobs  # scored once, reported by each
         fork.admitted_at, fork.first_forward_at = parent.admitted_at, parent.first_forward_at
@@ -262,7 +263,7 @@ class Engine:
         first = not request.output_ids
         request.output_ids.append(token)
         text, reason = request.output.append(token)
-        self.recorder.token(request, now)
+        self.recorder.on_token(request, now)
         logprobs = () if logprob is None else (logprob,)
         prompt_logprobs = None
         if first and request.prompt_logprobs is not None:
@@ -351,7 +352,7 @@ class Engine:
             )
         request.unforked = 0
         if request.index == 0:  # a request counts once; every sequence's tokens count
-            self.recorder.request_finished(request, reason, self.clock())
+            self.recorder.on_request_finished(request, reason, self.clock())
 
     def fail_all(self, message: str) -> None:
         """An unexpected error in a step: every request ends with `message` (generic: never

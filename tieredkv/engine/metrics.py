@@ -1,22 +1,32 @@
-"""Every `tieredkv_*` Prometheus metric of the public contract (docs/operations.md, "Metrics").
+"""Every `tieredkv_*` Prometheus metric of the public contract (docs/operations.md, "Metrics"),
+and what the engine reports to them, at the moments the contract defines.
 
-`EngineMetrics` owns the registry. The engine thread calls the `on_*` / `set_*` / `sync_cache`
-methods (each a few locked additions); the server calls `render()` for `GET /metrics`. The
-metric objects are public attributes too, for anything the methods do not cover.
+`EngineMetrics` owns the registry: events are recorded by `on_<event>` methods, gauges and
+totals mirrored from the cache by `set_<figure>` methods (each a few locked additions), and the
+server calls `render()` for `GET /metrics`. The metric objects are public attributes too, for
+reading a series. `EngineRecorder` turns the engine's requests into those calls; once a step
+the engine hands it `StepFigures`, the figures the gauges and the mirrored cache counters need,
+never the engine itself.
+
+`cache_hit_tokens_total` counts what requests report in `cached_tokens_by_tier` (first
+admission only, as usage does), not the cache's raw hit counter, which a preempted request's
+re-admission would count twice.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-from tieredkv.cache.cache_metrics import EVICTION_ACTIONS, CacheCounters
 from tieredkv.cache.disk.error_reason import DiskErrorReason
+from tieredkv.cache.metrics import EVICTION_ACTIONS, CacheCounters
 from tieredkv.cache.tier import Tier
-from tieredkv.engine.prometheus import Counter, Gauge, Histogram, Registry
 from tieredkv.engine.protocol import FinishReason
+from tieredkv.engine.request import Request
+from tieredkv.prometheus_format import Counter, Gauge, Histogram, Registry
 
 PREFIX = "tieredkv_"
-TIER_LABELS = tuple(tier.label for tier in Tier)  # ("device", "host", "disk")
+TIER_LABELS = tuple(tier.label for tier in Tier)  # ("device", "host", "disk", "remote")
 PROMOTION_SOURCES = ("host", "disk", "remote")
 SUCCESS_REASONS = ("stop", "length", "abort")
 REMOTE_ERROR_REASONS = ("corrupt", "fingerprint", "key", "unavailable")
@@ -124,7 +134,7 @@ class EngineMetrics:
             "queue order, admission, page reservation, computed pages inserted.",
         )
 
-    # -- called by the engine ------------------------------------------------------------------
+    # -- events ------------------------------------------------------------------------------------
 
     def on_request_arrived(self, num_prompt_tokens: int) -> None:
         self.prompt_tokens.inc(num_prompt_tokens)
@@ -133,8 +143,12 @@ class EngineMetrics:
         self.queue_seconds.observe(queue_seconds)
 
     def on_promotion(self, from_tier: Tier, seconds: float) -> None:
-        """One observation per request per source tier (host or disk)."""
+        """One observation per request per source tier (host, disk or remote)."""
         self.promotion_seconds.observe(seconds, from_tier=from_tier.label)
+
+    def on_prefill(self, num_tokens: int) -> None:
+        """Prompt tokens forwarded in a step."""
+        self.prefill_tokens.inc(num_tokens)
 
     def on_tokens_generated(self, num_tokens: int) -> None:
         self.generation_tokens.inc(num_tokens)
@@ -168,39 +182,49 @@ class EngineMetrics:
         if reason is not FinishReason.ERROR:
             self.request_success.inc(finished_reason=reason.value)
 
+    # -- gauges and totals kept elsewhere ----------------------------------------------------------
+
     def set_queue_sizes(self, num_running: int, num_waiting: int) -> None:
         self.requests_running.set(num_running)
         self.requests_waiting.set(num_waiting)
 
-    def sync_cache(
+    def set_tier_bytes(
+        self, used_bytes: Mapping[Tier, int], capacity_bytes: Mapping[Tier, int]
+    ) -> None:
+        for tier in Tier:
+            self.tier_used_bytes.set(used_bytes.get(tier, 0), tier=tier.label)
+            self.tier_capacity_bytes.set(capacity_bytes.get(tier, 0), tier=tier.label)
+
+    def set_cache_totals(
         self,
         counters: CacheCounters,
-        used_bytes: Mapping[Tier, int],
-        capacity_bytes: Mapping[Tier, int],
         disk_page_errors: Mapping[DiskErrorReason, int],
+        remote_page_errors: Mapping[str, int],
     ) -> None:
-        """Mirror the cache's own monotonic counters and its tier sizes (call once per step, on
-        the engine thread: `cache.counters`, `cache.tier_used_bytes(t)`,
-        `cache.tier_capacity_bytes(t)`, `cache.disk_page_errors()`)."""
-        for tier, tokens in counters.hit_tokens.items():
-            self.cache_hit_tokens.set_total(tokens, tier=tier.label)
+        """Mirror the cache's own monotonic counters (once per step, on the engine thread:
+        `cache.counters`, `cache.disk_page_errors()`, `cache.remote_page_errors()`); not its
+        hit tokens, which count a preempted request's re-admission again (`set_hit_tokens`)."""
         for (src, dst), num_bytes in counters.transfer_bytes.items():
             self.transfer_bytes.set_total(num_bytes, from_tier=src.label, to_tier=dst.label)
         for (tier, action), pages in counters.evicted_pages.items():
             self.evicted_pages.set_total(pages, tier=tier.label, action=action)
         for reason, count in disk_page_errors.items():
             self.disk_page_errors.set_total(count, reason=reason.label)
-        for tier in Tier:
-            self.tier_used_bytes.set(used_bytes.get(tier, 0), tier=tier.label)
-            self.tier_capacity_bytes.set(capacity_bytes.get(tier, 0), tier=tier.label)
+        for remote_reason, count in remote_page_errors.items():
+            self.remote_page_errors.set_total(count, reason=remote_reason)
 
-    # -- called by the server ------------------------------------------------------------------
+    def set_hit_tokens(self, hit_tokens: Mapping[Tier, int]) -> None:
+        """Prompt tokens reused, by tier, as requests report them at their first admission."""
+        for tier, tokens in hit_tokens.items():
+            self.cache_hit_tokens.set_total(tokens, tier=tier.label)
+
+    # -- called by the server ----------------------------------------------------------------------
 
     def render(self) -> str:
         """The Prometheus text exposition (format 0.0.4) of every metric."""
         return self.registry.render()
 
-    # -- declaration helpers -------------------------------------------------------------------
+    # -- declaration helpers -----------------------------------------------------------------------
 
     def _counter(
         self,
@@ -232,3 +256,77 @@ class EngineMetrics:
         metric = Histogram(PREFIX + name, help_text, buckets, label_names, label_values or ())
         self.registry.register(metric)
         return metric
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """The step's time (and the scheduler's share of it: applying transfers, queue order,
+    admission, page reservation and inserting computed pages), the queue sizes and the cache's
+    counters and sizes at the end of a step."""
+
+    step_seconds: float
+    scheduler_seconds: float
+    num_running: int
+    num_waiting: int  # queued or promoting
+    cache_counters: CacheCounters
+    tier_used_bytes: Mapping[Tier, int]
+    tier_capacity_bytes: Mapping[Tier, int]
+    disk_page_errors: Mapping[DiskErrorReason, int]
+    remote_page_errors: Mapping[str, int]
+
+
+class EngineRecorder:
+    """The engine's events, from its requests, to `EngineMetrics` (on the engine thread)."""
+
+    def __init__(self, metrics: EngineMetrics) -> None:
+        self.metrics = metrics
+        self.hit_tokens = dict.fromkeys(Tier, 0)
+
+    def on_request_arrived(self, request: Request) -> None:
+        if request.num_preemptions == 0:
+            self.metrics.on_request_arrived(len(request.spec.prompt_ids))
+
+    def on_promotion_done(self, request: Request) -> None:
+        if request.num_preemptions:
+            return
+        for tier, tokens in request.cached_by_tier.items():
+            self.hit_tokens[tier] += tokens
+            if tier is not Tier.DEVICE and tokens and request.promotion_seconds is not None:
+                self.metrics.on_promotion(tier, request.promotion_seconds)
+
+    def on_first_forward(self, request: Request) -> None:
+        assert request.first_forward_at is not None
+        self.metrics.on_first_forward(request.first_forward_at - request.spec.arrival_time)
+
+    def on_prefill(self, num_tokens: int) -> None:
+        """Prompt tokens forwarded in a step."""
+        self.metrics.on_prefill(num_tokens)
+
+    def on_token(self, request: Request, now: float) -> None:
+        self.metrics.on_tokens_generated(1)
+        if request.first_token_at is None:
+            request.first_token_at = now
+            self.metrics.on_first_token(now - request.spec.arrival_time)
+        request.last_token_at = now
+
+    def on_preemption(self) -> None:
+        self.metrics.on_preemption()
+
+    def on_deferred_admission(self) -> None:
+        """A request first waited for a running request computing a prefix it shares."""
+        self.metrics.on_deferred_admission()
+
+    def on_request_finished(self, request: Request, reason: FinishReason, now: float) -> None:
+        arrival = request.spec.arrival_time
+        ttft = None if request.first_token_at is None else request.first_token_at - arrival
+        self.metrics.on_request_finished(reason, now - arrival, len(request.output_ids), ttft)
+
+    def on_step(self, figures: StepFigures) -> None:
+        """Step times, queue sizes and the cache's counters and sizes, once per step."""
+        self.metrics.on_step(figures.step_seconds, figures.scheduler_seconds)
+        self.metrics.set_queue_sizes(figures.num_running, figures.num_waiting)
+        self.metrics.set_tier_bytes(figures.tier_used_bytes, figures.tier_capacity_bytes)
+        self.metrics.set_cache_totals(
+            figures.cache_counters, figures.disk_page_errors, figures.remote_page_errors
+        )
+        self.metrics.set_hit_tokens(self.hit_tokens)

@@ -38,7 +38,7 @@ from tieredkv.cache.cache_handle import WarmHold
 from tieredkv.cache.tier import Tier
 from tieredkv.config import EngineConfig, SchedulePolicy
 from tieredkv.engine.admission import DeviceRoom, prefix_being_computed
-from tieredkv.engine.engine_metrics import EngineRecorder
+from tieredkv.engine.metrics import EngineRecorder
 from tieredkv.engine.protocol import FinishReason, QueueFullError
 from tieredkv.engine.request import Request, RequestStatus
 from tieredkv.engine.request_pages import RequestPages
@@ -269,14 +269,14 @@ class Scheduler:
         if prefix_being_computed(request, admitted, self.page_size) is None:
             return False
         if not was_waiting and request.deferred_s == 0.0:
-            self.recorder.deferred()  # its first such wait
+            self.recorder.on_deferred_admission()  # its first such wait
         request.deferred_at = now
         return True
 
     def _start_running(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
-        self.recorder.promotion_done(request)
+        self.recorder.on_promotion_done(request)
 
     def _preempt(self, request: Request) -> None:
         """Back to the queue; its computed pages go to the tree (demotable, not lost)."""
@@ -288,4 +288,4 @@ class Scheduler:
         request.num_preemptions += 1
         self.pages.on_arrival(request)
         self.waiting.append(request)
-        self.recorder.preempted()
+        self.recorder.on_preemption()

@@ -8,9 +8,10 @@ import torch
 
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, Superblock, decode_superblock
-from tieredkv.cache.disk.store import DiskRecord, DiskStore
+from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.index.page_key import namespace_root_key, page_key
 from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.page_record import PageRecord
 
 # 2 layers x 2 (K, V) x 4 tokens x 1 head x 8 dims x 2 B = 256 B per page
 LAYOUT = PageLayout(num_layers=2, num_kv_heads=1, head_dim=8, page_size=4, dtype=torch.bfloat16)
@@ -18,14 +19,14 @@ FINGERPRINT = b"tiny-test-model"
 CAPACITY = 64 << 10  # 14 records of 4 KiB
 
 
-def chain(count: int, namespace: str = "ns", layout: PageLayout = LAYOUT) -> list[DiskRecord]:
+def chain(count: int, namespace: str = "ns", layout: PageLayout = LAYOUT) -> list[PageRecord]:
     """`count` records of one conversation, each page the child of the previous one."""
     parent = namespace_root_key(FINGERPRINT, namespace)
     records = []
     for index in range(count):
         tokens = tuple(range(index * layout.page_size, (index + 1) * layout.page_size))
         key = page_key(parent, tokens)
-        records.append(DiskRecord(key, parent, tokens))
+        records.append(PageRecord(key, parent, tokens))
         parent = key
     return records
 

@@ -23,7 +23,7 @@ NAMESPACE = "default"
 
 def run_request(cache: TieredCache, tokens: list[int]) -> CacheHandle:
     """Admit, compute every full page of `tokens` and insert them, still holding the handle."""
-    handle = cache.new_handle(NAMESPACE)
+    handle = CacheHandle(cache, NAMESPACE)
     assert handle.promote(tokens) and not handle.promotion_pending
     assert handle.take_promotion() is not None
     assert handle.reserve(len(tokens))
@@ -38,7 +38,7 @@ def test_a_handle_inserts_its_pages_and_the_next_one_reuses_them() -> None:
     tokens = list(range(10))
     first = run_request(cache, tokens)
     assert first.num_tree_pages == 2 and len(first.page_table) == 3  # 10 tokens: 2 full pages
-    second = cache.new_handle(NAMESPACE)
+    second = CacheHandle(cache, NAMESPACE)
     second.look_up(tokens)
     assert second.matched_tokens_by_tier == {**dict.fromkeys(Tier, 0), Tier.DEVICE: 8}
     assert second.promote(tokens)
@@ -58,7 +58,7 @@ def test_a_handle_inserts_its_pages_and_the_next_one_reuses_them() -> None:
 def test_pages_computed_twice_are_freed_for_the_trees() -> None:
     cache, _ = make_cache(LAYOUT, device_pages=8)
     tokens = list(range(9))
-    early, late = cache.new_handle(NAMESPACE), cache.new_handle(NAMESPACE)
+    early, late = CacheHandle(cache, NAMESPACE), CacheHandle(cache, NAMESPACE)
     for handle in (early, late):  # both admitted before either inserted
         assert handle.promote(tokens)
         handle.take_promotion()
@@ -82,7 +82,7 @@ def test_a_promotion_from_host_is_pending_until_its_copy_is_applied() -> None:
     assert cache.evict(Tier.DEVICE, 4) is False  # the demotion is in flight
     assert cache.transfers_in_flight() == 1
     settle(cache, executor)
-    handle = cache.new_handle(NAMESPACE)
+    handle = CacheHandle(cache, NAMESPACE)
     handle.look_up(tokens)
     assert handle.matched_tokens_by_tier[Tier.HOST] == 8
     assert handle.promote(tokens) and handle.promotion_pending
@@ -106,7 +106,7 @@ def test_release_takes_a_done_promotion_first() -> None:
     run_request(cache, tokens).release()
     cache.evict(Tier.DEVICE, 4)
     settle(cache, executor)
-    handle = cache.new_handle(NAMESPACE)
+    handle = CacheHandle(cache, NAMESPACE)
     assert handle.promote(tokens)
     settle(cache, executor)
     handle.release()  # never taken: its lock and pages still go back
@@ -116,7 +116,7 @@ def test_release_takes_a_done_promotion_first() -> None:
 
 def test_reserve_is_all_or_nothing() -> None:
     cache, _ = make_cache(LAYOUT, device_pages=4)
-    handle = cache.new_handle(NAMESPACE)
+    handle = CacheHandle(cache, NAMESPACE)
     assert handle.reserve(12) and len(handle.page_table) == 3
     assert handle.reserve(9)  # covered already
     assert not handle.reserve(20)  # two more pages, one free
@@ -135,7 +135,7 @@ def test_prefetch_reads_disk_pages_towards_host_once_per_look_up(tmp_path) -> No
     for tier in (Tier.DEVICE, Tier.HOST):  # down to disk
         cache.evict(tier, 4)
         settle(cache, executor)
-    handle = cache.new_handle(NAMESPACE)
+    handle = CacheHandle(cache, NAMESPACE)
     handle.look_up(tokens)
     assert handle.matched_tokens_by_tier[Tier.DISK] == 8
     handle.prefetch()

@@ -6,8 +6,8 @@ import threading
 from pathlib import Path
 
 from tests.support.tiny_cache import FINGERPRINT, disk_bytes_for, fill_device_pages, tiny_layout
+from tieredkv.cache.build import build_cache
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.cache.transfer.page_copier import HELPER_THREAD_PREFIX
 from tieredkv.config import CacheConfig, WritePolicy
 
@@ -33,7 +33,7 @@ def test_a_closed_cache_leaves_no_worker_threads(tmp_path: Path) -> None:
         disk_cache_bytes=disk_bytes_for(LAYOUT, 40),
         write_policy=WritePolicy.WRITE_THROUGH,
     )
-    cache = TieredCache(config, LAYOUT, FINGERPRINT, "cpu")  # real worker threads
+    cache = build_cache(config, LAYOUT, FINGERPRINT, "cpu")  # real worker threads
     tokens = list(range(16 * LAYOUT.page_size + 1))
     pages = cache.allocate(16)
     assert pages is not None

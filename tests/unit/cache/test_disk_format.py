@@ -17,11 +17,11 @@ from tieredkv.cache.disk.format import (
     decode_header,
     decode_superblock,
     encode_header,
-    fingerprint_digest,
     header_bytes_for,
     payload_ok,
 )
 from tieredkv.cache.index.page_key import page_key
+from tieredkv.cache.page_record import fingerprint_digest
 
 PAGE_SIZE = 4
 BLOCK = Superblock(

@@ -24,11 +24,11 @@ from disk_cases import (
 from tests.support.fault_io import FaultInjectingIO
 from tieredkv.cache.disk.directory import LOCK_FILE, STORE_FILE
 from tieredkv.cache.disk.error_reason import DiskErrorReason
-from tieredkv.cache.disk.format import CODECS, SUPERBLOCK_BYTES, decode_header
+from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, decode_header
 from tieredkv.cache.disk.page_file import PageFile
-from tieredkv.cache.disk.store import DiskRecord
 from tieredkv.cache.index.page_key import page_key
 from tieredkv.cache.page_layout import PageLayout, aligned_empty
+from tieredkv.cache.page_record import CODECS, PageRecord
 from tieredkv.errors import DiskStoreError, OutOfPagesError
 
 
@@ -125,7 +125,7 @@ def test_flipped_byte_is_a_counted_miss(tmp_path: Path, region: str, codec: str)
 def test_key_that_does_not_chain_is_a_miss(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     parent = chain(1)[0].key
-    liar = DiskRecord(page_key(parent, (1, 1, 1, 1)), parent, (2, 2, 2, 2))
+    liar = PageRecord(page_key(parent, (1, 1, 1, 1)), parent, (2, 2, 2, 2))
     slot = store.alloc(1)
     store.write_pages(slot, [liar], random_pages(1))
     assert store.read_pages(slot, [liar], torch.empty_like(random_pages(1))) == [False]

@@ -1,5 +1,7 @@
 """The cache's imports point one way, from the facade down: no module imports the facade, and
-no import cycle remains among the cache's modules, type-only imports included."""
+no import cycle remains among the cache's modules, nor among its sub-packages (each top-level
+module its own part), type-only imports included. The sub-packages stand in layers, each
+importing only from the layers below it: the two stores are peers, neither imports the other."""
 
 from __future__ import annotations
 
@@ -7,15 +9,26 @@ import ast
 from pathlib import Path
 
 import tieredkv.cache
-from tests.import_graph import find_cycle, package_imports
+from tests.import_graph import find_cycle, package_imports, part_imports
 
+CACHE = "tieredkv.cache"
 CACHE_DIR = Path(tieredkv.cache.__file__).parent
 FACADE = "tieredkv.cache.tiered_cache"
+# build makes the facade, and a request's handle is built on it
+ON_TOP = {FACADE, "tieredkv.cache.build", "tieredkv.cache.cache_handle"}
+# the sub-packages, lowest first: a sub-package imports only from the layers below its own
+LAYERS = ({"index", "pools"}, {"disk", "remote"}, {"transfer"}, {"residency"})
 
 
 def cache_imports() -> dict[str, set[str]]:
     """Every cache module and the cache modules it imports (anywhere in its file)."""
-    return package_imports(CACHE_DIR, "tieredkv.cache")
+    return package_imports(CACHE_DIR, CACHE)
+
+
+def cache_part_imports() -> dict[str, set[str]]:
+    """Every part of the cache (a sub-package, or a top-level module) and the parts it
+    imports."""
+    return part_imports(cache_imports(), CACHE)
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
@@ -24,16 +37,46 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+def test_the_cycle_finder_finds_a_cycle_between_packages() -> None:
+    modules = {
+        "p.a.x": {"p.b.y"},  # a -> b
+        "p.b.y": {"p.tier"},
+        "p.b.z": {"p.a.w"},  # b -> a
+        "p.a.w": {"p.tier"},
+        "p.tier": set(),
+    }
+    assert find_cycle(modules) is None
+    parts = part_imports(modules, "p")
+    assert parts == {"a": {"b", "tier"}, "b": {"a", "tier"}, "tier": set()}
+    assert find_cycle(parts) == ["a", "b", "a"]
+    del modules["p.b.z"]
+    assert find_cycle(part_imports(modules, "p")) is None
+
+
 def test_no_cache_module_imports_the_facade() -> None:
     graph = cache_imports()
     assert FACADE in graph and len(graph) > 30
     importers = sorted(m for m, imported in graph.items() if FACADE in imported)
-    assert not importers, importers
+    assert set(importers) <= ON_TOP - {FACADE}, importers
 
 
 def test_no_import_cycle_among_cache_modules() -> None:
     graph = cache_imports()
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_no_import_cycle_among_cache_sub_packages() -> None:
+    graph = cache_part_imports()
+    assert {"index", "pools", "disk", "remote", "transfer", "residency", "tier"} <= set(graph)
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_sub_packages_import_only_the_layers_below() -> None:
+    graph = cache_part_imports()
+    for level, layer in enumerate(LAYERS):
+        not_below = set().union(*LAYERS[level:])
+        for package in layer:
+            assert not graph[package] & not_below, (package, sorted(graph[package] & not_below))
 
 
 def test_sub_packages_have_a_paragraph() -> None:

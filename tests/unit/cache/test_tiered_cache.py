@@ -13,9 +13,10 @@ from tests.support.tiny_cache import (
     make_cache,
     tiny_layout,
 )
+from tieredkv.cache.build import build_cache
 from tieredkv.cache.disk.error_reason import DiskErrorReason
-from tieredkv.cache.disk.store import DiskRecord
 from tieredkv.cache.index.page_key import page_key
+from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.residency.residency import Presence
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
@@ -182,7 +183,7 @@ def test_failed_disk_read_shortens_the_match(tmp_path: Path) -> None:
     assert disk is not None
     other, bad_tokens = b"x" * 16, node.page_ids(2, 4)
     zeros = torch.zeros((1, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
-    record = DiskRecord(page_key(other, bad_tokens), other, bad_tokens)
+    record = PageRecord(page_key(other, bad_tokens), other, bad_tokens)
     disk.write_pages([node.copies[Tier.DISK][2]], [record], zeros)
     ticket = cache.promote(match)
     assert ticket is not None
@@ -241,7 +242,7 @@ def test_no_cache_reuses_nothing() -> None:
     config = CacheConfig(
         page_size=4, device_cache_bytes=4 * LAYOUT.page_bytes, enable_prefix_reuse=False
     )
-    cache = TieredCache(config, LAYOUT, FINGERPRINT, memory_executor=ManualTransferExecutor())
+    cache = build_cache(config, LAYOUT, FINGERPRINT, memory_executor=ManualTransferExecutor())
     tokens = list(range(9))
     pages = cache.allocate(2)
     assert pages is not None

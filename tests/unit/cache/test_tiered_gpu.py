@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.support.tiny_cache import FINGERPRINT, disk_bytes_for, expected_pages, tiny_layout
+from tieredkv.cache.build import build_cache
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig, WritePolicy
@@ -37,7 +38,7 @@ def test_round_trip_through_host_and_disk_on_cuda(tmp_path: Path, policy: WriteP
         disk_cache_bytes=disk_bytes_for(LAYOUT, 32),
         write_policy=policy,
     )
-    cache = TieredCache(config, LAYOUT, FINGERPRINT, "cuda")
+    cache = build_cache(config, LAYOUT, FINGERPRINT, "cuda")
     assert cache.host_pool.pinned
     prompts = [[i] * 16 + [0] for i in range(1, 5)]
     for tokens in prompts:

@@ -17,6 +17,7 @@ from tests.support.tiny_cache import (
     make_cache,
     tiny_layout,
 )
+from tieredkv.cache.build import build_cache
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
@@ -98,7 +99,7 @@ def test_restart_with_threads_and_another_namespace(tmp_path: Path) -> None:
         disk_cache_dir=tmp_path,
         disk_cache_bytes=disk_bytes_for(LAYOUT, 16),
     )
-    cache = TieredCache(config, LAYOUT, FINGERPRINT)
+    cache = build_cache(config, LAYOUT, FINGERPRINT)
     tokens = list(range(17))
     pages = cache.allocate(4)
     assert pages is not None
@@ -111,7 +112,7 @@ def test_restart_with_threads_and_another_namespace(tmp_path: Path) -> None:
     assert cache.match(tokens, "tenant").disk.num_pages == 4
     cache.close()
 
-    cache = TieredCache(config, LAYOUT, FINGERPRINT)
+    cache = build_cache(config, LAYOUT, FINGERPRINT)
     assert cache.match(tokens, "default").matched_len == 0
     match = cache.match(tokens, "tenant")
     assert match.disk.num_pages == 4

@@ -8,8 +8,8 @@ import torch
 
 from tests.unit.engine.conftest import PAGE_SIZE, prompt, pushed_to_disk
 from tests.unit.engine.test_engine import reference_outputs
-from tieredkv.cache.disk.store import DiskRecord
 from tieredkv.cache.index.page_key import page_key
+from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.tier import Tier
 from tieredkv.engine.protocol import FinishReason
 
@@ -30,7 +30,7 @@ def test_a_page_failing_verification_is_recomputed_not_taken_from_the_slot(
     node = harness.cache.match(history, "").disk.nodes[0]
     index = node.num_pages // 2
     slot, tokens = node.copies[Tier.DISK][index], node.page_ids(index, PAGE_SIZE)
-    record = DiskRecord(page_key(b"other chain" * 2, tokens), b"other chain" * 2, tokens)
+    record = PageRecord(page_key(b"other chain" * 2, tokens), b"other chain" * 2, tokens)
     layout = harness.cache.device_pool.layout
     disk.write_pages([slot], [record], torch.zeros((1, *layout.page_shape), dtype=layout.dtype))
     harness.submit("again", [*history, 7, 8], max_tokens=6)

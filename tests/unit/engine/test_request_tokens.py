@@ -1,6 +1,8 @@
 """`Request.packed_tokens`: the prompt packed once, generated tokens appended as they come."""
 
 from tests.support.tiny_cache import make_cache, tiny_layout
+from tieredkv.cache.cache_handle import CacheHandle
+from tieredkv.cache.tiered_cache import DEFAULT_NAMESPACE
 from tieredkv.engine.protocol import GenerationRequest
 from tieredkv.engine.request import Request
 from tieredkv.model.sampler import SamplingParams
@@ -8,7 +10,7 @@ from tieredkv.model.sampler import SamplingParams
 
 def _request(prompt: tuple[int, ...]) -> Request:
     spec = GenerationRequest("r", prompt, SamplingParams(max_tokens=4))
-    kv = make_cache(tiny_layout(), device_pages=4)[0].new_handle()
+    kv = CacheHandle(make_cache(tiny_layout(), device_pages=4)[0], DEFAULT_NAMESPACE)
     return Request(spec, seq_id=0, output=None, generator=None, kv=kv)  # type: ignore[arg-type]
 
 

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from tests.support.manual_executor import ManualTransferExecutor
 from tests.support.tiny_cache import make_cache, tiny_layout
 from tests.unit.engine.conftest import FakeClock
+from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import EngineConfig, SchedulePolicy, WritePolicy
-from tieredkv.engine.engine_metrics import EngineRecorder
-from tieredkv.engine.metrics import EngineMetrics
+from tieredkv.engine.metrics import EngineMetrics, EngineRecorder
 from tieredkv.engine.protocol import FinishReason, GenerationRequest
 from tieredkv.engine.request import Request, RequestStatus
 from tieredkv.engine.request_pages import RequestPages
@@ -41,7 +41,7 @@ class Rig:
         self.clock.advance(0.001)  # arrivals in call order
         sampling = SamplingParams(max_tokens=64)
         spec = GenerationRequest(request_id, tuple(prompt), sampling, arrival_time=self.clock())
-        kv = self.cache.new_handle("")
+        kv = CacheHandle(self.cache, "")
         request = Request(spec, next(self.seq_ids), None, None, kv)  # type: ignore[arg-type]
         self.scheduler.add(request)
         return request

@@ -7,12 +7,12 @@ import threading
 
 import pytest
 
-from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.disk.error_reason import DiskErrorReason
+from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.tier import Tier
 from tieredkv.engine.metrics import EngineMetrics
-from tieredkv.engine.prometheus import Counter, Histogram, Registry
 from tieredkv.engine.protocol import FinishReason
+from tieredkv.prometheus_format import Counter, Histogram, Registry
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -150,25 +150,29 @@ def test_engine_calls_move_the_right_series():
     assert s["tieredkv_queue_seconds_bucket", frozenset({("le", "0.005")})] == 1
 
 
-def test_sync_cache_mirrors_the_cache_counters_and_sizes():
+def test_set_cache_totals_and_tier_bytes_mirror_the_cache_counters_and_sizes():
     metrics = EngineMetrics()
     counters = CacheCounters()
-    counters.hit_tokens[Tier.HOST] = 64
-    counters.transfer_bytes[Tier.HOST, Tier.DEVICE] = 4096
-    counters.count_eviction(Tier.DEVICE, 3, demoted=True)
+    counters.on_hit(Tier.HOST, 64)
+    counters.on_transfer(Tier.HOST, Tier.DEVICE, 4096)
+    counters.on_eviction(Tier.DEVICE, 3, demoted=True)
     used = {Tier.DEVICE: 1000, Tier.HOST: 10}
     capacity = {Tier.DEVICE: 2000, Tier.HOST: 20, Tier.DISK: 0}
     errors = {DiskErrorReason.CHECKSUM: 2, DiskErrorReason.FINGERPRINT: 0, DiskErrorReason.IO: 1}
-    metrics.sync_cache(counters, used, capacity, errors)
-    metrics.sync_cache(counters, used, capacity, errors)  # a total, not an increment
+    remote_errors = {"corrupt": 1, "fingerprint": 0, "key": 0, "unavailable": 5}
+    for _ in range(2):  # a total, not an increment
+        metrics.set_cache_totals(counters, errors, remote_errors)
+        metrics.set_tier_bytes(used, capacity)
+        metrics.set_hit_tokens({Tier.HOST: 48})
     _, _, s = parse(metrics.render())
-    assert s["tieredkv_cache_hit_tokens_total", frozenset({("tier", "host")})] == 64
+    assert s["tieredkv_cache_hit_tokens_total", frozenset({("tier", "host")})] == 48
     pair = frozenset({("from_tier", "host"), ("to_tier", "device")})
     assert s["tieredkv_transfer_bytes_total", pair] == 4096
     demoted = frozenset({("tier", "device"), ("action", "demoted")})
     assert s["tieredkv_evicted_pages_total", demoted] == 3
     assert s["tieredkv_disk_page_errors_total", frozenset({("reason", "checksum")})] == 2
     assert s["tieredkv_disk_page_errors_total", frozenset({("reason", "io")})] == 1
+    assert s["tieredkv_remote_page_errors_total", frozenset({("reason", "unavailable")})] == 5
     assert s["tieredkv_tier_used_bytes", frozenset({("tier", "device")})] == 1000
     assert s["tieredkv_tier_used_bytes", frozenset({("tier", "disk")})] == 0
     assert s["tieredkv_tier_capacity_bytes", frozenset({("tier", "host")})] == 20

@@ -1,7 +1,7 @@
 """The disk store: fixed-size page records in one preallocated file, verified on every read.
 
 `store` is the tier (`DiskStore`: alloc, free, write, read, scan); `format` the on-disk layout
-and checksums (pure); `directory` opens, locks and sets aside the store file; `direct_io` the
+of the file (pure); `directory` opens, locks and sets aside the store file; `direct_io` the
 positional, O_DIRECT-when-aligned I/O backend; `page_file` batched record I/O; `pipeline`
 overlaps checksums with I/O; `scan` the warm-restart header scan; `error_reason` why a record
 or file is refused (`DiskErrorReason`: checksum, fingerprint, io).

@@ -28,10 +28,10 @@ from tieredkv.cache.disk.format import (
     SuperblockError,
     align_up,
     decode_superblock,
-    fingerprint_digest,
     header_bytes_for,
 )
 from tieredkv.cache.page_layout import PageLayout, aligned_empty
+from tieredkv.cache.page_record import fingerprint_digest
 from tieredkv.errors import DiskStoreError
 
 logger = logging.getLogger(__name__)

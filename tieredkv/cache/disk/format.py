@@ -1,4 +1,4 @@
-"""The disk store's on-disk format: superblock, record headers, checksums. Pure: no I/O.
+"""The disk store's file layout: the superblock and the record headers. Pure: no I/O.
 
 One store file (little-endian throughout):
 
@@ -13,14 +13,15 @@ Headers live together so the warm-restart scan is one sequential read. A header:
 | offset   | size | field                                                          |
 |----------|------|----------------------------------------------------------------|
 | 0        | 4    | magic b"TKVR" (all-zero header: free slot)                     |
-| 4        | 1    | codec (0 raw, 1 lz4)                                           |
+| 4        | 1    | codec (`page_record.CODECS`: 0 raw, 1 lz4)                     |
 | 5        | 3    | reserved, zero                                                 |
 | 8        | 4    | payload_len (bytes stored, ≤ record_bytes)                     |
 | 12       | 4    | reserved, zero                                                 |
 | 16       | 16   | page key = page_key(parent_key, tokens)                        |
 | 32       | 16   | parent page's key (or the namespace root key)                  |
 | 48       | 4·P  | the page's P = page_size tokens, int32                         |
-| 48+4P    | 8    | record checksum: xxh3_64(header[0:48+4P] ‖ stored payload)     |
+| 48+4P    | 8    | record checksum: `page_record.record_checksum`, xxh3_64 over   |
+|          |      | header[0:48+4P] ‖ stored payload                               |
 | 56+4P    | 8    | header checksum: xxh3_64(header[0:56+4P]), lets the scan check |
 |          |      | a header without reading its payload                           |
 
@@ -29,7 +30,6 @@ The header checksum sits last, so a torn header write (any strict prefix) never 
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from dataclasses import dataclass
 
@@ -38,14 +38,13 @@ import xxhash
 
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.index.page_key import page_key
+from tieredkv.cache.page_record import CODEC_NAMES, record_checksum
 
 FORMAT_VERSION = 1
 ALIGN_BYTES = 4096  # O_DIRECT-safe alignment of offsets, lengths and buffers
 SUPERBLOCK_BYTES = ALIGN_BYTES
 SUPERBLOCK_MAGIC = b"TKVSTORE"
 RECORD_MAGIC = b"TKVR"
-CODECS = {"raw": 0, "lz4": 1}
-CODEC_NAMES = {value: name for name, value in CODECS.items()}
 _HEADER_FIXED = struct.Struct("<4sB3xI4x16s16s")  # magic, codec, payload_len, key, parent
 # magic, version, header_bytes, record_bytes, num_slots, payload_offset, page_size, dtype,
 # fingerprint digest, layout length, layout text
@@ -55,11 +54,6 @@ _MAX_LAYOUT_BYTES = 512
 
 def align_up(value: int, alignment: int = ALIGN_BYTES) -> int:
     return (value + alignment - 1) // alignment * alignment
-
-
-def fingerprint_digest(fingerprint: bytes) -> bytes:
-    """A fixed-size stand-in for a model fingerprint of any length."""
-    return hashlib.blake2b(fingerprint, digest_size=32, person=b"tieredkv-disk").digest()
 
 
 @dataclass(frozen=True)
@@ -144,15 +138,6 @@ def decode_superblock(data: bytes) -> Superblock:
     return block
 
 
-@dataclass(frozen=True)
-class DiskRecord:
-    """A page's identity as stored in its record header."""
-
-    key: bytes  # 16 bytes: page_key(parent_key, tokens)
-    parent_key: bytes  # 16 bytes: the parent page's key, or the namespace root key
-    tokens: tuple[int, ...]  # page_size tokens
-
-
 def header_bytes_for(page_size: int) -> int:
     """Size of one record header: the fields, rounded up to 64 bytes."""
     return align_up(64 + 4 * page_size, 64)
@@ -173,14 +158,6 @@ class RecordHeader:
 
 def _fields(codec: int, payload_len: int, key: bytes, parent: bytes, tokens: np.ndarray) -> bytes:
     return _HEADER_FIXED.pack(RECORD_MAGIC, codec, payload_len, key, parent) + tokens.tobytes()
-
-
-def record_checksum(fields: bytes, payload: memoryview) -> int:
-    """xxh3_64 over the header fields and the stored payload (the streaming update releases the
-    GIL on the payload, so checksums in worker threads do not stall the engine thread)."""
-    digest = xxhash.xxh3_64(fields)
-    digest.update(payload)
-    return digest.intdigest()
 
 
 def encode_header(

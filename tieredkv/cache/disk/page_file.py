@@ -8,36 +8,21 @@ the stored form and aligned for O_DIRECT; otherwise through a per-thread aligned
 from __future__ import annotations
 
 import threading
-from types import ModuleType
 
 import numpy as np
 
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.format import (
     ALIGN_BYTES,
-    CODECS,
     SUPERBLOCK_BYTES,
     RecordHeader,
     Superblock,
     payload_ok,
 )
 from tieredkv.cache.page_layout import aligned_empty
-from tieredkv.errors import DiskStoreError
+from tieredkv.cache.page_record import RAW, decode_payload, encode_payload
 
 BOUNCE_BYTES = 8 << 20  # per thread; a chunk of records moves through it at a time
-RAW = CODECS["raw"]
-LZ4 = CODECS["lz4"]
-
-
-def lz4_block() -> ModuleType:
-    """The lz4 block codec, imported on first use (only the "lz4" codec needs it)."""
-    try:
-        import lz4.block
-    except ImportError as error:
-        raise DiskStoreError(
-            'the disk store codec "lz4" needs the lz4 package: pip install lz4'
-        ) from error
-    return lz4.block
 
 
 def slot_runs(slots: list[int]) -> list[tuple[int, int]]:
@@ -92,11 +77,7 @@ class PageFile:
     def encode(self, row: np.ndarray, codec: int) -> tuple[int, memoryview]:
         """The stored form of one page: (codec, bytes). Falls back to raw when lz4 does not
         shrink the page, so a stored payload always fits the fixed record."""
-        if codec == LZ4:
-            packed = lz4_block().compress(row, store_size=False)
-            if len(packed) < self.page_bytes:
-                return LZ4, memoryview(packed)
-        return RAW, memoryview(row)
+        return encode_payload(memoryview(row), codec)
 
     def write_payloads(
         self, first_slot: int, rows: np.ndarray, stored: list[tuple[int, memoryview]]
@@ -158,20 +139,11 @@ class PageFile:
     def _decode(self, header: RecordHeader, record: np.ndarray, row: np.ndarray) -> bool:
         if header.payload_len > self.block.record_bytes:
             return False
-        stored = record[: header.payload_len]
-        if not payload_ok(header, stored.data):
+        stored = record[: header.payload_len].data
+        if not payload_ok(header, stored):
             return False
-        if header.codec == RAW:
-            if header.payload_len != self.page_bytes:
-                return False
-            row[:] = stored
-            return True
-        codec = lz4_block()
-        try:
-            page = codec.decompress(stored, uncompressed_size=self.page_bytes)
-        except codec.LZ4BlockError:
-            return False
-        if len(page) != self.page_bytes:
+        page = decode_payload(header.codec, stored, self.page_bytes)
+        if page is None:
             return False
         row[:] = np.frombuffer(page, dtype=np.uint8)
         return True

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from tieredkv.cache.disk.format import DiskRecord, chain_ok, decode_header
+from tieredkv.cache.disk.format import chain_ok, decode_header
 from tieredkv.cache.disk.page_file import PageFile
+from tieredkv.cache.page_record import PageRecord
 
 SCAN_CHUNK_BYTES = 4 << 20
 
 
 def scan_headers(
     file: PageFile, page_size: int, intact_bytes: int
-) -> tuple[list[tuple[int, DiskRecord]], list[int]]:
+) -> tuple[list[tuple[int, PageRecord]], list[int]]:
     """(live slots with their records, slots holding a corrupt, torn or lost record), both in
     slot order. All-zero headers are free slots and appear in neither."""
-    found: list[tuple[int, DiskRecord]] = []
+    found: list[tuple[int, PageRecord]] = []
     bad: list[int] = []
     num_slots = file.block.num_slots
     per_chunk = max(SCAN_CHUNK_BYTES // file.block.header_bytes, 1)
@@ -38,7 +39,7 @@ def scan_headers(
 
 def _live_record(
     file: PageFile, slot: int, raw: np.ndarray, page_size: int, intact_bytes: int
-) -> DiskRecord | None:
+) -> PageRecord | None:
     header = decode_header(raw, page_size)
     if header is None or not chain_ok(header):
         return None
@@ -46,4 +47,4 @@ def _live_record(
     payload_end = block.payload_offset + slot * block.record_bytes + header.payload_len
     if header.payload_len > block.record_bytes or payload_end > intact_bytes:
         return None
-    return DiskRecord(header.key, header.parent_key, header.tokens)
+    return PageRecord(header.key, header.parent_key, header.tokens)

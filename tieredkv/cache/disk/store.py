@@ -30,19 +30,18 @@ from tieredkv.cache.disk.directory import (
 )
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.format import (
-    CODECS,
-    DiskRecord,
     RecordHeader,
     chain_ok,
     decode_header,
     encode_header,
 )
-from tieredkv.cache.disk.page_file import PageFile, lz4_block, slot_runs
+from tieredkv.cache.disk.page_file import PageFile, slot_runs
 from tieredkv.cache.disk.pipeline import ChunkPipeline
 from tieredkv.cache.disk.scan import scan_headers
 from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.page_record import CODECS, PageRecord, lz4_block
 from tieredkv.cache.pools.free_list import PageFreeList, PagePool
-from tieredkv.cache.reads_first import ReadsFirst
+from tieredkv.cache.read_priority import ReadPriority
 from tieredkv.cache.tier import Tier
 from tieredkv.errors import DiskStoreError
 
@@ -65,8 +64,8 @@ MIN_CHUNK_BYTES = 1 << 20
 PagesVerified = Callable[[int, int, list[bool]], None]
 
 
-def _key(expected: DiskRecord | bytes) -> bytes:
-    return expected.key if isinstance(expected, DiskRecord) else expected
+def _key(expected: PageRecord | bytes) -> bytes:
+    return expected.key if isinstance(expected, PageRecord) else expected
 
 
 def _page_rows(pages: torch.Tensor, layout: PageLayout) -> np.ndarray:
@@ -126,7 +125,7 @@ class DiskStore(PagePool):
         self._min_chunk_pages = max(MIN_CHUNK_BYTES // opened.superblock.record_bytes, 1)
         self._read_pipeline = ChunkPipeline(IO_THREADS, IO_DEPTH, "tieredkv-disk-read")
         self._write_pipeline = ChunkPipeline(WRITE_IO_THREADS, IO_DEPTH, "tieredkv-disk-write")
-        self.reads_first = ReadsFirst()
+        self.read_priority = ReadPriority()
         logger.info(
             "disk store %s: %d pages of %d B, O_DIRECT %s",
             self.directory,
@@ -138,6 +137,11 @@ class DiskStore(PagePool):
     def _count_error(self, reason: DiskErrorReason, count: int = 1) -> None:
         with self._lock:
             self.error_counts[reason] += count
+
+    def page_errors(self) -> dict[DiskErrorReason, int]:
+        """Records or files refused so far, by reason (every reason present)."""
+        with self._lock:
+            return dict(self.error_counts)
 
     def mark_degraded(self, reason: str) -> None:
         with self._lock:
@@ -175,7 +179,7 @@ class DiskStore(PagePool):
             self._file.write_headers(ordered[start], zeros * length)
 
     def write_pages(
-        self, slots: list[int], records: list[DiskRecord], payload: torch.Tensor
+        self, slots: list[int], records: list[PageRecord], payload: torch.Tensor
     ) -> None:
         """Write `payload` (n, num_layers, 2, page_size, kv_heads, head_dim), the layout's dtype,
         page-major, CPU, one page per slot. Returns once every byte is written. Raises OSError
@@ -186,7 +190,7 @@ class DiskStore(PagePool):
 
         def encode(start: int, end: int) -> tuple[list, bytes]:  # checksums: calling thread
             # waits first: no hashing for a write while a read's verify needs the cores
-            self.reads_first.before_write()
+            self.read_priority.before_write()
             stored = [self._file.encode(row, self.codec) for row in rows[start:end]]
             headers = b"".join(
                 encode_header(header_bytes, codec, r.key, r.parent_key, r.tokens, data)
@@ -196,7 +200,7 @@ class DiskStore(PagePool):
 
         def write(start: int, end: int, encoded: tuple[list, bytes]) -> None:  # I/O thread
             # again here: a chunk encoded before a read began and still queued waits for it
-            self.reads_first.before_write()
+            self.read_priority.before_write()
             self._file.write_payloads(slots[start], rows[start:end], encoded[0])
 
         try:
@@ -221,7 +225,7 @@ class DiskStore(PagePool):
     def read_pages(
         self,
         slots: list[int],
-        expected: list[DiskRecord | bytes],
+        expected: list[PageRecord | bytes],
         out: torch.Tensor,
         on_verified: PagesVerified | None = None,
     ) -> list[bool]:
@@ -259,7 +263,7 @@ class DiskStore(PagePool):
         runs = slot_runs(slots)
         chunks = [chunk for start, length in runs for chunk in self._chunks(start, length)]
         try:
-            with self.reads_first.reading():  # writes wait while a request waits for this
+            with self.read_priority.reading():  # writes wait while a request waits for this
                 for start, length in runs:
                     headers += self._read_headers(slots[start], length)
                 verified = [
@@ -290,7 +294,7 @@ class DiskStore(PagePool):
         headers = [decode_header(row, self.layout.page_size) for row in raw]
         return [h if h is not None and chain_ok(h) else None for h in headers]
 
-    def scan(self) -> list[tuple[int, DiskRecord]]:
+    def scan(self) -> list[tuple[int, PageRecord]]:
         """Warm restart: one sequential read of the header region. Returns every slot whose
         header verifies and whose key chains, and marks those slots used. Corrupt, torn or
         truncated-away records are counted (CHECKSUM) and invalidated. Call once, right

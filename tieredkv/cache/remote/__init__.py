@@ -1,12 +1,16 @@
 """The remote tier's store: KV pages in a Redis server or cluster shared by replicas.
 
-`store` is the client (`RemoteStore`: one pipelined lookup of a prompt's next page keys,
-verified fetches, queued writes, a bounded time budget per call, a degraded state on any
-failure); `writer` its background thread (batched, deduplicated writes; reconnection with
-backoff); `link` the client and its health; `connection` opening a single-server or cluster
-client and the budgets (`RemoteTimeouts`); `record` the self-describing, checksummed value a
-page is stored as (pure); `keys` the Redis key names (a prefix and the page key's hex, so no
-name reveals a token); `password` where the password comes from (a file or the environment,
-never the command line); `counters` the store's counters. The store's own eviction
-(`maxmemory`) bounds it; tieredkv never deletes.
+`remote_tier` is the tier (`RemoteTier`: the store seen as the lowest tier's pool of virtual
+slots, its error counts and state); `lookup` names a prompt's pages past its local match and asks
+the store how many it holds; `store` the store itself (`RemoteStore`: one pipelined lookup of a
+prompt's next page keys, verified fetches, queued writes, a bounded time budget per call, a
+degraded state on any failure); `writer` its background thread (batched, deduplicated writes;
+reconnection with backoff); `client` the Redis client and its health (`RemoteClient`);
+`connection` opening a single-server or cluster client and the budgets (`RemoteTimeouts`);
+`get_replies` reads a fetch's GET replies off the socket into one reused buffer; `record` the
+self-describing value a page is stored as (pure; the codecs and checksum are `page_record`'s);
+`keys` the Redis key names (a prefix and the page key's hex, so no name reveals a token);
+`password` where the password comes from (a file or the environment, never the command line).
+The store's counters live with the cache's (`cache.metrics`). Imports nothing from `disk`. The
+store's own eviction (`maxmemory`) bounds it; tieredkv never deletes.
 """

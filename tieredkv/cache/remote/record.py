@@ -6,15 +6,15 @@ A value (little-endian throughout):
 |--------|------|----------------------------------------------------------------|
 | 0      | 4    | magic b"TKVM"                                                  |
 | 4      | 1    | format version                                                 |
-| 5      | 1    | codec (0 raw, 1 lz4: the disk format's codec numbers)          |
+| 5      | 1    | codec (`page_record.CODECS`: 0 raw, 1 lz4)                     |
 | 6      | 2    | P = page_size, the number of tokens                            |
 | 8      | 4    | page_bytes, the page's size once decoded                       |
 | 12     | 4    | payload_len, the stored payload's size                         |
-| 16     | 32   | the model fingerprint's digest                                 |
+| 16     | 32   | the model fingerprint's digest (`page_record`)                 |
 | 48     | 16   | page key = page_key(parent_key, tokens)                        |
 | 64     | 16   | parent page's key (or the namespace root key)                  |
 | 80     | 4·P  | the page's tokens, int32                                       |
-| 80+4P  | 8    | xxh3_64(header[0:80+4P] ‖ stored payload)                      |
+| 80+4P  | 8    | `page_record.record_checksum`(header[0:80+4P], stored payload) |
 | 88+4P  | …    | the stored payload                                             |
 
 A value is served only when every field agrees with what the reader asked for and expects.
@@ -28,14 +28,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tieredkv.cache.disk.format import CODECS, record_checksum
-from tieredkv.cache.disk.page_file import lz4_block
 from tieredkv.cache.index.page_key import page_key
+from tieredkv.cache.page_record import (
+    LZ4,
+    RAW,
+    PageRecord,
+    decode_payload,
+    encode_payload,
+    record_checksum,
+)
 
 MAGIC = b"TKVM"
 FORMAT_VERSION = 1
-RAW = CODECS["raw"]
-LZ4 = CODECS["lz4"]
 COMPRESSIONS = {"none": RAW, "lz4": LZ4}  # --remote-compression
 _FIXED = struct.Struct("<4sBBHII32s16s16s")
 
@@ -49,12 +53,9 @@ class RefusalReason(enum.Enum):
 
 
 @dataclass(frozen=True)
-class RemotePage:
-    """One page to store: its identity and its bytes."""
+class RemotePage(PageRecord):
+    """One page to store: its identity (key, parent key, tokens) and its bytes."""
 
-    key: bytes  # 16 bytes: page_key(parent_key, tokens)
-    parent_key: bytes  # 16 bytes
-    tokens: tuple[int, ...]  # page_size tokens
     data: bytes | memoryview  # page_bytes raw KV bytes
 
 
@@ -66,11 +67,7 @@ def max_value_bytes(page_size: int, page_bytes: int) -> int:
 def encode_value(page: RemotePage, fingerprint_digest: bytes, codec: int) -> bytes:
     """The stored form of `page`; lz4 falls back to raw when it does not shrink the page."""
     raw = memoryview(page.data).cast("B")
-    payload = raw
-    if codec == LZ4:
-        packed = lz4_block().compress(raw, store_size=False)
-        payload = memoryview(packed) if len(packed) < len(raw) else raw
-    codec = LZ4 if payload is not raw else RAW
+    codec, payload = encode_payload(raw, codec)
     tokens = np.asarray(page.tokens, dtype="<i4").tobytes()
     fields = _FIXED.pack(
         MAGIC,
@@ -131,19 +128,5 @@ def decode_value(
     tokens = np.frombuffer(value, dtype="<i4", count=page_size, offset=_FIXED.size)
     if stored_key != key or page_key(parent, tokens) != key:
         return _refuse(RefusalReason.KEY)
-    return _decode_payload(payload, codec, page_bytes)
-
-
-def _decode_payload(payload: memoryview, codec: int, page_bytes: int) -> DecodeResult:
-    if codec == RAW:
-        return (
-            DecodeResult(payload) if len(payload) == page_bytes else _refuse(RefusalReason.CORRUPT)
-        )
-    block = lz4_block()
-    try:
-        data = block.decompress(payload, uncompressed_size=page_bytes)
-    except block.LZ4BlockError:
-        return _refuse(RefusalReason.CORRUPT)
-    if len(data) != page_bytes:
-        return _refuse(RefusalReason.CORRUPT)
-    return DecodeResult(memoryview(data))
+    data = decode_payload(codec, payload, page_bytes)
+    return DecodeResult(data) if data is not None else _refuse(RefusalReason.CORRUPT)

@@ -11,26 +11,29 @@ request's path) and `read_pages_into` (one pipelined fetch, each verified page h
 copier to copy into its destination; a page gone or refused is a miss, and so is every page
 after it). `read_pages` fills a staging tensor the same way (the CUDA path). Health follows
 the store: degraded while it is unreachable, healthy again once it reconnects (`degraded` is
-read, never set from outside).
+read, never set from outside). `page_errors` and `state` report the store's counters (the
+metrics, GET /debug/cache).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
 import torch
 
-from tieredkv.cache.disk.format import DiskRecord
 from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.pools.free_list import PageFreeList, PagePool
-from tieredkv.cache.remote.record import RemotePage
+from tieredkv.cache.remote.record import RefusalReason, RemotePage
 from tieredkv.cache.remote.store import PageSink, RemoteStore
 from tieredkv.cache.tier import Tier
 
 logger = logging.getLogger(__name__)
 
 REMOTE_INDEX_PAGES = 1 << 18  # remote pages one replica indexes (96 GiB of bf16 default-model KV)
+REMOTE_ERROR_REASONS = (*(reason.value for reason in RefusalReason), "unavailable")
 
 
 def _rows(pages: torch.Tensor) -> torch.Tensor:
@@ -66,12 +69,23 @@ class RemoteTier(PagePool):
         """The store decides its own health (it reconnects by itself): only logged here."""
         logger.warning("remote tier: %s", reason)
 
+    def page_errors(self) -> dict[str, int]:
+        """Values refused by reason (`REMOTE_ERROR_REASONS`) and calls that failed or ran past
+        their budget (unavailable)."""
+        counters = self.store.counters()
+        return {**counters.refused, "unavailable": counters.errors}
+
+    def state(self) -> dict:
+        """The store's counters, health and last error."""
+        counters = dataclasses.asdict(self.store.counters())
+        return {**counters, "degraded": self.degraded, "last_error": self.store.last_error}
+
     def lookup(self, keys: list[bytes]) -> int:
         """How many leading `keys` the store holds (one round trip; 0 while degraded)."""
         return self.store.lookup(keys)
 
     def write_pages(
-        self, slots: list[int], records: list[DiskRecord], payload: torch.Tensor
+        self, slots: list[int], records: list[PageRecord], payload: torch.Tensor
     ) -> None:
         """Queue `payload`'s pages (n, *page_shape) for writing under their records' keys."""
         assert len(slots) == len(records) == payload.shape[0], "one record and page per slot"
@@ -84,7 +98,7 @@ class RemoteTier(PagePool):
         )
 
     def read_pages(
-        self, slots: list[int], records: list[DiskRecord], out: torch.Tensor
+        self, slots: list[int], records: list[PageRecord], out: torch.Tensor
     ) -> list[bool]:
         """Fill out[i] with the page named by records[i] (as `read_pages_into`)."""
         assert len(slots) == len(records) == out.shape[0], "one record and page per slot"
@@ -96,7 +110,7 @@ class RemoteTier(PagePool):
         return self.read_pages_into(slots, records, into_out)
 
     def read_pages_into(
-        self, slots: list[int], records: list[DiskRecord], sink: PageSink
+        self, slots: list[int], records: list[PageRecord], sink: PageSink
     ) -> list[bool]:
         """Hand the page named by records[i] to `sink(i, data)` (on the store's call thread,
         in order, never after this returns). True for the pages handed on, up to the first

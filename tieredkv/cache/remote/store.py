@@ -6,11 +6,11 @@ found", counts an error and turns the store degraded. While degraded, calls retu
 without touching the network, and the writer thread reconnects with exponential backoff.
 Nothing here raises on the network's account: a remote tier that fails costs hits, never a
 request. Writes (`put`) are queued and done by the writer thread (see `writer`), and each of
-its batches waits while a lookup or a fetch is in flight (`ReadsFirst`): Redis serves one
+its batches waits while a lookup or a fetch is in flight (`ReadPriority`): Redis serves one
 command at a time, and a request waits for the read, not for the write.
 
 A fetch from a single Redis reads the pipelined replies off redis-py's connection itself
-(`replies`): each value lands in one buffer the store keeps, is verified there and handed to
+(`get_replies`): each value lands in one buffer the store keeps, is verified there and handed to
 the caller to copy into its page, instead of becoming a `bytes` object first. A cluster's
 fetch goes through redis-py's cluster pipeline, which routes each key to its node.
 """
@@ -24,19 +24,20 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
-from tieredkv.cache.disk.format import fingerprint_digest
-from tieredkv.cache.reads_first import ReadsFirst
+from tieredkv.cache.metrics import CounterBox, RemoteCounters
+from tieredkv.cache.page_record import fingerprint_digest, lz4_block
+from tieredkv.cache.read_priority import ReadPriority
+from tieredkv.cache.remote.client import RemoteClient
 from tieredkv.cache.remote.connection import RemoteTimeouts, check_url, connection_errors
-from tieredkv.cache.remote.counters import CounterBox, RemoteCounters
+from tieredkv.cache.remote.get_replies import ReplyStream, read_get_replies
 from tieredkv.cache.remote.keys import redis_key
-from tieredkv.cache.remote.link import RemoteLink
 from tieredkv.cache.remote.record import (
     COMPRESSIONS,
+    RefusalReason,
     RemotePage,
     decode_value,
     max_value_bytes,
 )
-from tieredkv.cache.remote.replies import ReplyStream, read_get_replies
 from tieredkv.cache.remote.writer import RemoteWriter
 from tieredkv.errors import ConfigError
 
@@ -95,6 +96,8 @@ class RemoteStore:
         check_url(url)
         if compression not in COMPRESSIONS:
             raise ConfigError(f"--remote-compression must be none or lz4, got {compression!r}")
+        if compression == "lz4":
+            lz4_block()  # fail at start, with the fix in the message, if the package is missing
         for name, value in (("page_size", page_size), ("page_bytes", page_bytes)):
             if value <= 0:
                 raise ConfigError(f"remote store {name} must be > 0, got {value}")
@@ -102,12 +105,12 @@ class RemoteStore:
         self.page_bytes = page_bytes
         self.timeouts = timeouts or RemoteTimeouts()
         self._digest = fingerprint_digest(fingerprint)
-        self._counters = CounterBox()
-        self._link = RemoteLink(url, password, self.timeouts)
-        self.reads_first = ReadsFirst()
+        self._counters = CounterBox(reason.value for reason in RefusalReason)
+        self._client = RemoteClient(url, password, self.timeouts)
+        self.read_priority = ReadPriority()
         self._writer = RemoteWriter(
-            self._link,
-            self.reads_first,
+            self._client,
+            self.read_priority,
             self._counters,
             self._digest,
             COMPRESSIONS[compression],
@@ -116,24 +119,24 @@ class RemoteStore:
         )
         self._value_buffer = bytearray(max_value_bytes(page_size, page_bytes))  # call thread's
         self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tieredkv-remote")
-        self._link.try_connect()  # at start-up; on failure the writer thread keeps trying
+        self._client.try_connect()  # at start-up; on failure the writer thread keeps trying
         self._writer.start()
 
     @property
     def healthy(self) -> bool:
-        return self._link.healthy
+        return self._client.healthy
 
     @property
     def degraded(self) -> bool:
-        return not self._link.healthy
+        return not self._client.healthy
 
     @property
     def last_error(self) -> str:
         """Why the store last failed (for /health and logs)."""
-        return self._link.last_error
+        return self._client.last_error
 
     def wait_healthy(self, timeout_s: float) -> bool:
-        return self._link.wait_healthy(timeout_s)
+        return self._client.wait_healthy(timeout_s)
 
     def counters(self) -> RemoteCounters:
         return self._counters.snapshot()
@@ -141,7 +144,7 @@ class RemoteStore:
     def lookup(self, keys: Sequence[bytes]) -> int:
         """How many leading `keys` the store holds: one pipelined EXISTS round trip (one per
         cluster node holding them). 0 when degraded, failed or over budget."""
-        self._counters.add(lookups=1)
+        self._counters.on_lookup()
         if not keys:
             return 0
         return self._call(lambda client: self._leading(client, keys), 0, self.timeouts.lookup_s)
@@ -159,7 +162,7 @@ class RemoteStore:
         self._call(lambda client: self._get_into(client, keys, delivery), None, budget_s)
         delivered = delivery.close()
         found = sum(delivered)
-        self._counters.add(hits=found, misses=len(keys) - found)
+        self._counters.on_fetch(found, len(keys) - found)
         return delivered
 
     def fetch(self, keys: Sequence[bytes]) -> list[bytes | None]:
@@ -191,23 +194,23 @@ class RemoteStore:
         """Stop the threads and close the client; queued writes not yet done are dropped."""
         self._writer.close()
         self._calls.shutdown(wait=False, cancel_futures=True)
-        self._link.close()
+        self._client.close()
 
     def _call(self, work: Callable[[Any], T], nothing: T, budget_s: float) -> T:
-        client = self._link.client
-        if not self._link.healthy or client is None:
+        client = self._client.redis
+        if not self._client.healthy or client is None:
             return nothing
         try:
-            with self.reads_first.reading():  # the writer's next batch waits for this call
+            with self.read_priority.reading():  # the writer's next batch waits for this call
                 future = self._calls.submit(work, client)
                 return future.result(timeout=budget_s)  # SYNC: bounded by the call's budget
         except FutureTimeout:
             future.cancel()
-            self._counters.add(errors=1)
-            self._link.mark_degraded(f"a call ran past its {budget_s * 1e3:.0f} ms budget")
+            self._counters.on_call_failed()
+            self._client.mark_degraded(f"a call ran past its {budget_s * 1e3:.0f} ms budget")
         except connection_errors() as error:
-            self._counters.add(errors=1)
-            self._link.mark_degraded(error)
+            self._counters.on_call_failed()
+            self._client.mark_degraded(error)
         return nothing
 
     def _leading(self, client: Any, keys: Sequence[bytes]) -> int:
@@ -243,7 +246,7 @@ class RemoteStore:
             if pool is None or not self._read_replies(pool, names, on_value):
                 self._pipelined_gets(client, names, on_value)
         finally:
-            self._counters.add(bytes_in=received)
+            self._counters.on_bytes_read(received)
             self._writer.forget(missing)  # evicted (or never written): write it again when put
 
     def _pipelined_gets(
@@ -297,5 +300,5 @@ class RemoteStore:
     def _verify(self, key: bytes, value: bytes | memoryview) -> memoryview | None:
         result = decode_value(value, key, self._digest, self.page_size, self.page_bytes)
         if result.refused is not None:
-            self._counters.refuse(result.refused)
+            self._counters.on_refused(result.refused.value)
         return result.data

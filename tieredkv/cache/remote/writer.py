@@ -6,7 +6,7 @@ only, so a page already in the store (written by this replica or another) costs 
 not a page. Keys seen present are remembered (a bounded LRU set) and skipped at `put`.
 
 Batches are small (`BATCH_PAGES`, ~3 MB of bf16 default-model KV) and each waits while this
-replica has a lookup or a fetch in flight (`ReadsFirst`): Redis runs one command at a time, so
+replica has a lookup or a fetch in flight (`ReadPriority`): Redis runs one command at a time, so
 a lookup sent behind a prompt's tens of MB of writes would wait for all of them and run past
 its budget; this way it waits for one small batch at most.
 """
@@ -18,11 +18,11 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
-from tieredkv.cache.reads_first import ReadsFirst
+from tieredkv.cache.metrics import CounterBox
+from tieredkv.cache.read_priority import ReadPriority
+from tieredkv.cache.remote.client import RemoteClient
 from tieredkv.cache.remote.connection import RemoteTimeouts, connection_errors
-from tieredkv.cache.remote.counters import CounterBox
 from tieredkv.cache.remote.keys import redis_key
-from tieredkv.cache.remote.link import RemoteLink
 from tieredkv.cache.remote.record import RemotePage, encode_value
 
 log = logging.getLogger(__name__)
@@ -35,8 +35,8 @@ class RemoteWriter:
 
     def __init__(
         self,
-        link: RemoteLink,
-        reads_first: ReadsFirst,
+        client: RemoteClient,
+        read_priority: ReadPriority,
         counters: CounterBox,
         fingerprint_digest: bytes,
         codec: int,
@@ -45,8 +45,8 @@ class RemoteWriter:
         batch_pages: int = BATCH_PAGES,
         known_keys: int = 1 << 16,
     ) -> None:
-        self._link = link
-        self._reads_first = reads_first
+        self._client = client
+        self._read_priority = read_priority
         self._counters = counters
         self._digest = fingerprint_digest
         self._codec = codec
@@ -60,7 +60,7 @@ class RemoteWriter:
         self._in_flight = 0
         self._stop = False
         self._cond = threading.Condition()
-        link.on_degraded = self._wake
+        client.on_degraded = self._wake
         self._thread = threading.Thread(
             target=self._run, name="tieredkv-remote-writer", daemon=True
         )
@@ -81,7 +81,7 @@ class RemoteWriter:
                     self._pending.append(page)
                     self._queued.add(page.key)
             self._cond.notify_all()
-        self._counters.add(dedup_skips=skipped, dropped_writes=dropped)
+        self._counters.on_put(skipped, dropped)
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every queued page is written or dropped; False on timeout."""
@@ -117,11 +117,11 @@ class RemoteWriter:
         backoff_s = self._timeouts.backoff_min_s
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stop or self._pending or not self._link.healthy)
+                self._cond.wait_for(lambda: self._stop or self._pending or not self._client.healthy)
                 if self._stop:
                     return
-            if not self._link.healthy:
-                if self._link.try_connect():
+            if not self._client.healthy:
+                if self._client.try_connect():
                     backoff_s = self._timeouts.backoff_min_s
                     with self._cond:  # a restarted store may have lost every page
                         self._known.clear()
@@ -141,34 +141,29 @@ class RemoteWriter:
     def _write(self, batch: list[RemotePage]) -> None:
         names = [redis_key(page.key) for page in batch]
         try:
-            client = self._link.client
+            client = self._client.redis
             pipe = client.pipeline(transaction=False)
             for name in names:
                 pipe.exists(name)
             present = pipe.execute()
             missing = [i for i, found in enumerate(present) if not found]
             values = [encode_value(batch[i], self._digest, self._codec) for i in missing]
-            self._reads_first.before_write()
+            self._read_priority.before_write()
             pipe = client.pipeline(transaction=False)
             for i, value in zip(missing, values, strict=True):
                 pipe.set(names[i], value, nx=True)
             results = pipe.execute(raise_on_error=False) if missing else []
         except connection_errors() as error:
-            self._counters.add(errors=1, dropped_writes=len(batch))
-            self._link.mark_degraded(error)
+            self._counters.on_batch_failed(len(batch))
+            self._client.mark_degraded(error)
             return
         failed = [r for r in results if isinstance(r, Exception)]
         if failed:  # e.g. OOM under maxmemory with noeviction: the store is full, not down
             log.warning("remote store refused %d writes: %s", len(failed), failed[0])
         written = sum(r is True for r in results)
         nbytes = sum(len(v) for v, r in zip(values, results, strict=True) if r is True)
-        self._counters.add(
-            writes=written,
-            dedup_skips=len(batch) - len(missing) + sum(r is None for r in results),
-            dropped_writes=len(failed),
-            errors=1 if failed else 0,
-            bytes_out=nbytes,
-        )
+        skipped = len(batch) - len(missing) + sum(r is None for r in results)
+        self._counters.on_batch_written(written, skipped, len(failed), nbytes)
         ok = [batch[i].key for i, found in enumerate(present) if found]
         stored = zip(missing, results, strict=True)
         ok += [batch[i].key for i, result in stored if not isinstance(result, Exception)]

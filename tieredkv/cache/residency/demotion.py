@@ -21,11 +21,11 @@ page: a remote copy alone would send the next hit to Redis instead of host or di
 from __future__ import annotations
 
 from tieredkv.cache.index.radix_node import RadixNode
-from tieredkv.cache.pools.tier_pools import TierPools
 from tieredkv.cache.residency.eviction import copy_may_leave
 from tieredkv.cache.residency.fair_share import Claim
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier_pools import TierPools
 
 
 class Demoter:

@@ -18,13 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tieredkv.cache.cache_metrics import CacheCounters
 from tieredkv.cache.index.match_results import MatchResult
 from tieredkv.cache.index.radix_node import RadixNode
-from tieredkv.cache.pools.tier_pools import TierPools
+from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.mover import TransferTicket
 
 
@@ -236,7 +236,7 @@ class Promoter:
         page_size = ticket.match.page_size
         for tier in ticket.source_tiers[: len(pages)]:
             ticket.tokens_by_tier[tier] += page_size
-            self.counters.hit_tokens[tier] += page_size
+            self.counters.on_hit(tier, page_size)
         ticket.done = True
         ticket.completed_at = self.clock()
         if path:

@@ -21,14 +21,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 
-from tieredkv.cache.cache_metrics import CacheCounters
-from tieredkv.cache.disk.format import DiskRecord
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
-from tieredkv.cache.pools.tier_pools import TierPools
+from tieredkv.cache.metrics import CacheCounters
+from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, copy_may_leave
 from tieredkv.cache.residency.fair_share import Claim, FairTierHeap, tier_heap
 from tieredkv.cache.tier import Tier
+from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.mover import (
     Mover,
     PartState,
@@ -49,13 +49,13 @@ class Presence(enum.Enum):
     LEAVING = "leaving"  # a committed copy that a demotion in flight frees when applied
 
 
-def page_records(node: RadixNode, tree: RadixTree) -> list[DiskRecord]:
+def page_records(node: RadixNode, tree: RadixTree) -> list[PageRecord]:
     """The disk identity of each page of `node`: key, parent page's key, tokens. The first
     time a page needs its key (`RadixTree.page_keys`)."""
     keys = tree.page_keys(node)
     parents = [tree.parent_key(node), *keys[:-1]]
     return [
-        DiskRecord(key, parent_key, node.page_ids(i, tree.page_size))
+        PageRecord(key, parent_key, node.page_ids(i, tree.page_size))
         for i, (key, parent_key) in enumerate(zip(keys, parents, strict=True))
     ]
 
@@ -182,7 +182,7 @@ class Residency:
         ticket = self.mover.new_ticket(src, dst, num_pages, frees_source)
         dst_pages = self.pools.alloc(dst, num_pages)
         src_pages: list[int] = []
-        records: list[DiskRecord] = []
+        records: list[PageRecord] = []
         for node in nodes:
             offset = len(src_pages)
             part_dst = dst_pages[offset : offset + node.num_pages]
@@ -225,8 +225,8 @@ class Residency:
             self._try_commit(part)
         ticket.state = TicketState.FAILED if failed else TicketState.DONE
         ticket.completed_at = self.clock()
-        self.counters.transfer_bytes[ticket.src_tier, ticket.dst_tier] += (
-            arrived_pages * self.pools.layout.page_bytes
+        self.counters.on_transfer(
+            ticket.src_tier, ticket.dst_tier, arrived_pages * self.pools.layout.page_bytes
         )
         for tier, pages in ticket.release:
             self.pools.free(tier, pages)
@@ -263,7 +263,7 @@ class Residency:
             return
         if not copy_may_leave(node, src):
             return
-        self.counters.count_eviction(src, node.num_pages, demoted=True)
+        self.counters.on_eviction(src, node.num_pages, demoted=True)
         self.pools.free(src, node.pop_copy(src))
         self.refresh(node.parent)
 
@@ -311,7 +311,7 @@ class Residency:
         else:
             self.pools.free(tier, pages)
         if count_as is not None:
-            self.counters.count_eviction(tier, len(pages), demoted=count_as)
+            self.counters.on_eviction(tier, len(pages), demoted=count_as)
 
     def enforce_closure(self, node: RadixNode) -> None:
         """Detach or free whatever below `node` the closure invariants no longer allow."""

@@ -41,7 +41,8 @@ from tieredkv.cache.transfer.page_staging import HOST_SLOTS, StagingBuffers
 from tieredkv.kernels.backend import select_backend
 
 if TYPE_CHECKING:
-    from tieredkv.cache.disk.store import DiskRecord, DiskStore, PagesVerified
+    from tieredkv.cache.disk.store import DiskStore, PagesVerified
+    from tieredkv.cache.page_record import PageRecord
     from tieredkv.cache.remote.remote_tier import RemoteTier
 
 STAGE_BYTES = 32 << 20  # per staging buffer, two per worker thread: the store's own chunk size
@@ -122,7 +123,7 @@ class PageCopier:
         dst_tier: Tier,
         src_pages: list[int],
         dst_pages: list[int],
-        records: list[DiskRecord],
+        records: list[PageRecord],
     ) -> CopyJob:
         """A job copying `src_pages` of `src_tier` to `dst_pages` of `dst_tier`.
 
@@ -136,7 +137,7 @@ class PageCopier:
         dst_tier: Tier,
         src: list[int],
         dst: list[int],
-        records: list[DiskRecord],
+        records: list[PageRecord],
     ) -> list[bool]:
         assert len(src) == len(dst), f"{len(src)} source pages vs {len(dst)} destination pages"
         if self._device_rows is not None and not (src_tier.is_store or dst_tier.is_store):
@@ -205,7 +206,7 @@ class PageCopier:
         pages: list[int],
         store: DiskStore | RemoteTier,
         slots: list[int],
-        records: list[DiskRecord],
+        records: list[PageRecord],
     ) -> None:
         """Chunk k is staged while chunk k - 1 is written (staging slot k % 2)."""
         pending: Future | None = None
@@ -228,7 +229,7 @@ class PageCopier:
         self,
         store: DiskStore | RemoteTier,
         slots: list[int],
-        records: list[DiskRecord],
+        records: list[PageRecord],
         tier: Tier,
         pages: list[int],
     ) -> list[bool]:

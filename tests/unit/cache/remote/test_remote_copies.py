@@ -56,7 +56,7 @@ def test_remote_pages_land_in_their_pages(remote: RemoteTier, staged: bool, tier
         assert copier.job(Tier.REMOTE, tier, list(range(10)), pages, records)() == [True] * 10
         for index, page in enumerate(pages):
             assert torch.equal(page_of(copier, tier, page), payload[index].view(torch.int16))
-        remote.store._link.client.delete(redis_key(records[4].key))  # evicted
+        remote.store._client.redis.delete(redis_key(records[4].key))  # evicted
         got = copier.job(Tier.REMOTE, tier, list(range(10)), pages, records)()
         assert got.index(False) == 4  # the cache keeps the pages before the first miss
     finally:
@@ -84,7 +84,7 @@ def test_remote_pages_into_the_device_are_told_to_landing_listeners_in_batches(
 
     copier.device_landing_listeners.append(landed)
     try:
-        remote.store._link.client.delete(redis_key(records[18].key))  # evicted
+        remote.store._client.redis.delete(redis_key(records[18].key))  # evicted
         got = copier.job(Tier.REMOTE, Tier.DEVICE, list(range(20)), pages, records)()
         assert got.index(False) == 18
         assert [len(call) for call in calls] == [16, 3]  # every page delivered: all but one

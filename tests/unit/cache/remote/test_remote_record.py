@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.cache.remote.conftest import FINGERPRINT, PAGE_BYTES, PAGE_SIZE, make_pages
-from tieredkv.cache.disk.format import fingerprint_digest
+from tieredkv.cache.page_record import LZ4, RAW, fingerprint_digest
 from tieredkv.cache.remote.keys import KEY_PREFIX, redis_key
-from tieredkv.cache.remote.record import LZ4, RAW, RefusalReason, decode_value, encode_value
+from tieredkv.cache.remote.record import RefusalReason, decode_value, encode_value
 
 DIGEST = fingerprint_digest(FINGERPRINT)
 

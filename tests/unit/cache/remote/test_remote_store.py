@@ -13,10 +13,10 @@ import redis
 import redis.cluster
 
 from tests.unit.cache.remote.conftest import FINGERPRINT, make_pages
-from tieredkv.cache.disk.format import fingerprint_digest
+from tieredkv.cache.page_record import RAW, fingerprint_digest
 from tieredkv.cache.remote.connection import SOCKET_READ_BYTES, RemoteTimeouts
 from tieredkv.cache.remote.keys import redis_key
-from tieredkv.cache.remote.record import RAW, encode_value
+from tieredkv.cache.remote.record import encode_value
 from tieredkv.cache.remote.store import RemoteStore
 
 FLUSH_S = 10.0
@@ -33,7 +33,7 @@ def redis_url(request: pytest.FixtureRequest) -> str:
 
 
 def raw_client(store: RemoteStore):
-    return store._link.client  # the store's own connection, to plant values
+    return store._client.redis  # the store's own connection, to plant values
 
 
 @pytest.mark.parametrize("compression", ["none", "lz4"])
@@ -134,15 +134,15 @@ def test_a_page_already_stored_is_not_written_again(redis_url: str, open_store: 
 
 def test_writes_wait_while_a_read_is_in_flight(redis_server, open_store: OpenStore) -> None:
     store = open_store(redis_server.url)
-    store.reads_first.max_wait_s = 30.0  # the "read" below ends well before this
+    store.read_priority.max_wait_s = 30.0  # the "read" below ends well before this
     pages = make_pages(3, seed=6)
-    with store.reads_first.reading():  # a lookup or a fetch a request waits for
+    with store.read_priority.reading():  # a lookup or a fetch a request waits for
         store.put(pages)
         assert not store.flush_writes(0.5)  # held back while the read lasts
         assert store.counters().writes == 0
     assert store.flush_writes(FLUSH_S)
     assert store.counters().writes == 3
-    assert store.reads_first.writes_deferred >= 1
+    assert store.read_priority.writes_deferred >= 1
     assert store.fetch([page.key for page in pages]) == [page.data for page in pages]
 
 
@@ -210,7 +210,7 @@ def test_every_connection_reads_the_socket_a_page_or_more_at_a_time(
     """The parser's read size reaches the client's connections, single server or cluster
     (redis-py's 64 KiB made a 368 KB value six reads: measured slower)."""
     store = open_store(redis_url)
-    client = store._link.client
+    client = store._client.redis
     if isinstance(client, redis.cluster.RedisCluster):
         pools = [node.redis_connection.connection_pool for node in client.get_nodes()]
     else:

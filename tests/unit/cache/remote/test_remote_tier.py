@@ -14,6 +14,8 @@ import pytest
 from tests.redis_servers import RedisServer
 from tests.support.tiny_cache import FINGERPRINT, device_page, expected_pages, tiny_layout
 from tests.unit.cache.cache_steps import compute, ok
+from tieredkv.cache.build import build_cache
+from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig
@@ -38,7 +40,7 @@ def replicas(redis_server: RedisServer) -> Iterator[Callable[..., TieredCache]]:
             remote_cache_url=redis_server.url,
             **settings,
         )
-        cache = TieredCache(config, LAYOUT, FINGERPRINT, "cpu")
+        cache = build_cache(config, LAYOUT, FINGERPRINT, "cpu")
         caches.append(cache)
         return cache
 
@@ -68,7 +70,7 @@ def finish_promotion(cache: TieredCache, handle, tokens: list[int]):
 
 
 def promoted(cache: TieredCache, tokens: list[int], namespace: str = NAMESPACE):
-    handle = cache.new_handle(namespace)
+    handle = CacheHandle(cache, namespace)
     handle.look_up(tokens)
     matched = dict(handle.matched_tokens_by_tier)
     return handle, matched, finish_promotion(cache, handle, tokens)
@@ -79,7 +81,7 @@ def found_on_second(replicas, tokens: list[int]):
     first, second = replicas(), replicas()
     compute(first, tokens, NAMESPACE)
     written(first)
-    handle = second.new_handle(NAMESPACE)
+    handle = CacheHandle(second, NAMESPACE)
     handle.look_up(tokens)
     assert handle.matched_tokens_by_tier[Tier.REMOTE] == len(tokens) // 4 * 4
     return second, handle
@@ -118,7 +120,7 @@ def test_a_waiting_request_prefetches_its_remote_pages_to_host(replicas) -> None
     tokens = list(range(400, 421))  # 5 full pages
     compute(first, tokens, NAMESPACE)
     written(first)
-    handle = second.new_handle(NAMESPACE)
+    handle = CacheHandle(second, NAMESPACE)
     handle.look_up(tokens)
     assert handle.matched_tokens_by_tier[Tier.REMOTE] == 20
     handle.prefetch()  # queued: its history comes towards host before it is scheduled
@@ -145,7 +147,7 @@ def test_a_page_gone_from_redis_after_the_lookup_is_a_miss(replicas, redis_serve
     assert result.num_tokens == 0  # computed, never served
     handle.release()
     ok(second)
-    again = second.new_handle(NAMESPACE)
+    again = CacheHandle(second, NAMESPACE)
     again.look_up(tokens)
     assert sum(again.matched_tokens_by_tier.values()) == 0  # the tree forgot them
 
@@ -155,7 +157,7 @@ def test_a_namespace_never_finds_another_ones_pages(replicas) -> None:
     tokens = list(range(400, 421))
     compute(first, tokens, "tenant-a")
     written(first)
-    handle = second.new_handle("tenant-b")
+    handle = CacheHandle(second, "tenant-b")
     handle.look_up(tokens)
     assert sum(handle.matched_tokens_by_tier.values()) == 0
 
@@ -167,7 +169,7 @@ def test_redis_down_costs_hits_only(replicas, redis_server) -> None:
     written(first)
     redis_server.kill()
     second = replicas()  # starts with Redis unreachable
-    handle = second.new_handle(NAMESPACE)
+    handle = CacheHandle(second, NAMESPACE)
     started = time.monotonic()
     handle.look_up(tokens)
     assert time.monotonic() - started < 1.0  # bounded: a refused connection, not the budget
@@ -219,6 +221,6 @@ def test_pages_leaving_the_device_go_to_the_local_disk_not_only_to_redis(
     for tier in (Tier.DEVICE, Tier.HOST):
         cache.evict(tier, 32)
         written(cache)
-    handle = cache.new_handle(NAMESPACE)
+    handle = CacheHandle(cache, NAMESPACE)
     handle.look_up(tokens)
     assert handle.matched_tokens_by_tier[Tier.DISK] == 20, handle.matched_tokens_by_tier

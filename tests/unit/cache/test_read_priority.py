@@ -13,7 +13,7 @@ from disk_cases import CAPACITY, FINGERPRINT, LAYOUT, chain, open_store, random_
 
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.store import DiskStore
-from tieredkv.cache.reads_first import ReadsFirst
+from tieredkv.cache.read_priority import ReadPriority
 from tieredkv.cache.transfer.executor import ThreadTransferExecutor
 
 
@@ -21,20 +21,20 @@ def test_a_write_waits_for_a_read_in_flight_then_lands(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     records, pages = chain(3), random_pages(3)
     slots = store.alloc(3)
-    store.reads_first.max_wait_s = 30.0  # the read below ends well before this
+    store.read_priority.max_wait_s = 30.0  # the read below ends well before this
     wrote = threading.Event()
 
     def write() -> None:
         store.write_pages(slots, records, pages)
         wrote.set()
 
-    with store.reads_first.reading():  # a request's read is in flight
+    with store.read_priority.reading():  # a request's read is in flight
         writer = threading.Thread(target=write)
         writer.start()
         assert not wrote.wait(0.3)  # held back while the read lasts
     assert wrote.wait(10)
     writer.join()
-    assert store.reads_first.writes_deferred >= 1
+    assert store.read_priority.writes_deferred >= 1
     out = random_pages(3) * 0
     assert store.read_pages(slots, records, out) == [True] * 3
     assert same_bytes(out, pages)
@@ -62,7 +62,7 @@ def test_a_read_does_not_queue_behind_writes_already_on_the_io_threads(tmp_path:
     all four and the read waits for them)."""
     io = _HeldWrites()
     store = DiskStore(tmp_path, FINGERPRINT, LAYOUT, CAPACITY, io=io, chunk_bytes=4096)
-    store.reads_first.max_wait_s = 0.05
+    store.read_priority.max_wait_s = 0.05
     records, pages = chain(3, namespace="read"), random_pages(3, seed=1)
     read_slots = store.alloc(3)
     io.release.set()
@@ -100,7 +100,7 @@ def test_a_read_does_not_queue_behind_writes_already_on_the_io_threads(tmp_path:
 
 
 def test_a_write_waits_no_longer_than_the_bound() -> None:
-    gate = ReadsFirst(max_wait_s=0.05)
+    gate = ReadPriority(max_wait_s=0.05)
     with gate.reading():
         started = time.monotonic()
         gate.before_write()  # a read that never ends does not starve writes

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tieredkv.cache.remote.replies import ReplyStream, UnexpectedReply, read_get_replies
+from tieredkv.cache.remote.get_replies import ReplyStream, UnexpectedReply, read_get_replies
 
 
 def bulk(value: bytes) -> bytes:

@@ -1,7 +1,7 @@
-"""Reads before writes on one store (the disk, the remote store): a read serves a request that
-waits for it, a write is background work (write-through, a demotion). While any read is in
-flight, each write chunk waits, at most `max_wait_s` (writes are never starved: a demotion may
-be what frees room for a request).
+"""`ReadPriority`: reads go before writes on one store (the disk, the remote store). A read
+serves a request that waits for it, a write is background work (write-through, a demotion).
+While any read is in flight, each write chunk waits, at most `max_wait_s` (writes are never
+starved: a demotion may be what frees room for a request).
 
 A write-through of one request's history is tens of MB; a read queued behind it on the same
 device or connection waits for all of it, and the request waiting for that read waits too. On
@@ -18,7 +18,7 @@ from contextlib import contextmanager
 MAX_WRITE_WAIT_S = 0.5  # per write chunk: many times a 32 MiB read, so reads rarely run past it
 
 
-class ReadsFirst:
+class ReadPriority:
     """Thread-safe: readers enter `reading()`, writers call `before_write()` per chunk."""
 
     def __init__(self, max_wait_s: float = MAX_WRITE_WAIT_S) -> None:

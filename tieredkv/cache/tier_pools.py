@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.free_list import PagePool
 from tieredkv.cache.pools.host_pool import HostPool
+from tieredkv.cache.remote.remote_tier import REMOTE_ERROR_REASONS
 from tieredkv.cache.tier import Tier
 
 if TYPE_CHECKING:
@@ -25,9 +27,9 @@ class TierPools(Mapping[Tier, PagePool]):
     """Allocation, freeing, sizes and health per tier (engine thread only).
 
     `device`, `host`, `disk` and `remote` stay reachable by type for what needs their memory or
-    their store (the copier, the store's reads, the remote look-up); everything else goes
-    through the mapping. A disabled tier has no pool in it: `num_pages`, `num_free` and the
-    byte figures are 0 there.
+    their store (the copier, the store's reads, the remote look-up, the stores' error counts,
+    state and closing); everything else goes through the mapping. A disabled tier has no pool
+    in it: `num_pages`, `num_free` and the byte figures are 0 there.
     """
 
     def __init__(
@@ -91,3 +93,31 @@ class TierPools(Mapping[Tier, PagePool]):
 
     def capacity_bytes(self, tier: Tier) -> int:
         return self.num_pages(tier) * self.layout.page_bytes
+
+    def disk_page_errors(self) -> dict[DiskErrorReason, int]:
+        """Disk records or files refused, by reason; every reason present, 0 without a disk."""
+        if self.disk is None:
+            return dict.fromkeys(DiskErrorReason, 0)
+        return self.disk.page_errors()
+
+    def remote_page_errors(self) -> dict[str, int]:
+        """Remote values refused and calls failed, by reason; every reason present, 0 without
+        the remote tier."""
+        if self.remote is None:
+            return dict.fromkeys(REMOTE_ERROR_REASONS, 0)
+        return self.remote.page_errors()
+
+    def remote_store_state(self) -> dict | None:
+        """The remote store's counters, health and last error; None without the tier."""
+        return None if self.remote is None else self.remote.state()
+
+    def disk_direct_io(self) -> bool | None:
+        """Whether the disk tier uses O_DIRECT; None without a disk tier."""
+        return None if self.disk is None else self.disk.direct_io
+
+    def close_stores(self) -> None:
+        """Close the disk and remote stores (nothing may read or write them afterwards)."""
+        if self.disk is not None:
+            self.disk.close()
+        if self.remote is not None:
+            self.remote.close()

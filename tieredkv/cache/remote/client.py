@@ -1,5 +1,6 @@
-"""The store's client and its health: healthy while calls succeed, degraded from the first
-failure until a reconnection answers PING. Only the writer thread reconnects."""
+"""`RemoteClient`: the store's Redis client and its health. Healthy while calls succeed,
+degraded from the first failure until a reconnection answers PING. Only the writer thread
+reconnects."""
 
 from __future__ import annotations
 
@@ -13,15 +14,16 @@ from tieredkv.cache.remote.connection import RemoteTimeouts, connection_errors, 
 log = logging.getLogger(__name__)
 
 
-class RemoteLink:
-    """One client at a time; callers read `client` and report failures with `mark_degraded`."""
+class RemoteClient:
+    """One redis-py client at a time; callers read `redis` and report failures with
+    `mark_degraded`."""
 
     def __init__(self, url: str, password: str | None, timeouts: RemoteTimeouts) -> None:
         self._url = url
         self._password = password
         self._timeouts = timeouts
         self._lock = threading.Lock()
-        self._client: Any = None
+        self._redis: Any = None
         self._healthy = threading.Event()
         self.on_degraded: Callable[[], None] = lambda: None  # wakes the writer to reconnect
         self.last_error = "not connected yet"
@@ -31,9 +33,10 @@ class RemoteLink:
         return self._healthy.is_set()
 
     @property
-    def client(self) -> Any:
-        """The current client (None before the first connection)."""
-        return self._client
+    def redis(self) -> Any:
+        """The current redis-py client, single-server or cluster (None before the first
+        connection)."""
+        return self._redis
 
     def wait_healthy(self, timeout_s: float) -> bool:
         return self._healthy.wait(timeout_s)  # SYNC: a test or start-up waits for the store
@@ -47,7 +50,7 @@ class RemoteLink:
             log.debug("remote store: connecting to %s failed: %s", self._url, self.last_error)
             return False
         with self._lock:
-            old, self._client = self._client, client
+            old, self._redis = self._redis, client
             self._healthy.set()
         if old is not None:
             _close_quietly(old)
@@ -70,7 +73,7 @@ class RemoteLink:
 
     def close(self) -> None:
         with self._lock:
-            client, self._client = self._client, None
+            client, self._redis = self._redis, None
             self._healthy.clear()
         if client is not None:
             _close_quietly(client)

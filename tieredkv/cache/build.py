@@ -1,0 +1,154 @@
+"""`build_cache`: the tiered cache's composition root.
+
+It opens the stores the configuration enables (the disk store's directory locked, the remote
+store connected), makes the pools, the tree, the copier and the mover with their executors,
+and the residency, index, demotion, promotion and pinning over them; the disk's records are
+indexed again before the facade is handed out. Nowhere else does the library build them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from tieredkv.cache.disk.direct_io import DiskIOBackend
+from tieredkv.cache.disk.store import DiskStore
+from tieredkv.cache.index.radix_index import RadixIndex
+from tieredkv.cache.index.radix_tree import RadixTree
+from tieredkv.cache.metrics import CacheCounters
+from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.pins import Pinning, PinRegistry
+from tieredkv.cache.pools.device_pool import DevicePool
+from tieredkv.cache.pools.host_pool import HostPool
+from tieredkv.cache.remote.connection import RemoteTimeouts
+from tieredkv.cache.remote.remote_tier import RemoteTier
+from tieredkv.cache.remote.store import RemoteStore
+from tieredkv.cache.residency.demotion import Demoter
+from tieredkv.cache.residency.promotion import Promoter
+from tieredkv.cache.residency.residency import Residency
+from tieredkv.cache.tier_pools import TierPools
+from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.cache.transfer.executor import (
+    CudaStreamTransferExecutor,
+    ThreadTransferExecutor,
+    TransferExecutor,
+)
+from tieredkv.cache.transfer.mover import Mover
+from tieredkv.cache.transfer.page_copier import PageCopier
+from tieredkv.cache.warm_restart import rebuild_from_disk
+from tieredkv.config import CacheConfig
+
+IO_WORKERS = 4  # disk and remote transfers at once
+
+
+def build_cache(
+    config: CacheConfig,
+    layout: PageLayout,
+    fingerprint: bytes,
+    device: torch.device | str = "cpu",
+    *,
+    disk_io: DiskIOBackend | None = None,
+    memory_executor: TransferExecutor | None = None,
+    disk_executor: TransferExecutor | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> TieredCache:
+    """The tiered cache for `config` (see docs/architecture.md).
+
+    `fingerprint` identifies the model (weights, tokenizer, dtype, layout, page size); it roots
+    every namespace's key chain. With `config.disk_enabled`, the disk store is opened (its
+    directory locked; DiskStoreError if it cannot be) and its records are indexed again, so
+    their prefixes match in the disk tier. Executors and the clock can be replaced (tests).
+    """
+    device = torch.device(device)
+    disk = _open_disk(config, layout, fingerprint, disk_io)
+    remote = _open_remote(config, layout, fingerprint)
+    pools = TierPools(
+        DevicePool.from_bytes(layout, config.device_cache_bytes, device),
+        HostPool.from_bytes(layout, config.host_cache_bytes),
+        disk,
+        remote,
+    )
+    tree = RadixTree(layout.page_size)
+    counters = CacheCounters()
+    copier = PageCopier(pools.device, pools.host, disk, remote=remote)
+    mover = Mover(
+        memory_executor or _default_memory_executor(device),
+        disk_executor or _default_io_executor(copier),
+        clock,
+    )
+    residency = Residency(
+        tree, pools, copier, mover, counters, clock, namespace_share=config.namespace_share
+    )
+    index = RadixIndex(tree, fingerprint, config.enable_prefix_reuse, residency)
+    demoter = Demoter(pools, residency)
+    promoter = Promoter(pools, residency, demoter, index, counters, clock)
+    if disk is not None:
+        rebuild_from_disk(tree, disk, residency)
+    budget = config.pin_budget_bytes
+    if budget is None:  # a quarter of the host tier
+        budget = config.host_cache_bytes // 4
+    pins = PinRegistry(
+        budget // layout.page_bytes, config.disk_cache_dir if disk is not None else None
+    )
+    return TieredCache(
+        config,
+        layout,
+        tree=tree,
+        pools=pools,
+        counters=counters,
+        copier=copier,
+        mover=mover,
+        residency=residency,
+        index=index,
+        demoter=demoter,
+        promoter=promoter,
+        pinning=Pinning(pins, index, demoter, pools, config.host_enabled),
+    )
+
+
+def _open_disk(
+    config: CacheConfig, layout: PageLayout, fingerprint: bytes, io: DiskIOBackend | None
+) -> DiskStore | None:
+    if not config.disk_enabled:
+        return None
+    assert config.disk_cache_dir is not None
+    return DiskStore(config.disk_cache_dir, fingerprint, layout, config.disk_cache_bytes, io=io)
+
+
+def _open_remote(config: CacheConfig, layout: PageLayout, fingerprint: bytes) -> RemoteTier | None:
+    if not config.remote_enabled:
+        return None
+    assert config.remote_cache_url is not None
+    store = RemoteStore(
+        config.remote_cache_url,
+        fingerprint,
+        layout.page_size,
+        layout.page_bytes,
+        config.remote_compression,
+        config.remote_password,
+        timeouts=RemoteTimeouts().scaled(config.remote_budget_scale),
+    )
+    return RemoteTier(store, layout)
+
+
+def _default_memory_executor(device: torch.device) -> TransferExecutor:
+    if device.type == "cuda":
+        return CudaStreamTransferExecutor(num_workers=2, device=device)
+    return ThreadTransferExecutor(num_workers=2, name="tkv-copy")
+
+
+def _default_io_executor(copier: PageCopier) -> ThreadTransferExecutor:
+    """Four I/O workers. With a store below host they start now, each with its staging buffers
+    faulted in (a store read lands in them on its way to the device): 4 x 96 MiB (three slots
+    of 32 MiB) resident from the start. A first touch of fresh memory costs a page fault per
+    4 KiB page, far slower than a copy into resident memory on a VM that hands freed memory
+    back to its host; faulting the buffers in at start keeps that cost out of the first
+    promotion from disk or Redis."""
+    if not copier.stores:
+        return ThreadTransferExecutor(num_workers=IO_WORKERS, name="tkv-disk")
+    staging, pages = copier.staging, copier.stage_pages
+    return ThreadTransferExecutor(
+        num_workers=IO_WORKERS, name="tkv-disk", warm=lambda: staging.prefault(pages)
+    )
