@@ -3,15 +3,15 @@ from pathlib import Path
 import torch
 from cache_steps import compute, ok, settle
 
-from tieredkv.cache.index.page_key import token_bytes
-from tieredkv.cache.index.radix_tree import RadixTree
-from tieredkv.cache.residency.eviction import LruEvictionPolicy, TierHeap
-from tieredkv.cache.testing import (
+from tests.support.tiny_cache import (
     device_page,
     expected_pages,
     make_cache,
     tiny_layout,
 )
+from tieredkv.cache.index.page_key import token_bytes
+from tieredkv.cache.index.radix_tree import RadixTree
+from tieredkv.cache.residency.eviction import LruEvictionPolicy, TierHeap
 from tieredkv.cache.tier import Tier
 
 LAYOUT = tiny_layout(page_size=4)

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from tests.model_factory import make_tiny_model_dir
+from tests.support.manual_executor import ManualTransferExecutor
+from tests.support.tiny_cache import make_cache
 from tieredkv.cache.page_layout import PageLayout
-from tieredkv.cache.testing import make_cache
 from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import EngineConfig, SchedulePolicy, WritePolicy
 from tieredkv.engine.engine import Engine
 from tieredkv.engine.metrics import EngineMetrics, EngineRecorder

@@ -8,12 +8,12 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from tests.support.manual_executor import ManualTransferExecutor
+from tests.support.tiny_cache import make_cache, tiny_layout
 from tests.unit.engine.conftest import FakeClock
 from tieredkv.cache.cache_handle import CacheHandle
-from tieredkv.cache.testing import make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import EngineConfig, SchedulePolicy, WritePolicy
 from tieredkv.engine.metrics import EngineMetrics, EngineRecorder
 from tieredkv.engine.protocol import FinishReason, GenerationRequest
