@@ -8,8 +8,8 @@ import torch
 from cache_steps import ok, settle
 from test_cache_handle import NAMESPACE, run_request
 
+from tests.support.tiny_cache import device_page, make_cache, tiny_layout
 from tieredkv.cache.cache_handle import CacheHandle
-from tieredkv.cache.testing import device_page, make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
 
 LAYOUT = tiny_layout(page_size=4)
