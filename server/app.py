@@ -19,10 +19,10 @@ from .auth import key_checker, require_admin
 from .completions import CompletionHandler
 from .connections import SendStallLimit
 from .errors import install_error_handlers
+from .generation_inputs import check_model, in_tenant
 from .openapi import body_spec, error_responses, install_openapi
 from .pins import PinHandler
 from .schemas import ChatCompletionRequest, CompletionRequest, PinRequest
-from .translate import check_model, in_tenant
 from .worker_info import install_worker_info
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -14,8 +14,18 @@ from tieredkv.config import KeyGrant, ServerConfig
 from tieredkv.engine.protocol import EngineClient, GenerationRequest
 from tieredkv.model.tokenizer import ChatTokenizer
 
-from .body import read_request
+from .generation_inputs import (
+    chat_logprobs,
+    chat_prompt_ids,
+    check_chat_supported,
+    check_completion_supported,
+    check_model,
+    completion_prompt_ids,
+    resolve_namespace,
+    sampling_params,
+)
 from .logprobs_format import TokenTexts
+from .request_body import read_request
 from .responses import Echo, ResponseFormatter, new_request_id, usage_body
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .streaming import (
@@ -25,16 +35,6 @@ from .streaming import (
     request_error,
     sse_events,
     unless_disconnected,
-)
-from .translate import (
-    chat_logprobs,
-    chat_prompt_ids,
-    check_chat_supported,
-    check_completion_supported,
-    check_model,
-    completion_prompt_ids,
-    resolve_namespace,
-    sampling_params,
 )
 
 NAMESPACE_HEADER = "X-Cache-Namespace"

@@ -24,16 +24,16 @@ from tieredkv.engine.protocol import EngineClient
 from tieredkv.errors import ConfigError
 from tieredkv.model.tokenizer import ChatTokenizer
 
-from .body import read_request
 from .errors import APIError, bad_request
-from .schemas import PinRequest
-from .translate import (
+from .generation_inputs import (
     CONTEXT_LENGTH_EXCEEDED,
     chat_prompt_ids,
     check_model,
     completion_prompt_ids,
     resolve_namespace,
 )
+from .request_body import read_request
+from .schemas import PinRequest
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tieredkv.engine.protocol import FinishReason, Usage
+from tieredkv.engine.protocol import FinishReason, QueueFullError, Usage
 from tieredkv.model.logprobs import TokenLogprob
 
-from .errors import APIError
+from .errors import APIError, from_exception
 from .logprobs_format import TokenTexts, chat_logprobs, completion_logprobs
 
 TIER_LABELS = ("device", "host", "disk", "remote")
@@ -50,14 +50,17 @@ def usage_body(usage: Usage | None, num_prompt_tokens: int, num_output_tokens: i
 
 
 def finish_error(output_reason: FinishReason | None, error: str | None) -> APIError | None:
-    """The error a request ended with: ABORT (shutting down) is 503, ERROR a 500; None when it
-    finished normally (stop or length)."""
+    """The error a request ended with: ABORT (shutting down) is 503, ERROR a 500, QUEUE_FULL
+    (a fork refused past --max-queue) the 429 of a refused request; None when it finished
+    normally (stop or length)."""
     if output_reason is FinishReason.ABORT:
         message = "the request was cancelled: the server is shutting down"
         return APIError(503, message, "server_error", None, "service_unavailable")
     if output_reason is FinishReason.ERROR:
         message = f"the engine failed this request: {error or 'unknown error'}"
         return APIError(500, message, "server_error", None, "engine_error")
+    if output_reason is FinishReason.QUEUE_FULL:
+        return from_exception(QueueFullError(error or "the queue is full"))
     if output_reason is None:
         return APIError(500, "the engine ended the request without a finish reason", "server_error")
     return None

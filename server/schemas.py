@@ -1,7 +1,7 @@
 """Pydantic models of the request bodies: what `/openapi.json` describes and what requests are
 validated against (strictly: no string-to-number coercion; unknown fields are kept aside and
 ignored). Values the types cannot express (tools, logit_bias keys, context length) are checked
-in `translate.py`.
+in `generation_inputs.py`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `python -m tieredkv.cli_reference --out docs/configuration.md` (what `make docs` runs) writes it;
 a test checks that the committed file equals `render()`, so a flag added, removed or reworded
-in `tieredkv.cli` shows up as a stale document until it is generated again.
+in `tieredkv.cli_parser` shows up as a stale document until it is generated again.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tieredkv.bench import BENCHMARKS
-from tieredkv.cli import build_parser
+from tieredkv.cli_parser import build_parser
 from tieredkv.config import CacheConfig
 from tieredkv.serve_flags import DEFAULT_DISK_CACHE
 
@@ -74,18 +74,6 @@ def _serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         if isinstance(action, argparse._SubParsersAction):
             return action.choices["serve"]
     raise LookupError("the tieredkv parser has no `serve` command")
-
-
-def serve_options(parser: argparse.ArgumentParser | None = None) -> list[str]:
-    """Every long option of `tieredkv serve`, in the parser's order."""
-    serve = _serve_parser(parser or build_parser())
-    return [
-        option
-        for action in serve._actions
-        if not isinstance(action, argparse._HelpAction)
-        for option in action.option_strings
-        if option.startswith("--")
-    ]
 
 
 def _cell(text: str) -> str:

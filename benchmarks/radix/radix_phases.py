@@ -1,8 +1,8 @@
 """The radix benchmark's three measurements, each on a real TieredCache of tiny pages.
 
 Pages of 1 layer x 1 kv head x head_dim 4 (bf16, page_size 16: 256 B) make page copies free,
-so what is timed is the tree: match, insert, lock, unlock, evict. Transfers go to manual
-executors (nothing runs behind the timed calls' backs); the device is the only tier.
+so what is timed is the tree: match, insert, lock, unlock, evict. The device is the only
+tier, and its executors start no thread (nothing runs behind the timed calls' backs).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from tieredkv.cache.build import build_cache
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import CacheConfig
 
+from .no_transfers import NoTransferExecutor
 from .radix_driver import ChatDriver, fresh_tokens, pack_prompt, timed
 from .radix_workload import ChatShape, ChatWorkload
 
@@ -30,8 +30,8 @@ FINGERPRINT = b"tieredkv-bench-radix"
 
 
 def tiny_cache(device_pages: int) -> TieredCache:
-    """A device-only cache of `device_pages` tiny pages on manual executors."""
-    executor = ManualTransferExecutor()
+    """A device-only cache of `device_pages` tiny pages; no executor runs a transfer."""
+    executor = NoTransferExecutor()
     config = CacheConfig(
         page_size=PAGE_SIZE,
         device_cache_bytes=device_pages * TINY_LAYOUT.page_bytes,

@@ -23,13 +23,13 @@ from tieredkv.cache.build import build_cache
 from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import CacheConfig, WritePolicy
 from tieredkv.engine.protocol import GenerationRequest
 from tieredkv.engine.request import Request
 from tieredkv.engine.request_pages import RequestPages
 from tieredkv.model.sampler import SamplingParams
 
+from .no_transfers import NoTransferExecutor
 from .replay_trace import CHUNK_TOKENS, OPS, PAGE_SIZE, Samples, Turn
 
 
@@ -54,7 +54,7 @@ class TieredkvReplay:
             host_cache_bytes=0,
             write_policy=WritePolicy.WRITE_BACK,
         )
-        executor = ManualTransferExecutor()  # nothing moves between tiers: no threads
+        executor = NoTransferExecutor()  # nothing moves between tiers: no threads
         self.cache = build_cache(
             config, layout, b"radix-vs-sglang", memory_executor=executor, disk_executor=executor
         )

@@ -12,8 +12,9 @@ import pytest
 import torch
 import transformers
 
+from tests.support.greedy import generate_greedy
 from tieredkv.model.loader import LoadedModel, load_model
-from tieredkv.model.runner import ModelRunner, generate_greedy
+from tieredkv.model.runner import ModelRunner
 
 NEAR_TIE = 1e-4
 NEW_TOKENS = 64

@@ -25,13 +25,13 @@ from hypothesis.stateful import (
     rule,
 )
 
+from tests.support.tiny_cache import expected_pages, make_cache, tiny_layout
 from tieredkv.cache.index.match_results import MatchResult
 from tieredkv.cache.index.page_key import page_key
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.token_run import PackedTokens
 from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.residency.promotion import PromotionTicket
-from tieredkv.cache.testing import expected_pages, make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
 from tieredkv.config import WritePolicy
 

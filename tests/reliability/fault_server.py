@@ -34,8 +34,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tests.support.fault_io import FaultInjectingIO
 from tieredkv.cache.build import build_cache
-from tieredkv.cache.disk.direct_io import Buffer, DiskIOBackend, FaultInjectingIO, as_bytes
+from tieredkv.cache.disk.direct_io import Buffer, DiskIOBackend, as_bytes
 from tieredkv.cache.disk.directory import STORE_FILE
 from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, decode_superblock
 from tieredkv.cache.tiered_cache import TieredCache

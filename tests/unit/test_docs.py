@@ -4,10 +4,12 @@ CLI's parser."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
-from tieredkv.cli_reference import render, serve_options
+from tieredkv.cli_parser import build_parser
+from tieredkv.cli_reference import render
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -87,8 +89,24 @@ def test_configuration_doc_is_generated_from_the_parser() -> None:
     )
 
 
+def _serve_options() -> list[str]:
+    """Every long option of `tieredkv serve`, in the parser's order."""
+    subcommands = next(
+        action
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
+    return [
+        option
+        for action in subcommands.choices["serve"]._actions
+        if not isinstance(action, argparse._HelpAction)
+        for option in action.option_strings
+        if option.startswith("--")
+    ]
+
+
 def test_configuration_doc_lists_every_serve_option() -> None:
-    options = serve_options()
+    options = _serve_options()
     assert "--disk-cache-dir" in options and "--remote-cache-url" in options
     text = render()
     missing = [option for option in options if f"`{option}" not in text]

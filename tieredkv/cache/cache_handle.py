@@ -209,3 +209,33 @@ class CacheHandle:
         self._page_table = []
         self._tree_pages = 0
         self._locked = None
+
+    # --- forks -----------------------------------------------------------------------------
+
+    def share_resident(self, tokens: TokenSequence) -> int | None:
+        """Start the page table with the cached prefix of `tokens` when all of it is on the
+        device now: its pages are shared with the tree and locked, as a cache hit's are. The
+        tokens it covers, or None (the handle holds nothing) when some of it is on another tier
+        or it cannot be taken now."""
+        assert self._promotion is None and not self._page_table, (
+            f"share_resident while holding {len(self._page_table)} pages or a promotion"
+        )
+        match = self._cache.match(tokens, self.namespace)
+        if any(n for tier, n in match.tokens_by_tier().items() if tier is not Tier.DEVICE):
+            return None
+        ticket = self._cache.promote(match, hold_lock=True)
+        if ticket is None:
+            return None
+        self._promotion = ticket
+        result = self.take_promotion()  # resident pages: done at once
+        return 0 if result is None else result.num_tokens
+
+    def copy_pages_from(self, other: CacheHandle, first: int, end: int) -> None:
+        """Copy the KV of `other`'s pages `first:end` into this handle's pages at the same
+        places (both reserved; this handle's are its own): a fork's partial prompt page."""
+        sources, targets = other.page_table[first:end], self._page_table[first:end]
+        assert len(sources) == len(targets) == end - first, (
+            f"copy of pages {first}:{end} between tables of {len(sources)} and {len(targets)}"
+        )
+        assert first >= self._tree_pages, f"page {first} is the tree's, not the handle's"
+        self._cache.device_pool.copy_pages(sources, targets)

@@ -32,6 +32,7 @@ from tieredkv.config import CacheConfig, EngineConfig
 from tieredkv.engine.capacity import capacity_lines, capacity_summary
 from tieredkv.engine.engine import Engine
 from tieredkv.engine.metrics import EngineMetrics, EngineRecorder
+from tieredkv.engine.output_streams import OutputStreams
 from tieredkv.engine.protocol import (
     EngineClient,
     EngineUnavailableError,
@@ -40,6 +41,7 @@ from tieredkv.engine.protocol import (
     QueueFullError,
     RequestOutput,
 )
+from tieredkv.engine.request import RequestStatus
 from tieredkv.engine.stats_line import StatsLine
 from tieredkv.engine.warmup import check_device_capacity, warm_up
 from tieredkv.model.fingerprint import model_fingerprint
@@ -63,8 +65,7 @@ class AsyncEngine(EngineClient):
         self.clock = clock
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.config.max_model_len
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._streams_lock = threading.Lock()
+        self._streams = OutputStreams()
         self._stopping = False
         self._ready = False
         self._dead = False
@@ -99,7 +100,9 @@ class AsyncEngine(EngineClient):
         )
         warm_up(runner, cache)
         weights_bytes = sum(t.numel() * t.element_size() for t in loaded.weights.values())
-        capacity = capacity_summary(cache, weights_bytes, runner.attention.workspace_bytes)
+        workspace_bytes = runner.attention.workspace_bytes
+        in_ram = torch.device(device).type == "cpu"
+        capacity = capacity_summary(cache, weights_bytes, workspace_bytes, in_ram)
         for line in capacity_lines(capacity, layout.token_bytes):
             logger.info("%s", line)
         client: AsyncEngine
@@ -108,7 +111,7 @@ class AsyncEngine(EngineClient):
             cache,
             loaded.tokenizer,
             engine_config,
-            sink=lambda output: client._deliver(output),
+            sink=lambda output: client._streams.deliver(output.request_id, output),
             recorder=EngineRecorder(metrics),
             reuse_prefixes=cache_config.enable_prefix_reuse,
             clock=clock,
@@ -127,7 +130,7 @@ class AsyncEngine(EngineClient):
         except BaseException:
             logger.critical("the engine thread died; failing every request", exc_info=True)
             self._dead = True
-            self._fail_streams(EngineUnavailableError("the engine stopped"))
+            self._streams.fail_all(EngineUnavailableError("the engine stopped"))
         finally:
             self._close_on_this_thread()
 
@@ -148,12 +151,6 @@ class AsyncEngine(EngineClient):
                     continue  # idle: one chunk of the host tier faulted in, then look again
                 engine.wait_for_work(_STALLED_RECHECK_SECONDS if engine.has_work else None)
 
-    def _fail_streams(self, error: Exception) -> None:
-        with self._streams_lock:
-            request_ids = list(self._streams)
-        for request_id in request_ids:
-            self._deliver_to(request_id, error)
-
     def _close_on_this_thread(self) -> None:
         """Let transfers in flight finish, close the disk store (it reopens cleanly) and the
         runner. Stuck I/O blocks only this thread: `shutdown` does not wait past its bound."""
@@ -165,28 +162,16 @@ class AsyncEngine(EngineClient):
         finally:
             self._closed.set()
 
-    def _deliver(self, output: RequestOutput) -> None:
-        self._deliver_to(output.request_id, output)
-
-    def _deliver_to(self, request_id: str, item: RequestOutput | Exception) -> None:
-        with self._streams_lock:
-            target = self._streams.get(request_id)
-        if target is not None:
-            loop, stream = target
-            loop.call_soon_threadsafe(stream.put_nowait, item)
-
     # --- EngineClient ----------------------------------------------------------------------
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         if not self._ready or self._stopping or self._dead:
             raise EngineUnavailableError("the engine is not accepting requests")
-        if len(self.engine.scheduler.waiting) >= self.engine.config.max_queue:
+        if self.engine.scheduler.queue_full:
             raise QueueFullError(f"the queue is full ({self.engine.config.max_queue} requests)")
         if not request.arrival_time:
             request = dataclasses.replace(request, arrival_time=self.clock())
-        stream: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
-        with self._streams_lock:
-            self._streams[request.request_id] = (asyncio.get_running_loop(), stream)
+        stream = self._streams.open(request.request_id)
         self.engine.call_soon(lambda: self._add(request))
         if self._dead:  # died between the check and the registration: nobody would answer
             stream.put_nowait(EngineUnavailableError("the engine stopped"))
@@ -202,8 +187,7 @@ class AsyncEngine(EngineClient):
                 finished = sequences_left == 0
                 yield output
         finally:
-            with self._streams_lock:
-                self._streams.pop(request.request_id, None)
+            self._streams.close(request.request_id)
             if not finished:  # the client hung up: free its pages
                 self.engine.call_soon(lambda: self.engine.abort(request.request_id))
 
@@ -211,7 +195,7 @@ class AsyncEngine(EngineClient):
         try:
             self.engine.add_request(request)
         except QueueFullError as error:  # the queue filled between the check and now
-            self._deliver_to(request.request_id, error)
+            self._streams.deliver(request.request_id, error)
 
     async def abort(self, request_id: str) -> None:
         self.engine.call_soon(lambda: self.engine.abort(request_id))
@@ -275,7 +259,6 @@ class AsyncEngine(EngineClient):
     async def debug_cache(self) -> dict:
         def inspect() -> dict:
             result = self.engine.cache.check_integrity()
-            scheduler = self.engine.scheduler
             return {
                 "ok": result.ok,
                 "problems": list(result.problems),
@@ -285,11 +268,7 @@ class AsyncEngine(EngineClient):
                 "pins_waiting": len(self.engine.cache.pins.waiting()),
                 "namespaces": self.engine.cache.namespace_pages(),
                 "remote_store": self.engine.cache.remote_store_state(),
-                "requests": {
-                    "waiting": len(scheduler.waiting),
-                    "promoting": len(scheduler.promoting),
-                    "running": len(scheduler.running),
-                },
+                "requests": dataclasses.asdict(self.engine.scheduler.queue_sizes()),
             }
 
         return await self._on_engine_thread(inspect)
@@ -327,7 +306,7 @@ class AsyncEngine(EngineClient):
         engine = self.engine
 
         def abort_waiting() -> None:
-            for request in list(engine.scheduler.waiting):
+            for request in engine.scheduler.queued(RequestStatus.WAITING):
                 engine.abort(request.request_id)
 
         def abort_all() -> None:

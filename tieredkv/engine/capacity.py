@@ -16,10 +16,13 @@ from tieredkv.cache.tiered_cache import TieredCache
 GIB = 1 << 30
 
 
-def capacity_summary(cache: TieredCache, weights_bytes: int, workspace_bytes: int) -> dict:
+def capacity_summary(
+    cache: TieredCache, weights_bytes: int, workspace_bytes: int, device_in_ram: bool
+) -> dict:
     """{"tiers": {label: {bytes, pages, tokens[, path, allocated_bytes]}}, "memory_bytes":
     {weights, device_tier, host_tier, workspace, total}}; the remote tier is shared and sized
-    by its store (`maxmemory`), so it is named without figures."""
+    by its store (`maxmemory`), so it is named without figures. `device_in_ram`: the device
+    tier lives in this process's RAM (a CPU-only machine)."""
     layout = cache.layout
     tiers: dict[str, dict] = {}
     for tier in Tier:
@@ -40,10 +43,9 @@ def capacity_summary(cache: TieredCache, weights_bytes: int, workspace_bytes: in
             "path": str(path),
             "allocated_bytes": path.stat().st_blocks * 512,
         }
-    in_ram = cache.device_pool.device.type == "cpu"
     memory = {
         "weights": weights_bytes,
-        "device_tier": tiers[Tier.DEVICE.label]["bytes"] if in_ram else 0,
+        "device_tier": tiers[Tier.DEVICE.label]["bytes"] if device_in_ram else 0,
         "host_tier": tiers.get(Tier.HOST.label, {}).get("bytes", 0),
         "workspace": workspace_bytes,
     }

@@ -7,9 +7,10 @@ Other threads talk to it through `call_soon` (a queue of callables drained at th
 A request with `n` > 1 is prefilled once: the step that computes its prompt samples `n` first
 tokens from the same logits (sequence `i` with its own generator, `seed + i`), and forks
 sequences 1 .. n - 1 off it. A fork shares the prompt's full pages through the tree and gets a
-copy of the partial last page; from then on it is a request of its own (`Request.index`).
-Logprobs are computed from the raw logits of the rows a request samples; prompt logprobs
-(echo) from the logits of every prompt row, which the runner returns for such requests.
+copy of the partial last page; from then on it is a request of its own (`Request.index`). A
+fork that would wait past `--max-queue` ends at once with `QUEUE_FULL`, as a new request is
+refused; the other sequences go on. Logprobs come from the raw logits (`step_logprobs`): the
+runner returns every prompt row's for a request that scores its prompt (echo).
 """
 
 from __future__ import annotations
@@ -27,13 +28,19 @@ from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import EngineConfig
 from tieredkv.engine.metrics import EngineRecorder, StepFigures
 from tieredkv.engine.output import OutputProcessor
-from tieredkv.engine.protocol import FinishReason, GenerationRequest, RequestOutput, Usage
+from tieredkv.engine.protocol import (
+    FinishReason,
+    GenerationRequest,
+    QueueFullError,
+    RequestOutput,
+    Usage,
+)
 from tieredkv.engine.request import Request, RequestStatus
 from tieredkv.engine.request_pages import RequestPages
 from tieredkv.engine.scheduler import Scheduler, StepPlan
 from tieredkv.engine.sessions import SessionWarmth
-from tieredkv.model.forward_batch import SequenceChunk
-from tieredkv.model.logprobs import TokenLogprob, token_logprobs
+from tieredkv.engine.step_logprobs import sampled_logprobs, score_prompt
+from tieredkv.model.logprobs import TokenLogprob
 from tieredkv.model.runner import ModelRunner
 from tieredkv.model.sampler import Sampler
 from tieredkv.model.tokenizer import ChatTokenizer
@@ -57,7 +64,6 @@ class Engine:
         reuse_prefixes: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        assert runner.pool is cache.device_pool, "the runner must use the cache's device pool"
         self.runner = runner
         self.cache = cache
         self.tokenizer = tokenizer
@@ -93,7 +99,7 @@ class Engine:
             scored = [i for i, r in enumerate(plan.requests) if r.needs_prompt_logits]
             logits, row_logits = self.runner.forward_with_rows(plan.chunks, scored)
             for i, rows in row_logits.items():
-                self._score_prompt(plan.requests[i], plan.chunks[i], rows)
+                score_prompt(plan.requests[i], plan.chunks[i], rows)
             self._sample_and_emit(plan, logits, forward_started)
             self.recorder.on_prefill(
                 sum(
@@ -165,16 +171,6 @@ class Engine:
         for request in requests:
             self._finish(request, FinishReason.ABORT)
 
-    def _score_prompt(self, request: Request, chunk: SequenceChunk, rows) -> None:
-        """Prompt logprobs of the positions after this chunk's tokens (row j of `rows`, the
-        logits at position start + j, scores the prompt token at start + j + 1)."""
-        assert request.prompt_logprobs is not None
-        prompt = request.spec.prompt_ids
-        targets = prompt[chunk.start + 1 : min(chunk.end + 1, len(prompt))]
-        top = request.spec.sampling.prompt_logprobs or 0
-        scored = token_logprobs(rows[: len(targets)], targets, [top] * len(targets))
-        request.prompt_logprobs[chunk.start + 1 : chunk.start + 1 + len(scored)] = scored
-
     def _sample_and_emit(self, plan: StepPlan, logits, forward_started: float) -> None:
         now = self.clock()
         rows: list[int] = []
@@ -203,14 +199,17 @@ class Engine:
             [r.output.banned_tokens() for r, _ in sampled],
             [r.output_ids for r, _ in sampled],
         )
-        logprobs = self._logprobs(raw, sampled, tokens)
+        logprobs = sampled_logprobs(raw, sampled, tokens)
         # forks first: each copies its parent's pages before the parent's token may end it
         order = sorted(range(len(sampled)), key=lambda i: sampled[i][1] == 0)
         for i in order:
             request, fork = sampled[i]
             if fork:
                 request.unforked -= 1
-                request = self._fork(request, fork, generators[i])
+                forked = self._fork(request, fork, generators[i])
+                if forked is None:
+                    continue  # refused: the queue is full
+                request = forked
             token = tokens[i]
             if isinstance(token, Exception):
                 logger.error("sampling failed for %s: %r", request.key, token)
@@ -218,27 +217,11 @@ class Engine:
             else:
                 self._emit_token(request, token, now, logprobs[i])
 
-    def _logprobs(
-        self, raw, sampled: list[tuple[Request, int]], tokens: list
-    ) -> list[TokenLogprob | None]:
-        """The sampled tokens' logprobs, for the rows whose request asked."""
-        wanted = [
-            i
-            for i, (request, _) in enumerate(sampled)
-            if request.spec.sampling.logprobs is not None and not isinstance(tokens[i], Exception)
-        ]
-        result: list[TokenLogprob | None] = [None] * len(sampled)
-        if wanted:
-            top = [sampled[i][0].spec.sampling.logprobs or 0 for i in wanted]
-            scored = token_logprobs(raw[wanted], [tokens[i] for i in wanted], top)
-            for i, logprob in zip(wanted, scored, strict=True):
-                result[i] = logprob
-        return result
-
-    def _fork(self, parent: Request, index: int, generator) -> Request:
+    def _fork(self, parent: Request, index: int, generator) -> Request | None:
         """Sequence `index` of `parent`'s request, with the parent's prompt KV (shared and
         copied, not recomputed). With no device page free for it now, it waits in the queue
-        with its first token and computes what it lacks when admitted."""
+        with its first token and computes what it lacks when admitted; past --max-queue it
+        ends at once, refused as a new request is (None), and the parent goes on."""
         spec = parent.spec
         output = OutputProcessor(
             self.tokenizer, spec.prompt_ids, spec.sampling, self.config.max_model_len
@@ -249,12 +232,11 @@ class Engine:
         fork.admitted_at, fork.first_forward_at = parent.admitted_at, parent.first_forward_at
         fork.first_token_at = self.clock()  # the request's first token is timed once
         self.requests[fork.key] = fork
-        if self.pages.share_prompt(parent, fork):
-            fork.status = RequestStatus.RUNNING
-            self.scheduler.running.append(fork)
-        else:
-            self.pages.on_arrival(fork)
-            self.scheduler.waiting.append(fork)
+        try:
+            self.scheduler.add_fork(parent, fork)
+        except QueueFullError as error:
+            self._finish(fork, FinishReason.QUEUE_FULL, error=str(error))
+            return None
         return fork
 
     def _emit_token(
@@ -290,12 +272,12 @@ class Engine:
                 self.pages.insert_computed(request)
 
     def _step_figures(self, step_s: float, scheduler_s: float) -> StepFigures:
-        cache, scheduler = self.cache, self.scheduler
+        cache, queues = self.cache, self.scheduler.queue_sizes()
         return StepFigures(
             step_seconds=step_s,
             scheduler_seconds=scheduler_s,
-            num_running=len(scheduler.running),
-            num_waiting=len(scheduler.waiting) + len(scheduler.promoting),
+            num_running=queues.running,
+            num_waiting=queues.waiting + queues.promoting,
             cache_counters=cache.counters,
             tier_used_bytes={tier: cache.tier_used_bytes(tier) for tier in Tier},
             tier_capacity_bytes={tier: cache.tier_capacity_bytes(tier) for tier in Tier},
@@ -357,6 +339,6 @@ class Engine:
     def fail_all(self, message: str) -> None:
         """An unexpected error in a step: every request ends with `message` (generic: never
         an exception's text, which could carry another request's details), pages freed."""
-        for request in [*self.scheduler.running, *self.scheduler.waiting]:
+        for request in self.scheduler.drain():
             logger.error("request %s failed: %s", request.request_id, message)
             self._finish(request, FinishReason.ERROR, error=message)

@@ -23,6 +23,7 @@ class FinishReason(enum.Enum):
     LENGTH = "length"  # max_tokens or the context limit
     ABORT = "abort"  # the client hung up, or the server is shutting down
     ERROR = "error"  # the engine failed this request (reported, never a wrong token)
+    QUEUE_FULL = "queue_full"  # a fork refused past --max-queue, as a new request is (429)
 
 
 @dataclass(frozen=True)

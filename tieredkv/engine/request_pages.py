@@ -18,11 +18,8 @@ class RequestPages:
         self.cache = cache
         self.page_size = page_size
         self.reuse = reuse_prefixes
-
-    @property
-    def device_pages(self) -> int:
-        """The device tier's size in pages."""
-        return self.cache.device_pool.num_pages
+        # the device tier's size in pages
+        self.device_pages = cache.tier_capacity_bytes(Tier.DEVICE) // cache.layout.page_bytes
 
     def on_arrival(self, request: Request) -> None:
         """Match for the queue's priority (the disk part is prefetched if the request waits)."""
@@ -51,18 +48,15 @@ class RequestPages:
         shared = 0
         if self.reuse:
             self.insert_computed(parent)  # the prompt's full pages, locked by the parent
-            match = self.cache.match(fork.packed_tokens, fork.spec.namespace)
-            if any(n for tier, n in match.tokens_by_tier().items() if tier is not Tier.DEVICE):
+            resident = fork.kv.share_resident(fork.packed_tokens)
+            if resident is None:
                 return False
-            if not fork.kv.promote(fork.packed_tokens):
-                return False
-            result = fork.kv.take_promotion()  # resident pages: done at once
-            shared = 0 if result is None else result.num_tokens
+            shared = resident
         if not fork.kv.reserve(prompt_len):
             fork.kv.release()
             return False
         first, end = shared // self.page_size, -(-prompt_len // self.page_size)
-        self.cache.device_pool.copy_pages(parent.page_table[first:end], fork.page_table[first:end])
+        fork.kv.copy_pages_from(parent.kv, first, end)
         fork.kv_len = prompt_len
         return True
 

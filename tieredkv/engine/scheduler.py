@@ -1,8 +1,10 @@
 """Who runs next, with which pages: the queues, admission, promotion waits, each step's device
 pages and preemption (engine thread only).
 
-Queues: `waiting` (arrived, or preempted), `promoting` (admitted; host and disk pages on their
-way to the device), `running` (in admission order, the oldest first).
+Queues: `waiting` (arrived, preempted, or forked with no device page free; `--max-queue` caps
+it), `promoting` (admitted; host and disk pages on their way to the device), `running` (in
+admission order, the oldest first). Only the scheduler touches them; the engine adds, forks,
+removes and drains requests through its methods.
 
 Each step: running decodes first (one token each, oldest first), then prefill chunks of running
 requests, then newly admitted requests, until `max_batch_tokens` tokens or `max_num_seqs`
@@ -12,66 +14,33 @@ already in the plan (whose pages are about to be written) is preempted: its comp
 into the tree, where they are demoted, not lost, and it waits again. Nothing is preempted while
 transfers are in flight: the demotions among them free pages soon.
 
-Admission order. FCFS is arrival order. Cache-aware (`lpm`): a waiting request's priority is
-the tokens its prompt matches in the tree as it is now, each weighted by the tier that holds it
-(a device page is worth more than a host page, which must still be copied, or a disk page,
-which must still be read: pages ready sooner rank higher; a prefetch that lands moves a page
-up), plus `aging_tokens_per_second` × its wait. Before each admission the waiting requests are
-matched again, `REMATCH_MAX_WAITING` at most, in turn (a match costs ~10 µs; the engine reports
-the time it spends here as `scheduler_seconds_total`). A request that matched nothing overtakes
-any request arriving after it once it has waited `max_model_len / aging_tokens_per_second`
-seconds (no match is worth more than a whole context): under a steady stream of hot requests, a
-cold request's extra wait is bounded by that time (2 s with the defaults: 8192 tokens / 4096
-tokens/s) plus the service of the requests already ahead of it. Admission stops at the first
-request the device has no room for, its whole prompt counted (`admission.DeviceRoom`); under
-`lpm` a request that shares a prefix with one still computing it waits for it, bounded, and is
-passed over meanwhile (`admission.prefix_being_computed`).
+Admission order is `QueueOrder`'s (`queue_order`: arrival, or cache-aware with aging). Before
+each admission the waiting requests are matched again, `REMATCH_MAX_WAITING` at most, in turn (a
+match costs ~10 µs; the engine reports the time it spends here as `scheduler_seconds_total`).
+Admission stops at the first request the device has no room for, its whole prompt counted
+(`admission.DeviceRoom`); under `lpm` a request that shares a prefix with one still computing
+it waits for it, bounded, and is passed over meanwhile (`admission.prefix_being_computed`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tieredkv.cache.cache_handle import WarmHold
-from tieredkv.cache.tier import Tier
 from tieredkv.config import EngineConfig, SchedulePolicy
 from tieredkv.engine.admission import DeviceRoom, prefix_being_computed
 from tieredkv.engine.metrics import EngineRecorder
 from tieredkv.engine.protocol import FinishReason, QueueFullError
+from tieredkv.engine.queue_order import QueueOrder
 from tieredkv.engine.request import Request, RequestStatus
 from tieredkv.engine.request_pages import RequestPages
 from tieredkv.model.forward_batch import SequenceChunk
 
 logger = logging.getLogger(__name__)
 
-TIER_WEIGHT = {Tier.DEVICE: 1.0, Tier.HOST: 0.75, Tier.DISK: 0.5, Tier.REMOTE: 0.4}
-DEFAULT_AGING_TOKENS_PER_SECOND = 4096.0
 REMATCH_MAX_WAITING = 64  # re-matched per admission, in turn: ~0.7 ms at most
-
-
-@dataclass(frozen=True)
-class QueueOrder:
-    policy: SchedulePolicy
-    aging_tokens_per_second: float = DEFAULT_AGING_TOKENS_PER_SECOND
-
-    def priority(self, request: Request, now: float) -> tuple[float, float]:
-        """Sort key: smaller runs first."""
-        arrival = request.spec.arrival_time
-        if self.policy is SchedulePolicy.FCFS:
-            return (arrival, arrival)
-        score = weighted_match_tokens(request)
-        score += self.aging_tokens_per_second * max(0.0, now - arrival)
-        return (-score, arrival)
-
-    def ordered(self, waiting: Iterable[Request], now: float) -> list[Request]:
-        return sorted(waiting, key=lambda request: self.priority(request, now))
-
-
-def weighted_match_tokens(request: Request) -> float:
-    matched = request.kv.matched_tokens_by_tier
-    return sum(TIER_WEIGHT[tier] * tokens for tier, tokens in matched.items() if tokens)
 
 
 @dataclass
@@ -89,6 +58,15 @@ class StepBudget:
         self.tokens -= count
         self.seqs -= 1
         return count
+
+
+@dataclass(frozen=True)
+class QueueSizes:
+    """The queues' lengths now (the step's figures, `GET /debug/cache`)."""
+
+    waiting: int
+    promoting: int
+    running: int
 
 
 @dataclass
@@ -131,20 +109,56 @@ class Scheduler:
         # a cold request above any match
         self.defer_limit_s = config.max_model_len / self.order.aging_tokens_per_second
         self._rematch_cursor = 0
-        self.waiting: list[Request] = []
-        self.promoting: list[Request] = []
-        self.running: list[Request] = []  # admission order: the oldest first
+        self._waiting: list[Request] = []
+        self._promoting: list[Request] = []
+        self._running: list[Request] = []  # admission order: the oldest first
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.promoting or self.running)
+        return bool(self._waiting or self._promoting or self._running)
+
+    @property
+    def queue_full(self) -> bool:
+        """The waiting queue holds --max-queue requests: a new one is refused."""
+        return len(self._waiting) >= self.config.max_queue
+
+    def queue_sizes(self) -> QueueSizes:
+        return QueueSizes(len(self._waiting), len(self._promoting), len(self._running))
+
+    def queued(self, status: RequestStatus) -> tuple[Request, ...]:
+        """The requests in the queue of `status` (WAITING, PROMOTING or RUNNING), in order."""
+        queues = {
+            RequestStatus.WAITING: self._waiting,
+            RequestStatus.PROMOTING: self._promoting,
+            RequestStatus.RUNNING: self._running,
+        }
+        return tuple(queues[status])
 
     def add(self, request: Request) -> None:
         """Queue a new request. QueueFullError past --max-queue."""
-        if len(self.waiting) >= self.config.max_queue:
-            raise QueueFullError(f"the queue holds {len(self.waiting)} requests (--max-queue)")
+        if self.queue_full:
+            raise QueueFullError(f"the queue holds {len(self._waiting)} requests (--max-queue)")
         self.pages.on_arrival(request)
-        self.waiting.append(request)
+        self._waiting.append(request)
+
+    def add_fork(self, parent: Request, fork: Request) -> None:
+        """Queue a sequence forked off `parent` as it samples its first token: running at once
+        when it can share the parent's prompt pages now, else waiting (it computes what it
+        lacks when admitted). QueueFullError past --max-queue, as for a new request; the fork
+        then holds nothing."""
+        if self.pages.share_prompt(parent, fork):
+            fork.status = RequestStatus.RUNNING
+            self._running.append(fork)
+        else:
+            self.add(fork)
+
+    def drain(self) -> list[Request]:
+        """Take every running and waiting request out of its queue, for the engine to end
+        (an unexpected error in a step). Promoting requests stay: their transfers in flight
+        hold their pages until applied."""
+        drained = [*self._running, *self._waiting]
+        self._running, self._waiting = [], []
+        return drained
 
     def remove(
         self, request: Request, keep_computed: bool, keep_warm: bool = False
@@ -152,7 +166,7 @@ class Scheduler:
         """Take an ending request out of its queue and free its pages (its computed pages go
         into the tree first when `keep_computed`). Not while its promotion is in flight.
         With `keep_warm`, returns the hold that keeps its tree pages on host."""
-        for queue in (self.waiting, self.running):
+        for queue in (self._waiting, self._running):
             if request in queue:
                 queue.remove(request)
         return self.pages.release(request, keep_computed, keep_warm)
@@ -161,8 +175,8 @@ class Scheduler:
         """Apply finished transfers: requests whose promotion is done start running. Returns
         those aborted while promoting, out of every queue, for the engine to end."""
         aborted = []
-        for request in self.pages.apply_transfers(self.promoting):
-            self.promoting.remove(request)
+        for request in self.pages.apply_transfers(self._promoting):
+            self._promoting.remove(request)
             if request.finish_reason is FinishReason.ABORT:
                 aborted.append(request)
             else:
@@ -174,14 +188,14 @@ class Scheduler:
         start prefetching their disk pages."""
         plan = StepPlan()
         budget = StepBudget(self.config.max_batch_tokens, self.config.max_num_seqs)
-        decodes = [r for r in self.running if r.num_pending == 1]
-        prefills = [r for r in self.running if r.num_pending > 1]
+        decodes = [r for r in self._running if r.num_pending == 1]
+        prefills = [r for r in self._running if r.num_pending > 1]
         for request in decodes + prefills:
             self._plan_request(plan, budget, request)
-        budget.seqs -= len(self.promoting)
+        budget.seqs -= len(self._promoting)
         for request in self._admit(budget):
             self._plan_request(plan, budget, request)
-        for request in self.waiting:
+        for request in self._waiting:
             self.pages.prefetch_while_waiting(request)
         stale = [r.request_id for r in plan.requests if r.status is not RequestStatus.RUNNING]
         assert not stale, f"planned requests lost their pages before the forward: {stale}"
@@ -199,7 +213,7 @@ class Scheduler:
         is not already in this step's plan if must be."""
         while not self.pages.grow(request, end):
             victim = next(
-                (r for r in reversed(self.running) if r is not request and r not in plan.requests),
+                (r for r in reversed(self._running) if r is not request and r not in plan.requests),
                 None,
             )
             if victim is None or self.pages.transfers_in_flight():
@@ -213,24 +227,24 @@ class Scheduler:
         started: list[Request] = []
         now = self.clock()
         self._rematch_waiting()
-        room = DeviceRoom(self.pages.device_pages, self.running, self.promoting, self.page_size)
-        for request in self.order.ordered(self.waiting, now):
+        room = DeviceRoom(self.pages.device_pages, self._running, self._promoting, self.page_size)
+        for request in self.order.ordered(self._waiting, now):
             if budget.seqs <= 0 or budget.tokens <= 0:
                 break
-            if len(self.running) + len(self.promoting) >= self.config.max_num_seqs:
+            if len(self._running) + len(self._promoting) >= self.config.max_num_seqs:
                 break  # --max-num-seqs caps the sequences held, not only those forwarded
             if self._waits_for_shared_prefix(request, now):
                 continue
-            if (self.running or self.promoting) and not room.fits(request):
+            if (self._running or self._promoting) and not room.fits(request):
                 break  # its prompt does not fit beside the admitted ones: they finish first
             if not self.pages.admit(request):
                 break  # no device room now; demotions started
             room.take(request)
-            self.waiting.remove(request)
+            self._waiting.remove(request)
             request.admitted_at = request.admitted_at or now
             if request.kv.promotion_pending:
                 request.status = RequestStatus.PROMOTING
-                self.promoting.append(request)
+                self._promoting.append(request)
                 if self.expect_prefix is not None:
                     self.expect_prefix(request.seq_id, request.kv.planned_pages)
                 budget.seqs -= 1
@@ -246,7 +260,7 @@ class Scheduler:
         ceil(waiting / 64) admissions old)."""
         if self.order.policy is not SchedulePolicy.LPM:
             return
-        waiting = self.waiting
+        waiting = self._waiting
         if len(waiting) > REMATCH_MAX_WAITING:
             start = self._rematch_cursor % len(waiting)
             waiting = (waiting[start:] + waiting[:start])[:REMATCH_MAX_WAITING]
@@ -265,7 +279,7 @@ class Scheduler:
             request.deferred_at = None
         if request.deferred_s >= self.defer_limit_s:
             return False
-        admitted = [*self.running, *self.promoting]
+        admitted = [*self._running, *self._promoting]
         if prefix_being_computed(request, admitted, self.page_size) is None:
             return False
         if not was_waiting and request.deferred_s == 0.0:
@@ -275,17 +289,17 @@ class Scheduler:
 
     def _start_running(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING
-        self.running.append(request)
+        self._running.append(request)
         self.recorder.on_promotion_done(request)
 
     def _preempt(self, request: Request) -> None:
         """Back to the queue; its computed pages go to the tree (demotable, not lost)."""
         logger.info("preempting %s at %d tokens", request.request_id, request.kv_len)
-        self.running.remove(request)
+        self._running.remove(request)
         self.pages.release(request, keep_computed=True)
         self.release_sequence(request.seq_id)
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
         self.pages.on_arrival(request)
-        self.waiting.append(request)
+        self._waiting.append(request)
         self.recorder.on_preemption()

@@ -1,8 +1,8 @@
 """The model runner: a loaded model, its device pool and attention backend, chosen once.
 
-`ModelRunner.forward` runs one step for a list of `SequenceChunk`s. `PagedSequence` and
-`generate` give a cache-free way to drive it (tests, benchmarks); the engine drives the same
-runner with pages from the tiered cache.
+`ModelRunner.forward` runs one step for a list of `SequenceChunk`s. `PagedSequence` gives a
+cache-free way to drive it (tests, benchmarks); the engine drives the same runner with pages
+from the tiered cache.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import torch
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.config import ModelConfig
-from tieredkv.model.attention import AttentionBackend, PagedKernelAttention, WorkspaceAttention
+from tieredkv.model.attention import AttentionBackend, PagedKernelAttention
 from tieredkv.model.cpu_kernels import load_cpu_kernels
 from tieredkv.model.forward_batch import ForwardBatch, SequenceChunk
 from tieredkv.model.llama import LlamaModel
 from tieredkv.model.matmul_attention import prefers_c_decode, prefers_matmul_attention
+from tieredkv.model.workspace_attention import WorkspaceAttention
 
 DEFAULT_MAX_SEQS = 16  # running sequences whose CPU workspaces share one arena (EngineConfig's)
 
@@ -138,29 +139,3 @@ class PagedSequence:
     def free(self, pool: DevicePool) -> None:
         pool.free(self.page_ids)
         self.page_ids = []
-
-
-def generate_greedy(
-    runner: ModelRunner,
-    prompt_ids: Sequence[int],
-    max_new_tokens: int,
-    stop_token_ids: frozenset[int] = frozenset(),
-    prefill_chunk: int | None = None,
-    seq_id: int = 0,
-) -> list[int]:
-    """Greedy generation of one sequence, without the cache (tests and benchmarks)."""
-    seq = PagedSequence(seq_id, list(prompt_ids))
-    output: list[int] = []
-    try:
-        while True:
-            logits = runner.forward([seq.next_chunk(runner.pool, prefill_chunk)])
-            if seq.kv_len < len(seq.token_ids):
-                continue  # more prefill chunks to go
-            token = int(logits[0].argmax())
-            output.append(token)
-            if token in stop_token_ids or len(output) >= max_new_tokens:
-                return output
-            seq.token_ids.append(token)
-    finally:
-        runner.release(seq_id)
-        seq.free(runner.pool)

@@ -3,9 +3,9 @@ every pending transfer to the end."""
 
 from __future__ import annotations
 
-from tieredkv.cache.testing import fill_device_pages
+from tests.support.manual_executor import ManualTransferExecutor
+from tests.support.tiny_cache import fill_device_pages
 from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.cache.transfer.executor import ManualTransferExecutor
 
 
 def ok(cache: TieredCache) -> None:

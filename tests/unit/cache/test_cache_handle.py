@@ -6,14 +6,14 @@ from __future__ import annotations
 import torch
 from cache_steps import ok, settle
 
-from tieredkv.cache.cache_handle import CacheHandle
-from tieredkv.cache.testing import (
+from tests.support.tiny_cache import (
     device_page,
     expected_pages,
     fill_device_pages,
     make_cache,
     tiny_layout,
 )
+from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 

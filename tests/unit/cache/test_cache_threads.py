@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from tests.support.tiny_cache import FINGERPRINT, disk_bytes_for, fill_device_pages, tiny_layout
 from tieredkv.cache.build import build_cache
-from tieredkv.cache.testing import FINGERPRINT, disk_bytes_for, fill_device_pages, tiny_layout
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.transfer.page_copier import HELPER_THREAD_PREFIX
 from tieredkv.config import CacheConfig, WritePolicy

@@ -9,7 +9,7 @@ import pytest
 import torch
 from disk_cases import CAPACITY, FINGERPRINT, LAYOUT, chain, open_store, random_pages, same_bytes
 
-from tieredkv.cache.disk.direct_io import FaultInjectingIO, SimulatedCrash
+from tests.support.fault_io import FaultInjectingIO, SimulatedCrash
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.store import DiskStore
 

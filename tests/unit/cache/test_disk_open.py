@@ -27,7 +27,8 @@ from disk_cases import (
     same_bytes,
 )
 
-from tieredkv.cache.disk.direct_io import DiskIOBackend, FaultInjectingIO
+from tests.support.fault_io import FaultInjectingIO
+from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.directory import SET_ASIDE_INFIX, STORE_FILE
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.store import DiskStore

@@ -21,7 +21,7 @@ from disk_cases import (
     same_bytes,
 )
 
-from tieredkv.cache.disk.direct_io import FaultInjectingIO
+from tests.support.fault_io import FaultInjectingIO
 from tieredkv.cache.disk.directory import LOCK_FILE, STORE_FILE
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, decode_header

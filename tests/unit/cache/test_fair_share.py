@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from cache_steps import compute, ok, settle
 
-from tieredkv.cache.testing import make_cache, tiny_layout
+from tests.support.tiny_cache import make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
 from tieredkv.config import CacheConfig, WritePolicy
 from tieredkv.errors import ConfigError

@@ -1,7 +1,7 @@
 import pytest
 
+from tests.support.tiny_cache import tiny_layout
 from tieredkv.cache.pools.host_pool import HostPool
-from tieredkv.cache.testing import tiny_layout
 from tieredkv.errors import OutOfPagesError
 
 

@@ -14,8 +14,8 @@ from tests.import_graph import find_cycle, package_imports, part_imports
 CACHE = "tieredkv.cache"
 CACHE_DIR = Path(tieredkv.cache.__file__).parent
 FACADE = "tieredkv.cache.tiered_cache"
-# build makes the facade, a request's handle is built on it, test support builds one
-ON_TOP = {FACADE, "tieredkv.cache.build", "tieredkv.cache.cache_handle", "tieredkv.cache.testing"}
+# build makes the facade, and a request's handle is built on it
+ON_TOP = {FACADE, "tieredkv.cache.build", "tieredkv.cache.cache_handle"}
 # the sub-packages, lowest first: a sub-package imports only from the layers below its own
 LAYERS = ({"index", "pools"}, {"disk", "remote"}, {"transfer"}, {"residency"})
 

@@ -3,11 +3,11 @@
 import random
 from pathlib import Path
 
+from tests.support.tiny_cache import FINGERPRINT, make_cache, tiny_layout
 from tieredkv.cache.index.page_key import chain_keys, namespace_root_key, token_bytes
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.residency.node_transfers import page_records
 from tieredkv.cache.residency.residence import Residence
-from tieredkv.cache.testing import FINGERPRINT, make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
 
 PS = 4

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tieredkv.cache.testing import make_cache, tiny_layout
+from tests.support.tiny_cache import make_cache, tiny_layout
 
 
 def test_freeing_a_page_not_lent_is_refused_and_changes_nothing() -> None:

@@ -1,6 +1,6 @@
 """A merge after an eviction keeps LRU order exact: pages never look younger than they are."""
 
-from tieredkv.cache.testing import make_cache, tiny_layout
+from tests.support.tiny_cache import make_cache, tiny_layout
 from tieredkv.cache.tiered_cache import TieredCache
 
 LAYOUT = tiny_layout(4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cache_steps import compute
 
-from tieredkv.cache.testing import make_cache, tiny_layout
+from tests.support.tiny_cache import make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
 
 LAYOUT = tiny_layout(page_size=4)

@@ -9,10 +9,10 @@ import random
 
 import pytest
 
+from tests.support.tiny_cache import make_cache, tiny_layout
 from tieredkv.cache.index.match_results import InsertResult, MatchResult
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.token_run import PackedTokens
-from tieredkv.cache.testing import make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from cache_steps import compute, ok, settle
 
+from tests.support.tiny_cache import make_cache, tiny_layout
 from tieredkv.cache.pins import PinError
-from tieredkv.cache.testing import make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
 
 LAYOUT = tiny_layout(page_size=4)

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from tests.support.tiny_cache import tiny_layout
 from tieredkv.cache.page_layout import aligned_empty
 from tieredkv.cache.pools import host_pool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.pools.prefault import Prefaulter, populate_write
-from tieredkv.cache.testing import tiny_layout
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="MADV_POPULATE_WRITE is Linux's")
 

@@ -4,9 +4,9 @@ import random
 
 import pytest
 
+from tests.support.tiny_cache import make_cache, tiny_layout
 from tieredkv.cache.index.match_results import InsertResult
 from tieredkv.cache.index.radix_node import RadixNode
-from tieredkv.cache.testing import make_cache, tiny_layout
 from tieredkv.cache.tiered_cache import TieredCache
 
 PS = 4

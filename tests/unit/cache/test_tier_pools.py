@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from cache_steps import compute, ok, settle
 
-from tieredkv.cache.disk.direct_io import FaultInjectingIO
+from tests.support.fault_io import FaultInjectingIO
+from tests.support.tiny_cache import make_cache, tiny_layout
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.store import DiskStore
-from tieredkv.cache.testing import make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
 
 LAYOUT = tiny_layout(page_size=4)

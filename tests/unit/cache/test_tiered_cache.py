@@ -5,21 +5,21 @@ import pytest
 import torch
 from cache_steps import compute, ok, settle
 
-from tieredkv.cache.build import build_cache
-from tieredkv.cache.disk.error_reason import DiskErrorReason
-from tieredkv.cache.index.page_key import page_key
-from tieredkv.cache.page_record import PageRecord
-from tieredkv.cache.residency.residence import Presence
-from tieredkv.cache.testing import (
+from tests.support.manual_executor import ManualTransferExecutor
+from tests.support.tiny_cache import (
     FINGERPRINT,
     device_page,
     expected_pages,
     make_cache,
     tiny_layout,
 )
+from tieredkv.cache.build import build_cache
+from tieredkv.cache.disk.error_reason import DiskErrorReason
+from tieredkv.cache.index.page_key import page_key
+from tieredkv.cache.page_record import PageRecord
+from tieredkv.cache.residency.residence import Presence
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import CacheConfig, WritePolicy
 
 LAYOUT = tiny_layout(page_size=4)

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.tiny_cache import FINGERPRINT, disk_bytes_for, expected_pages, tiny_layout
 from tieredkv.cache.build import build_cache
-from tieredkv.cache.testing import FINGERPRINT, disk_bytes_for, expected_pages, tiny_layout
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig, WritePolicy

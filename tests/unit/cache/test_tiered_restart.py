@@ -7,10 +7,9 @@ import pytest
 import torch
 from cache_steps import ok, settle
 
-from tieredkv.cache.build import build_cache
-from tieredkv.cache.disk.direct_io import FaultInjectingIO
-from tieredkv.cache.disk.error_reason import DiskErrorReason
-from tieredkv.cache.testing import (
+from tests.support.fault_io import FaultInjectingIO
+from tests.support.manual_executor import ManualTransferExecutor
+from tests.support.tiny_cache import (
     FINGERPRINT,
     device_page,
     disk_bytes_for,
@@ -18,9 +17,10 @@ from tieredkv.cache.testing import (
     make_cache,
     tiny_layout,
 )
+from tieredkv.cache.build import build_cache
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import CacheConfig
 
 LAYOUT = tiny_layout(page_size=4)

@@ -13,14 +13,15 @@ import pytest
 import torch
 
 from tests.model_factory import make_tiny_model_dir
+from tests.support.manual_executor import ManualTransferExecutor
+from tests.support.tiny_cache import make_cache
 from tieredkv.cache.page_layout import PageLayout
-from tieredkv.cache.testing import make_cache
 from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import EngineConfig, SchedulePolicy, WritePolicy
 from tieredkv.engine.engine import Engine
 from tieredkv.engine.metrics import EngineMetrics, EngineRecorder
 from tieredkv.engine.protocol import GenerationRequest, RequestOutput
+from tieredkv.engine.request import RequestStatus
 from tieredkv.model.loader import LoadedModel, load_model
 from tieredkv.model.runner import ModelRunner
 from tieredkv.model.sampler import SamplingParams
@@ -79,11 +80,13 @@ class Harness:
             if not self.engine.has_work and not self.executor.pending():
                 self.engine.step()  # apply the last transfers
                 return
-        scheduler = self.engine.scheduler
+        queued = self.engine.scheduler.queued
         state = {
-            "waiting": [(r.request_id, r.num_tokens) for r in scheduler.waiting],
-            "promoting": [r.request_id for r in scheduler.promoting],
-            "running": [(r.request_id, r.kv_len, len(r.page_table)) for r in scheduler.running],
+            "waiting": [(r.request_id, r.num_tokens) for r in queued(RequestStatus.WAITING)],
+            "promoting": [r.request_id for r in queued(RequestStatus.PROMOTING)],
+            "running": [
+                (r.request_id, r.kv_len, len(r.page_table)) for r in queued(RequestStatus.RUNNING)
+            ],
             "device_free": self.cache.device_pool.num_free,
             "host_free": self.cache.host_pool.num_free if self.cache.host_pool else None,
             "in_flight": len(self.cache.mover.in_flight),
@@ -122,6 +125,7 @@ def make_harness(tiny_model: LoadedModel, tmp_path: Path, write_policy: WritePol
         max_num_seqs: int = 4,
         max_batch_tokens: int = 64,
         reuse: bool = True,
+        max_queue: int = 256,
     ) -> Harness:
         layout = PageLayout.for_model(tiny_model.config, PAGE_SIZE, torch.float32)
         cache, executor = make_cache(
@@ -140,6 +144,7 @@ def make_harness(tiny_model: LoadedModel, tmp_path: Path, write_policy: WritePol
             max_batch_tokens=max_batch_tokens,
             max_num_seqs=max_num_seqs,
             schedule_policy=policy,
+            max_queue=max_queue,
         )
         clock = FakeClock()
         metrics = EngineMetrics()

@@ -7,6 +7,7 @@ from tests.unit.engine.conftest import PAGE_SIZE, prompt, pushed_to_disk
 from tieredkv.cache.tier import Tier
 from tieredkv.config import SchedulePolicy, WritePolicy
 from tieredkv.engine.protocol import FinishReason
+from tieredkv.engine.request import RequestStatus
 from tieredkv.model.workspace import Workspace
 
 
@@ -281,7 +282,8 @@ def test_a_queued_request_prefetches_its_disk_pages_once(make_harness, monkeypat
     harness.step()  # "again" waits: its disk pages start towards host
     harness.step()  # the copy, completed, is applied
     assert len(prefetched) == 1  # once, not every step it waits
-    assert harness.engine.requests["again"] in harness.engine.scheduler.waiting
+    waiting = harness.engine.scheduler.queued(RequestStatus.WAITING)
+    assert harness.engine.requests["again"] in waiting
     disk_to_host = harness.cache.counters.transfer_bytes[(Tier.DISK, Tier.HOST)]
     assert disk_to_host > 0
     harness.run()

@@ -1,9 +1,9 @@
 """`EngineRecorder`: what the engine's requests and steps move in `EngineMetrics`."""
 
+from tests.support.tiny_cache import make_cache, tiny_layout
 from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.metrics import CacheCounters
-from tieredkv.cache.testing import make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import DEFAULT_NAMESPACE
 from tieredkv.engine.metrics import EngineMetrics, EngineRecorder, StepFigures

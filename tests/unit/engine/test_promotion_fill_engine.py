@@ -12,6 +12,7 @@ from tieredkv.cache.index.page_key import page_key
 from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.tier import Tier
 from tieredkv.engine.protocol import FinishReason
+from tieredkv.engine.request import RequestStatus
 
 
 def fills(harness):
@@ -50,7 +51,8 @@ def test_a_request_ending_while_its_history_is_read_frees_its_slot(make_harness)
         for ticket in harness.executor.pending():
             if ticket.dst_tier is not Tier.DEVICE:
                 harness.executor.complete(ticket)
-    assert [r.request_id for r in harness.engine.scheduler.promoting] == ["gone"]
+    promoting = harness.engine.scheduler.queued(RequestStatus.PROMOTING)
+    assert [r.request_id for r in promoting] == ["gone"]
     assert len(fills(harness)) == 1  # its slot reserved while it waits
     harness.engine.abort("gone")
     harness.auto_complete = True

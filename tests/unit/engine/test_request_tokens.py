@@ -1,7 +1,7 @@
 """`Request.packed_tokens`: the prompt packed once, generated tokens appended as they come."""
 
+from tests.support.tiny_cache import make_cache, tiny_layout
 from tieredkv.cache.cache_handle import CacheHandle
-from tieredkv.cache.testing import make_cache, tiny_layout
 from tieredkv.cache.tiered_cache import DEFAULT_NAMESPACE
 from tieredkv.engine.protocol import GenerationRequest
 from tieredkv.engine.request import Request

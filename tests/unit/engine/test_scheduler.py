@@ -8,18 +8,19 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from tests.support.manual_executor import ManualTransferExecutor
+from tests.support.tiny_cache import make_cache, tiny_layout
 from tests.unit.engine.conftest import FakeClock
 from tieredkv.cache.cache_handle import CacheHandle
-from tieredkv.cache.testing import make_cache, tiny_layout
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import EngineConfig, SchedulePolicy, WritePolicy
 from tieredkv.engine.metrics import EngineMetrics, EngineRecorder
 from tieredkv.engine.protocol import FinishReason, GenerationRequest
+from tieredkv.engine.queue_order import QueueOrder
 from tieredkv.engine.request import Request, RequestStatus
 from tieredkv.engine.request_pages import RequestPages
-from tieredkv.engine.scheduler import QueueOrder, Scheduler, StepPlan
+from tieredkv.engine.scheduler import Scheduler, StepPlan
 from tieredkv.model.sampler import SamplingParams
 
 PAGE_SIZE = 4
@@ -45,6 +46,12 @@ class Rig:
         request = Request(spec, next(self.seq_ids), None, None, kv)  # type: ignore[arg-type]
         self.scheduler.add(request)
         return request
+
+    def waiting(self) -> list[Request]:
+        return list(self.scheduler.queued(RequestStatus.WAITING))
+
+    def running(self) -> list[Request]:
+        return list(self.scheduler.queued(RequestStatus.RUNNING))
 
     def step(self) -> StepPlan:
         """Apply transfers, schedule, and 'forward' the plan as the engine would."""
@@ -105,7 +112,7 @@ def test_decodes_go_first_then_prefill_chunks_within_the_token_budget() -> None:
     rig.request("a", prompt(10, 100))
     rig.request("b", prompt(30, 200))
     assert planned(rig.step()) == [("a", 0, 10), ("b", 0, 6)]
-    assert [len(r.page_table) for r in rig.scheduler.running] == [3, 2]  # pages for the step
+    assert [len(r.page_table) for r in rig.running()] == [3, 2]  # pages for the step
     assert planned(rig.step()) == [("a", 10, 1), ("b", 6, 15)]
     assert planned(rig.step()) == [("a", 11, 1), ("b", 21, 9)]
 
@@ -116,10 +123,10 @@ def test_admission_waits_while_running_requests_take_every_sequence() -> None:
     assert planned(rig.step()) == [("first", 0, 6)]
     second = rig.request("second", prompt(6, 200))
     assert planned(rig.step()) == [("first", 6, 1)]  # the decode takes the only sequence
-    assert rig.scheduler.waiting == [second] and second.page_table == []
+    assert rig.waiting() == [second] and second.page_table == []
     rig.finish(first)
     assert planned(rig.step()) == [("second", 0, 6)]
-    assert not rig.scheduler.waiting
+    assert not rig.waiting()
 
 
 def test_the_longest_cached_prefix_is_admitted_first_unless_fcfs() -> None:
@@ -137,9 +144,9 @@ def test_max_num_seqs_caps_the_requests_admitted_not_only_those_forwarded() -> N
     for name in ("a", "b", "c", "d"):
         rig.request(name, prompt(6, 100 * (ord(name) - 96)))
     rig.step()
-    assert [r.request_id for r in rig.scheduler.running] == ["a", "b"]
-    assert [r.request_id for r in rig.scheduler.waiting] == ["c", "d"]  # not admitted, no pages
-    assert all(r.page_table == [] for r in rig.scheduler.waiting)
+    assert [r.request_id for r in rig.running()] == ["a", "b"]
+    assert [r.request_id for r in rig.waiting()] == ["c", "d"]  # not admitted, no pages
+    assert all(r.page_table == [] for r in rig.waiting())
 
 
 def test_priorities_follow_the_tree_as_it_is_now_not_at_arrival() -> None:
@@ -174,7 +181,7 @@ def test_a_request_waits_in_promoting_until_its_host_pages_are_on_the_device() -
     again = rig.request("again", [*history, 1, 2])
     other = rig.request("other", prompt(4, 300))
     assert rig.step().requests == []  # admitted, promoting: it holds the only sequence slot
-    assert again.status is RequestStatus.PROMOTING and other in rig.scheduler.waiting
+    assert again.status is RequestStatus.PROMOTING and other in rig.waiting()
     assert rig.step().requests == []  # the copy is not done yet
     rig.executor.complete_all()
     plan = rig.step()
@@ -285,9 +292,9 @@ def test_admission_keeps_room_for_the_prompts_already_admitted() -> None:
     for name, first in (("a", 100), ("b", 200), ("c", 300)):
         rig.request(name, prompt(40, first))
     rig.step()
-    assert [r.request_id for r in rig.scheduler.running] == ["a", "b"]
-    assert [r.request_id for r in rig.scheduler.waiting] == ["c"]
-    while rig.scheduler.running[0].num_pending > 1 or rig.scheduler.running[1].num_pending > 1:
+    assert [r.request_id for r in rig.running()] == ["a", "b"]
+    assert [r.request_id for r in rig.waiting()] == ["c"]
+    while any(r.num_pending > 1 for r in rig.running()[:2]):
         rig.step()
     assert rig.metrics.preemptions.value() == 0
 
@@ -318,12 +325,12 @@ def test_a_host_match_ranks_above_an_equal_disk_match_and_a_device_one_above_bot
                           ("host", {Tier.HOST: 400})):  # fmt: skip
         request = rig.request(name, prompt(24, 100 * len(name)))
         request.kv._matched_by_tier = {**dict.fromkeys(Tier, 0), **matched}
-    order = rig.scheduler.order.ordered(rig.scheduler.waiting, rig.clock())
+    order = rig.scheduler.order.ordered(rig.waiting(), rig.clock())
     assert [r.request_id for r in order] == ["device", "host", "disk"]
 
 
 def test_every_tier_has_a_weight_in_the_queue_order() -> None:
-    from tieredkv.engine.scheduler import TIER_WEIGHT
+    from tieredkv.engine.queue_order import TIER_WEIGHT
 
     assert set(TIER_WEIGHT) == set(Tier)
     weights = [TIER_WEIGHT[tier] for tier in Tier]

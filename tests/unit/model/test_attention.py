@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tieredkv.model.attention import causal_attention
+from tieredkv.model.causal_attention import causal_attention
 from tieredkv.model.matmul_attention import (
     matmul_causal_attention,
     prefers_c_decode,

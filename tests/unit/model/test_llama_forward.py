@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers
 
+from tests.support.greedy import generate_greedy
 from tieredkv.model import llama
 from tieredkv.model import runner as runner_module
 from tieredkv.model.dtype import bf16_is_emulated
@@ -15,7 +16,7 @@ from tieredkv.model.forward_batch import SequenceChunk
 from tieredkv.model.hf_config import parse_model_config
 from tieredkv.model.linear import PackedLinear, PlainLinear, WidenedLinear, packed_linear_works
 from tieredkv.model.pointwise import Pointwise
-from tieredkv.model.runner import ModelRunner, PagedSequence, generate_greedy
+from tieredkv.model.runner import ModelRunner, PagedSequence
 
 VOCAB = 97
 

@@ -6,7 +6,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 from tieredkv.server.errors import APIError
-from tieredkv.server.translate import resolve_namespace
+from tieredkv.server.generation_inputs import resolve_namespace
 
 from tests.unit.server.conftest import MAX_MODEL_LEN, MODEL_NAME, make_app
 from tieredkv.engine.protocol import FinishReason
@@ -269,6 +269,9 @@ def test_requests_ending_in_abort_or_error(client, engine):
     engine.end_reason = FinishReason.ERROR
     error = assert_error(client.post(CHAT, json={"messages": HELLO}), 500, type_="server_error")
     assert "boom" in error["message"]
+    engine.end_reason = FinishReason.QUEUE_FULL  # a fork refused past --max-queue
+    response = client.post(CHAT, json={"messages": HELLO})
+    assert_error(response, 429, code="queue_full", type_="rate_limit_error")
 
 
 def test_the_catch_all_is_a_500_in_openai_shape(engine):

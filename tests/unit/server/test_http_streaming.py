@@ -91,7 +91,11 @@ def test_an_engine_failure_mid_stream_is_one_error_event_then_done(client, engin
 
 
 def test_a_request_ending_in_error_or_abort_mid_stream(client, engine):
-    for reason, message in ((FinishReason.ERROR, "boom"), (FinishReason.ABORT, "shutting down")):
+    for reason, message in (
+        (FinishReason.ERROR, "boom"),
+        (FinishReason.ABORT, "shutting down"),
+        (FinishReason.QUEUE_FULL, "queue is full"),
+    ):
         engine.end_reason = reason
         payloads = events(client.post(CHAT, json={"messages": HELLO, "stream": True}))
         assert payloads[-1] == "[DONE]"

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tieredkv.cli import build_parser, main, serve_settings
+from tieredkv.cli import main
+from tieredkv.cli_parser import build_parser
 from tieredkv.config import SchedulePolicy, WritePolicy
+from tieredkv.serve_settings import serve_settings
 
 GiB = 1 << 30
 

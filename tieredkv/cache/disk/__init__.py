@@ -2,7 +2,7 @@
 
 `store` is the tier (`DiskStore`: alloc, free, write, read, scan); `format` the on-disk layout
 of the file (pure); `directory` opens, locks and sets aside the store file; `direct_io` the
-positional, O_DIRECT-when-aligned I/O backend (and fault injection for tests); `page_file`
-batched record I/O; `pipeline` overlaps checksums with I/O; `scan` the warm-restart header scan;
-`error_reason` why a record or file is refused (`DiskErrorReason`: checksum, fingerprint, io).
+positional, O_DIRECT-when-aligned I/O backend; `page_file` batched record I/O; `pipeline`
+overlaps checksums with I/O; `scan` the warm-restart header scan; `error_reason` why a record
+or file is refused (`DiskErrorReason`: checksum, fingerprint, io).
 """

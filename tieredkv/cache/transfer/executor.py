@@ -4,13 +4,10 @@
   copies release the GIL).
 - `CudaStreamTransferExecutor`: a worker pool whose threads copy on dedicated CUDA streams,
   ordered after the work the engine had queued when the transfer was submitted.
-- `ManualTransferExecutor`: for tests; a job runs only when the test completes its ticket, in
-  any order the test likes, or fails without running.
 """
 
 from __future__ import annotations
 
-import errno
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -24,7 +21,7 @@ Report = Callable[[list[bool] | None, BaseException | None], None]  # (page_ok, 
 
 class TransferExecutor(Protocol):
     """Runs `job` off the engine thread and calls `report` once with its outcome. `ticket` is
-    the transfer the job belongs to: executors only hold it (the manual one hands it back)."""
+    the transfer the job belongs to: executors only hold it (a test's executor hands it back)."""
 
     def submit(self, ticket: Any, job: CopyJob, report: Report) -> None: ...
 
@@ -100,34 +97,3 @@ class CudaStreamTransferExecutor:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)
-
-
-class ManualTransferExecutor:
-    """Holds jobs until a test says `complete(ticket)` or `fail(ticket)`, in any order."""
-
-    def __init__(self) -> None:
-        self._pending: dict[int, tuple[Any, CopyJob, Report]] = {}  # by id(ticket)
-
-    def submit(self, ticket: Any, job: CopyJob, report: Report) -> None:
-        self._pending[id(ticket)] = (ticket, job, report)
-
-    def pending(self) -> list[Any]:
-        """Tickets submitted and neither completed nor failed yet, oldest first."""
-        return [ticket for ticket, _, _ in self._pending.values()]
-
-    def complete(self, ticket: Any) -> None:
-        """Run the copy now, on the calling thread, and report its outcome."""
-        _, job, report = self._pending.pop(id(ticket))
-        _run(job, report)
-
-    def fail(self, ticket: Any, error: BaseException | None = None) -> None:
-        """Report the transfer failed without copying anything."""
-        _, _, report = self._pending.pop(id(ticket))
-        report(None, error or OSError(errno.EIO, "injected transfer failure"))
-
-    def complete_all(self) -> None:
-        for ticket in self.pending():
-            self.complete(ticket)
-
-    def shutdown(self) -> None:
-        """Tests decide what happens to pending jobs; nothing runs here."""

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tests.support.tiny_cache import FINGERPRINT, make_cache, tiny_layout
 from tests.unit.cache.cache_steps import compute
 from tieredkv.cache.index.page_key import chain_keys, namespace_root_key
 from tieredkv.cache.index.token_run import packed_bytes
 from tieredkv.cache.remote.lookup import REMOTE_LOOKUP_MAX_PAGES, remote_keys_past
 from tieredkv.cache.remote.remote_tier import RemoteTier
-from tieredkv.cache.testing import FINGERPRINT, make_cache, tiny_layout
 
 LAYOUT = tiny_layout()  # 4 tokens a page
 NAMESPACE = "tenant"

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.redis_servers import RedisServer
+from tests.support.tiny_cache import FINGERPRINT, device_page, expected_pages, tiny_layout
 from tests.unit.cache.cache_steps import compute, ok
 from tieredkv.cache.build import build_cache
 from tieredkv.cache.cache_handle import CacheHandle
-from tieredkv.cache.testing import FINGERPRINT, device_page, expected_pages, tiny_layout
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig
@@ -208,7 +208,7 @@ def test_pages_leaving_the_device_go_to_the_local_disk_not_only_to_redis(
 ) -> None:
     """A remote copy is no reason to skip the local tiers: the next hit on this replica should
     come from its disk (faster than Redis here), so eviction demotes to disk first."""
-    from tieredkv.cache.testing import disk_bytes_for
+    from tests.support.tiny_cache import disk_bytes_for
 
     cache = replicas(
         host_cache_bytes=32 * LAYOUT.page_bytes,

@@ -1,6 +1,6 @@
-"""Test support for the tiered cache: a tiny layout, a cache on manual executors, and page
-contents derived from page keys, so any test can check that a page holds the bytes that were
-inserted for that exact prefix and namespace."""
+"""A tiny layout, a tiered cache on manual executors, and page contents derived from page keys,
+so any test can check that a page holds the bytes that were inserted for that exact prefix and
+namespace."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import torch
 
+from tests.support.manual_executor import ManualTransferExecutor
 from tieredkv.cache.build import build_cache
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, align_up, header_bytes_for
 from tieredkv.cache.index.page_key import chain_keys, namespace_root_key
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.cache.transfer.executor import ManualTransferExecutor
 from tieredkv.config import CacheConfig, WritePolicy
 
 FINGERPRINT = b"tieredkv-test-model"
