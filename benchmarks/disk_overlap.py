@@ -161,7 +161,7 @@ def measure(
 ) -> dict[str, dict[str, float]]:
     """Each figure `repeats` times (after one warm-up of each), interleaved."""
     engine = ThreadPoolExecutor(1, thread_name_prefix="engine")
-    copier = ThreadPoolExecutor(1, thread_name_prefix="copier")
+    copy_thread = ThreadPoolExecutor(1, thread_name_prefix="copy")
     names = ("forward", "raw read", "serial read", "grouped read", "both: forward")
     names += ("both: grouped read", "both: first group", "serial ttft", "overlapped ttft")
     samples: dict[str, list[float]] = {name: [] for name in names}
@@ -170,7 +170,7 @@ def measure(
             forward_s = engine.submit(forward).result()
             raw_s, serial_s = work.read_chunked(False), work.read_chunked(True)
             grouped = work.read_grouped(groups)
-            ready = copier.submit(work.read_grouped, groups)
+            ready = copy_thread.submit(work.read_grouped, groups)
             both_forward_s = engine.submit(forward).result()
             both_ready = ready.result()
             if warm_up:
@@ -186,7 +186,7 @@ def measure(
             samples["overlapped ttft"].append(overlapped_s(both_forward_s, both_ready))
     finally:
         engine.shutdown()
-        copier.shutdown()
+        copy_thread.shutdown()
     return {name: spread(values) for name, values in samples.items()}
 
 

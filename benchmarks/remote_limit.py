@@ -4,7 +4,7 @@ The bandwidth comes from the replicas' own counters: the bytes every replica mov
 remote tier (`transfer_bytes_total{from_tier="remote"}`) over the seconds its promotions from
 there took (`promotion_seconds_sum{from_tier="remote"}`), summed over the replicas and over a
 restarted replica's lives. The limit is loopback Redis's own pipelined GET throughput, one
-connection, as many GETs a round trip as the replicas' average fetch (the remote tier's copier
+connection, as many GETs a round trip as the replicas' average fetch (the remote tier's transfer job
 sends one pipeline a fetch), the higher of two clients:
 
 - redis-py (the replicas' client) reading back every value the replicas wrote;

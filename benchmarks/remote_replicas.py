@@ -16,7 +16,7 @@ For each of `--conversations` histories of ~`--history-tokens` token ids (/v1/co
 
 Each request's tiers come from its usage (a row whose history did not come from the tier it is
 meant to measure is reported and left out). Limits in the same run: Redis's own pipelined GET
-throughput on the values the replicas wrote (one client, batches like the copier's), beside
+throughput on the values the replicas wrote (one client, batches like the transfer jobs'), beside
 the remote tier's promotion bandwidth (B's `transfer_bytes_total{from_tier="remote"}` over its
 `promotion_seconds_sum{from_tier="remote"}`). Targets: remote hit TTFT <= recompute / 10 and
 <= 2 x the local disk hit's (medians). Run from the repository root (it starts Redis with the

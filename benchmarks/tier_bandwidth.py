@@ -59,8 +59,8 @@ def render_markdown(results: list[dict]) -> str:
         by_machine[machine_line(result)].append(result)
     parts = [
         "## Tier bandwidth\n",
-        "`tieredkv bench tiers`: host<->device through the mover's copy jobs and host<->disk "
-        "through the mover and the disk store, each beside the limit it is judged against: "
+        "`tieredkv bench tiers`: host<->device through the transfer jobs the server runs, "
+        "host<->disk through them and the disk store, each beside the limit it is judged against: "
         "memcpy on as many threads as the copy ran on, raw O_DIRECT disk in the same direction. "
         "Each run's figure is its median repetition; the table gives the median over runs, with "
         "(the slowest - the fastest) repetition of any run.\n",

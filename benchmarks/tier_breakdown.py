@@ -1,10 +1,10 @@
-"""Where a PageCopier job's time goes, stage by stage, beside cheaper ways to move the same pages
+"""Where a transfer job's time goes, stage by stage, beside cheaper ways to move the same pages
 (measured in the same run, same pages, same pools), as GB/s and as a share of memcpy.
 
     .venv/bin/python benchmarks/tier_breakdown.py [--dir DIR] [--batch 1024] [--reps 5]
                                                   [--memory-only] [--json PATH]
 
-Stages of today's jobs (tieredkv/cache/transfer/page_copier.py):
+Stages of today's jobs (tieredkv/cache/transfer/transfer_jobs.py):
   staging     torch.empty + index_select of the host pages (a fresh allocation per job: page
               faults) vs the same index_select into a reused, already-faulted buffer
   scatter     kernels.scatter_pages (index_copy_ of the permuted staging into the device pool)
@@ -32,40 +32,44 @@ import numpy as np
 import torch
 
 from tieredkv.bench.disk_check import drop_file
-from tieredkv.bench.tier_copies import make_copier
+from tieredkv.bench.tier_copies import make_transfer_jobs
 from tieredkv.bench.tier_limits import Rate, median_seconds, memcpy_gbps
 from tieredkv.bench.tier_store import LAYOUT, REP_BYTES, aligned_pages, make_records, span_gbps
 from tieredkv.bench.tiers import default_dir
 from tieredkv.cache.disk.directory import STORE_FILE
 from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.transfer.page_copier import PageCopier
-from tieredkv.cache.transfer.page_rows import PageRows, copy_pages
+from tieredkv.cache.transfer.layout_copy import PageRows, copy_pages
+from tieredkv.cache.transfer.transfer_jobs import TransferJobs
 
 
-def _pool_views(copier: PageCopier) -> tuple[np.ndarray, np.ndarray]:
+def _pool_views(transfer_jobs: TransferJobs) -> tuple[np.ndarray, np.ndarray]:
     """int16 numpy views: device (layers * 2, pages, run), host (pages, layers * 2, run)."""
     slabs = LAYOUT.num_layers * 2
-    device = copier.device_pool.kv.view(torch.int16).numpy()
-    host = copier.host_pool.kv.view(torch.int16).numpy()
+    device = transfer_jobs.device_pool.kv.view(torch.int16).numpy()
+    host = transfer_jobs.host_pool.kv.view(torch.int16).numpy()
     return device.reshape(slabs, device.shape[2], -1), host.reshape(host.shape[0], slabs, -1)
 
 
 def breakdown(
-    copier: PageCopier, store: DiskStore | None, batch: int, reps: int, rng: np.random.Generator
+    transfer_jobs: TransferJobs,
+    store: DiskStore | None,
+    batch: int,
+    reps: int,
+    rng: np.random.Generator,
 ) -> dict[str, float]:
     """GB/s of each stage and alternative for one batch of `batch` pages (see module doc);
     without a `store`, the memory stages only."""
-    num_pages = copier.host_pool.num_pages
+    num_pages = transfer_jobs.host_pool.num_pages
     host_pages = rng.permutation(num_pages)[:batch].tolist()
     device_pages = rng.permutation(num_pages)[:batch].tolist()
     host_index, device_index = torch.tensor(host_pages), torch.tensor(device_pages)
-    host_kv, device_kv = copier.host_pool.kv, copier.device_pool.kv
-    kernels = copier.kernels
+    host_kv, device_kv = transfer_jobs.host_pool.kv, transfer_jobs.device_pool.kv
+    kernels = transfer_jobs.kernels
     shape = (batch, *LAYOUT.page_shape)
     reused = torch.empty(shape, dtype=LAYOUT.dtype)
     reused.fill_(0)
-    device_np, host_np = _pool_views(copier)
+    device_np, host_np = _pool_views(transfer_jobs)
     device_rows, host_rows = PageRows.layer_major(device_kv), PageRows.page_major(host_kv)
 
     def per_page(to_device: bool) -> None:
@@ -76,10 +80,10 @@ def breakdown(
                 np.copyto(host_np[host_page], device_np[:, device_page])
 
     stages = {
-        "job host->device": lambda: copier.job(
+        "job host->device": lambda: transfer_jobs.job(
             Tier.HOST, Tier.DEVICE, host_pages, device_pages, []
         )(),
-        "job device->host": lambda: copier.job(
+        "job device->host": lambda: transfer_jobs.job(
             Tier.DEVICE, Tier.HOST, device_pages, host_pages, []
         )(),
         "staging: index_select into torch.empty": lambda: torch.index_select(
@@ -106,12 +110,12 @@ def breakdown(
     }
     result = {name: median_seconds(run, reps) for name, run in stages.items()}
     if store is not None:
-        result |= _disk_stages(copier, store, host_pages, reps)
+        result |= _disk_stages(transfer_jobs, store, host_pages, reps)
     return {name: batch * LAYOUT.page_bytes / seconds / 1e9 for name, seconds in result.items()}
 
 
 def _disk_stages(
-    copier: PageCopier, store: DiskStore, host_pages: list[int], reps: int
+    transfer_jobs: TransferJobs, store: DiskStore, host_pages: list[int], reps: int
 ) -> dict[str, float]:
     """Seconds of each disk stage for the host pages `host_pages`."""
     batch = len(host_pages)
@@ -121,7 +125,9 @@ def _disk_stages(
     records = make_records(batch)
     forget = lambda: drop_file(store.directory / STORE_FILE)  # noqa: E731
     stages = {
-        "job host->disk": lambda: copier.job(Tier.HOST, Tier.DISK, host_pages, slots, records)(),
+        "job host->disk": lambda: transfer_jobs.job(
+            Tier.HOST, Tier.DISK, host_pages, slots, records
+        )(),
         "write_pages from torch.empty": lambda: store.write_pages(
             slots, records, torch.empty(shape, dtype=LAYOUT.dtype)
         ),
@@ -131,7 +137,9 @@ def _disk_stages(
     }
     result = {name: median_seconds(run, reps) for name, run in stages.items()}
     reads = {
-        "job disk->host": lambda: copier.job(Tier.DISK, Tier.HOST, slots, host_pages, records)(),
+        "job disk->host": lambda: transfer_jobs.job(
+            Tier.DISK, Tier.HOST, slots, host_pages, records
+        )(),
         "read_pages into torch.empty": lambda: store.read_pages(
             slots, records, torch.empty(shape, dtype=LAYOUT.dtype)
         ),
@@ -157,7 +165,7 @@ def store_gbps(
     store: DiskStore, data: torch.Tensor, batch: int, threads: int, reps: int
 ) -> tuple[Rate, Rate, bool]:
     """(write, read) GB/s of batches of `batch` pages, each split evenly over `threads` disk
-    workers (one write_pages / read_pages call each, as the mover's disk pool issues them),
+    workers (one write_pages / read_pages call each, as the transfer queue's disk pool issues them),
     and whether every page read back verified and equal. `data` (num_pages, *page_shape)."""
     num_groups = store.num_pages // batch
     records = make_records(batch)
@@ -233,12 +241,12 @@ def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
     if not args.memory_only:
         capacity = 2 * args.batch * LAYOUT.page_bytes + (16 << 20)
         store = DiskStore(directory / "store", b"bench", LAYOUT, capacity)
-    copier = make_copier(2 * args.batch, store, args.seed)
+    transfer_jobs = make_transfer_jobs(2 * args.batch, store, args.seed)
     try:
         try:
-            stages = breakdown(copier, store, args.batch, args.reps, rng)
+            stages = breakdown(transfer_jobs, store, args.batch, args.reps, rng)
         finally:
-            copier.close()
+            transfer_jobs.close()
         if store is not None:
             stages |= store_alone(store, args.batch, args.reps, rng)
     finally:

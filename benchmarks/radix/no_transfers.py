@@ -1,6 +1,6 @@
 """`NoTransferExecutor`: the executor of a device-only cache, which moves no page between tiers.
 
-The radix measurements time the tree alone: no mover thread runs behind the timed calls' backs,
+The radix measurements time the tree alone: no transfer thread runs behind the timed calls' backs,
 and a transfer submitted all the same is a mistake in the benchmark, not a cost to measure.
 """
 
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tieredkv.cache.transfer.executor import CopyJob, Report
+from tieredkv.cache.transfer.executors import Report, TransferJob
 
 
 class NoTransferExecutor:
     """Starts no thread; refuses every transfer."""
 
-    def submit(self, ticket: Any, job: CopyJob, report: Report) -> None:
+    def submit(self, ticket: Any, job: TransferJob, report: Report) -> None:
         raise AssertionError(f"a device-only cache submitted a transfer: {ticket!r}")
 
     def shutdown(self) -> None:

@@ -5,16 +5,16 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from tieredkv.cache.transfer.executor import CopyJob, Report
+from tieredkv.cache.transfer.executors import Report, TransferJob
 
 
 class ManualTransferExecutor:
     """Holds jobs until a test says `complete(ticket)` or `fail(ticket)`, in any order."""
 
     def __init__(self) -> None:
-        self._pending: dict[int, tuple[Any, CopyJob, Report]] = {}  # by id(ticket)
+        self._pending: dict[int, tuple[Any, TransferJob, Report]] = {}  # by id(ticket)
 
-    def submit(self, ticket: Any, job: CopyJob, report: Report) -> None:
+    def submit(self, ticket: Any, job: TransferJob, report: Report) -> None:
         self._pending[id(ticket)] = (ticket, job, report)
 
     def pending(self) -> list[Any]:

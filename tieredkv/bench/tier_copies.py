@@ -1,4 +1,4 @@
-"""The mover's own copy paths: PageCopier jobs, exactly the callables Residency submits.
+"""The transfer queue's own copy paths: TransferJobs jobs, exactly the callables Residency submits.
 
   host -> device   page by page (runs of consecutive pages at once) into the layer-major pool
   device -> host   page by page out of the layer-major pool into page-major host pages
@@ -6,7 +6,7 @@
                    aligned staging (double-buffered, 32 MiB chunks) when they are scattered
   disk -> host     DiskStore.read_pages into reused aligned staging (or in place), then out
 
-One job per batch, run on the calling thread (a mover worker runs the same callable). Page ids
+One job per batch, run on the calling thread (a transfer worker runs the same callable). Page ids
 are a seeded random permutation of each pool, as a pool's free list hands them out after a
 while; the pools hold random bytes (faulted in), twice the largest batch, so no batch is served
 from the CPU caches.
@@ -27,17 +27,17 @@ from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.transfer.page_copier import PageCopier
+from tieredkv.cache.transfer.transfer_jobs import TransferJobs
 
 
-def make_copier(num_pages: int, disk: DiskStore | None, seed: int) -> PageCopier:
-    """A PageCopier over a CPU device pool and a host pool of `num_pages` random pages each."""
+def make_transfer_jobs(num_pages: int, disk: DiskStore | None, seed: int) -> TransferJobs:
+    """A TransferJobs over a CPU device pool and a host pool of `num_pages` random pages each."""
     device = DevicePool(LAYOUT, num_pages, "cpu")
     host = HostPool(LAYOUT, num_pages)
     generator = torch.Generator().manual_seed(seed)
     device.kv.view(torch.int16).random_(generator=generator)
     host.kv.view(torch.int16).random_(generator=generator)
-    return PageCopier(device, host, disk)
+    return TransferJobs(device, host, disk)
 
 
 def _groups(num_pages: int, batch: int, rng: np.random.Generator) -> list[list[int]]:
@@ -45,26 +45,26 @@ def _groups(num_pages: int, batch: int, rng: np.random.Generator) -> list[list[i
     return [order[i : i + batch] for i in range(0, num_pages - batch + 1, batch)]
 
 
-def _memory_copies_ok(copier: PageCopier, host: list[int], device: list[int]) -> bool:
+def _memory_copies_ok(transfer_jobs: TransferJobs, host: list[int], device: list[int]) -> bool:
     """Fresh bytes each way through the jobs arrive equal (page-major vs layer-major)."""
-    host_kv, device_kv = copier.host_pool.kv, copier.device_pool.kv
+    host_kv, device_kv = transfer_jobs.host_pool.kv, transfer_jobs.device_pool.kv
     index = torch.tensor(device, dtype=torch.long)
     host_kv[host] = torch.rand((len(host), *LAYOUT.page_shape)).to(LAYOUT.dtype)
-    copier.job(Tier.HOST, Tier.DEVICE, host, device, [])()
+    transfer_jobs.job(Tier.HOST, Tier.DEVICE, host, device, [])()
     # (layers, 2, n, page_size, heads, dim) -> (n, layers, 2, page_size, heads, dim)
     arrived = device_kv.index_select(2, index).permute(2, 0, 1, 3, 4, 5)
     ok = torch.equal(arrived, host_kv[host])
     device_kv.index_fill_(2, index, 1.5)
-    copier.job(Tier.DEVICE, Tier.HOST, device, host, [])()
+    transfer_jobs.job(Tier.DEVICE, Tier.HOST, device, host, [])()
     return ok and bool((host_kv[host] == 1.5).all())
 
 
 def memory_gbps(
-    copier: PageCopier, batch: int, reps: int, rng: np.random.Generator
+    transfer_jobs: TransferJobs, batch: int, reps: int, rng: np.random.Generator
 ) -> tuple[Rate, Rate, bool]:
     """(host->device, device->host) GB/s of one job per batch of `batch` pages, and whether
     the bytes arrived equal."""
-    num_pages = copier.host_pool.num_pages
+    num_pages = transfer_jobs.host_pool.num_pages
     host_groups, device_groups = _groups(num_pages, batch, rng), _groups(num_pages, batch, rng)
     per_rep = max(REP_BYTES // (batch * LAYOUT.page_bytes), 1)
 
@@ -79,22 +79,22 @@ def memory_gbps(
                     if src is Tier.HOST
                     else (device_groups[group], host_groups[group])
                 )
-                copier.job(src, dst, src_pages, dst_pages, [])()
+                transfer_jobs.job(src, dst, src_pages, dst_pages, [])()
 
         return Rate.of(per_rep * batch * LAYOUT.page_bytes, rep_seconds(rep, reps))
 
     to_device = move(Tier.HOST, Tier.DEVICE)
     to_host = move(Tier.DEVICE, Tier.HOST)
-    return to_device, to_host, _memory_copies_ok(copier, host_groups[0], device_groups[0])
+    return to_device, to_host, _memory_copies_ok(transfer_jobs, host_groups[0], device_groups[0])
 
 
-def mover_disk_gbps(
-    copier: PageCopier, store: DiskStore, batch: int, reps: int, rng: np.random.Generator
+def transfer_disk_gbps(
+    transfer_jobs: TransferJobs, store: DiskStore, batch: int, reps: int, rng: np.random.Generator
 ) -> tuple[Rate, Rate, bool]:
     """(host->disk, disk->host) GB/s of one job per batch of `batch` pages walking through the
     whole store, and whether every page read back verified and equal to the host pages."""
-    host_kv = copier.host_pool.kv
-    host_pages = rng.permutation(copier.host_pool.num_pages)[:batch].tolist()
+    host_kv = transfer_jobs.host_pool.kv
+    host_pages = rng.permutation(transfer_jobs.host_pool.num_pages)[:batch].tolist()
     expected = host_kv[host_pages].clone()  # (batch, *page_shape)
     num_groups = store.num_pages // batch
     slots = store.alloc(num_groups * batch)
@@ -103,11 +103,11 @@ def mover_disk_gbps(
 
     def write(group: int) -> None:
         group_slots = slots[group * batch : (group + 1) * batch]
-        copier.job(Tier.HOST, Tier.DISK, host_pages, group_slots, records)()
+        transfer_jobs.job(Tier.HOST, Tier.DISK, host_pages, group_slots, records)()
 
     def read(group: int) -> None:
         group_slots = slots[group * batch : (group + 1) * batch]
-        verified.extend(copier.job(Tier.DISK, Tier.HOST, group_slots, host_pages, records)())
+        verified.extend(transfer_jobs.job(Tier.DISK, Tier.HOST, group_slots, host_pages, records)())
 
     def before_read() -> None:
         host_kv[host_pages] = 0  # what arrives must come from the disk

@@ -2,7 +2,7 @@
 
 - memcpy: numpy `copyto` of a large buffer (the ceiling of any host<->device copy on a CPU-only
   machine, where the "device" is RAM too), on one thread (the limit the targets use) and split
-  over two threads (the limit for copies that use two, as the mover's larger jobs do);
+  over two threads (the limit for copies that use two, as the transfer queue's larger jobs do);
 - xxh3: the disk record checksum on one core (the store hashes every byte it moves);
 - raw disk: O_DIRECT in-order write then read of one large file, dropped from the page cache
   (posix_fadvise DONTNEED) before it is read, for several request patterns (request size,

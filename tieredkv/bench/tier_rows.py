@@ -1,5 +1,5 @@
 """The rows of `tieredkv bench tiers`: one measured path beside the limit it is judged against,
-and the host<->device rows, measured through the mover's copy jobs."""
+and the host<->device rows, measured through the transfer queue's copy jobs."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import numpy as np
 
 from tieredkv.bench.tier_copies import memory_gbps
 from tieredkv.bench.tier_limits import Rate
-from tieredkv.cache.transfer.page_copier import PageCopier
+from tieredkv.cache.transfer.transfer_jobs import TransferJobs
 
 DISK_TARGET = 0.80  # of the raw O_DIRECT bandwidth in the same direction
 MEMORY_TARGET = 0.70  # of numpy memcpy on as many threads as the copy ran on
-MOVER = "PageCopier job (mover)"
+MOVER = "TransferJobs job (transfer_queue)"
 
 
 @dataclass(frozen=True)
@@ -43,15 +43,15 @@ class BandwidthRow:
 
 
 def memory_rows(
-    copier: PageCopier, batches: list[int], reps: int, seed: int, memcpy: dict[int, float]
+    transfer_jobs: TransferJobs, batches: list[int], reps: int, seed: int, memcpy: dict[int, float]
 ) -> list[BandwidthRow]:
-    """host<->device through the mover's jobs as the server runs them, each judged against
+    """host<->device through the transfer queue's jobs as the server runs them, each judged against
     memcpy on as many threads as it copied on (`memcpy`: {threads: GB/s})."""
     rng = np.random.default_rng(seed + 1)
     rows = []
     for batch in batches:
-        to_device, to_host, ok = memory_gbps(copier, batch, reps, rng)
-        threads = copier.memory_copy_threads(batch)
+        to_device, to_host, ok = memory_gbps(transfer_jobs, batch, reps, rng)
+        threads = transfer_jobs.memory_copy_threads(batch)
         limit = f"memcpy {threads} thread(s)"
         for path, rate in (("host->device", to_device), ("device->host", to_host)):
             row = BandwidthRow(path, MOVER, batch, rate, limit, memcpy[threads], MEMORY_TARGET, ok)

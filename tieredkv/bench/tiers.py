@@ -3,7 +3,7 @@
 Limits (tier_limits): numpy memcpy on one thread and on two, xxh3 on one core, raw O_DIRECT
 write and read of a file of --raw-bytes (>= 1 GiB by default) under --dir. Tiers, for realistic
 pages (the default model in bf16, 368,640 B) in batches: host<->device and host<->disk through
-the mover's PageCopier jobs (tier_copies), as the server runs them (a host<->device job of 16+
+the transfer jobs (tier_copies), as the server runs them (a host<->device job of 16+
 pages shares its copy with a helper thread; `threads` says how many copied). Targets: disk
 paths >= 80% of raw disk, memory paths >= 70% of memcpy on as many threads as the job copied
 on. --memory-only skips every disk figure. Seeded, one warm-up; each row is the median
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from tieredkv.bench.result_file import write_result
-from tieredkv.bench.tier_copies import make_copier, mover_disk_gbps
+from tieredkv.bench.tier_copies import make_transfer_jobs, transfer_disk_gbps
 from tieredkv.bench.tier_limits import (
     RAW_PATTERNS,
     Rate,
@@ -91,13 +91,13 @@ def measure(args: argparse.Namespace, directory: Path) -> dict[str, object]:
     memcpy_2t = memcpy_gbps(args.memcpy_bytes, args.reps, rng, threads=2)
     limits: dict[str, object] = {"memcpy_gbps": memcpy, "memcpy_2t_gbps": memcpy_2t}
     if args.memory_only:
-        copier = make_copier(2 * max(batches), None, args.seed)
+        transfer_jobs = make_transfer_jobs(2 * max(batches), None, args.seed)
         try:
             rows = memory_rows(
-                copier, args.batches, args.reps, args.seed, {1: memcpy, 2: memcpy_2t}
+                transfer_jobs, args.batches, args.reps, args.seed, {1: memcpy, 2: memcpy_2t}
             )
         finally:
-            copier.close()
+            transfer_jobs.close()
         direct_io = None
     else:
         rows, direct_io = _all_rows(args, directory, rng, limits)
@@ -123,7 +123,8 @@ def _all_rows(
     rng: np.random.Generator,
     limits: dict[str, object],
 ) -> tuple[list[BandwidthRow], bool]:
-    """The disk limits (added to `limits`), then the memory, mover disk and DiskStore rows."""
+    """The disk limits (added to `limits`), then the memory, transfer-job disk and DiskStore
+    rows."""
     batches = args.batches
     patterns = RAW_PATTERNS[:1] if args.quick else RAW_PATTERNS
     limits["xxh3_gbps"] = xxh3_gbps(args.memcpy_bytes, args.reps, rng)
@@ -150,18 +151,18 @@ def _all_rows(
         return BandwidthRow(path, via, batch, rate, *disk_limit[path], ok)
 
     try:
-        copier = make_copier(2 * max(batches), store, args.seed)
+        transfer_jobs = make_transfer_jobs(2 * max(batches), store, args.seed)
         try:
             memcpy, memcpy_2t = limits["memcpy_gbps"], limits["memcpy_2t_gbps"]
             assert isinstance(memcpy, float) and isinstance(memcpy_2t, float)
             memcpy_by_threads = {1: memcpy, 2: memcpy_2t}
-            rows = memory_rows(copier, args.batches, args.reps, args.seed, memcpy_by_threads)
+            rows = memory_rows(transfer_jobs, args.batches, args.reps, args.seed, memcpy_by_threads)
             for batch in batches:
-                write, read, ok = mover_disk_gbps(copier, store, batch, args.reps, rng)
+                write, read, ok = transfer_disk_gbps(transfer_jobs, store, batch, args.reps, rng)
                 rows.append(disk_row("host->disk", MOVER, batch, write, ok))
                 rows.append(disk_row("disk->host", MOVER, batch, read, ok))
         finally:
-            copier.close()
+            transfer_jobs.close()
         return rows, store.direct_io
     finally:
         store.close()

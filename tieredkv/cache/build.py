@@ -1,9 +1,10 @@
 """`build_cache`: the tiered cache's composition root.
 
 It opens the stores the configuration enables (the disk store's directory locked, the remote
-store connected), makes the pools, the tree, the copier and the mover with their executors,
-and the residency, index, demotion, promotion and pinning over them; the disk's records are
-indexed again before the facade is handed out. Nowhere else does the library build them.
+store connected), makes the pools, the tree, the transfer jobs and the transfer
+queue with its executors, and the residency, index, demotion, promotion and pinning over them;
+the disk's records are indexed again before the facade is handed out. Nowhere else does the
+library build them.
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.residency.warm_restart import rebuild_from_disk
 from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.cache.transfer.executor import (
+from tieredkv.cache.transfer.executors import (
     CudaStreamTransferExecutor,
     ThreadTransferExecutor,
     TransferExecutor,
 )
-from tieredkv.cache.transfer.mover import Mover
-from tieredkv.cache.transfer.page_copier import PageCopier
+from tieredkv.cache.transfer.transfer_jobs import TransferJobs
+from tieredkv.cache.transfer.transfer_queue import TransferQueue
 from tieredkv.config import CacheConfig
 
 IO_WORKERS = 4  # disk and remote transfers at once
@@ -74,14 +75,14 @@ def build_cache(
     )
     tree = RadixTree(layout.page_size, Residence.for_root)
     counters = CacheCounters()
-    copier = PageCopier(pools.device, pools.host, disk, remote=remote)
-    mover = Mover(
+    transfer_jobs = TransferJobs(pools.device, pools.host, disk, remote=remote)
+    transfer_queue = TransferQueue(
         memory_executor or _default_memory_executor(device),
-        disk_executor or _default_io_executor(copier),
+        disk_executor or _default_io_executor(transfer_jobs),
         clock,
     )
     residency = Residency(tree, pools, counters, namespace_share=config.namespace_share)
-    transfers = NodeTransfers(residency, copier, mover, clock)
+    transfers = NodeTransfers(residency, transfer_jobs, transfer_queue, clock)
     index = RadixIndex(tree, fingerprint, config.enable_prefix_reuse, residency)
     demoter = Demoter(pools, residency, transfers)
     promoter = Promoter(residency, transfers, demoter, index, counters, clock)
@@ -99,8 +100,8 @@ def build_cache(
         tree=tree,
         pools=pools,
         counters=counters,
-        copier=copier,
-        mover=mover,
+        transfer_jobs=transfer_jobs,
+        transfer_queue=transfer_queue,
         residency=residency,
         transfers=transfers,
         index=index,
@@ -141,16 +142,16 @@ def _default_memory_executor(device: torch.device) -> TransferExecutor:
     return ThreadTransferExecutor(num_workers=2, name="tkv-copy")
 
 
-def _default_io_executor(copier: PageCopier) -> ThreadTransferExecutor:
+def _default_io_executor(transfer_jobs: TransferJobs) -> ThreadTransferExecutor:
     """Four I/O workers. With a store below host they start now, each with its staging buffers
     faulted in (a store read lands in them on its way to the device): 4 x 96 MiB (three slots
     of 32 MiB) resident from the start. A first touch of fresh memory costs a page fault per
     4 KiB page, far slower than a copy into resident memory on a VM that hands freed memory
     back to its host; faulting the buffers in at start keeps that cost out of the first
     promotion from disk or Redis."""
-    if not copier.stores:
+    if not transfer_jobs.stores:
         return ThreadTransferExecutor(num_workers=IO_WORKERS, name="tkv-disk")
-    staging, pages = copier.staging, copier.stage_pages
+    staging, pages = transfer_jobs.staging, transfer_jobs.stage_pages
     return ThreadTransferExecutor(
         num_workers=IO_WORKERS, name="tkv-disk", warm=lambda: staging.prefault(pages)
     )

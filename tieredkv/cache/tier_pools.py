@@ -27,7 +27,7 @@ class TierPools(Mapping[Tier, PagePool]):
     """Allocation, freeing, sizes and health per tier (engine thread only).
 
     `device`, `host`, `disk` and `remote` stay reachable by type for what needs their memory or
-    their store (the copier, the store's reads, the remote look-up, the stores' error counts,
+    their store (the transfer jobs, the store's reads, the remote look-up, the stores' error counts,
     state and closing); everything else goes through the mapping. A disabled tier has no pool
     in it: `num_pages`, `num_free` and the byte figures are 0 there.
     """

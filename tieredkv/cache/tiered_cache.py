@@ -1,7 +1,7 @@
 """The tiered KV cache facade (made by `build.build_cache`): the one object the engine talks to.
 
 Every method runs on the engine thread, the only writer of the tree, pools, locks and heaps;
-mover threads copy bytes and report, and `poll()` applies what they reported. The engine holds
+transfer threads copy bytes and report, and `poll()` applies what they reported. The engine holds
 one `CacheHandle(cache, namespace)` per request and never sees a node; the handle is built on
 these node-level calls, which the cache's tests drive:
   match = cache.match(prompt, namespace)          # device, host, disk segments + the miss
@@ -37,8 +37,8 @@ from tieredkv.cache.residency.promotion import Promoter, PromotionTicket
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tier_pools import TierPools
-from tieredkv.cache.transfer.mover import Mover, TransferTicket
-from tieredkv.cache.transfer.page_copier import PageCopier
+from tieredkv.cache.transfer.transfer_jobs import TransferJobs
+from tieredkv.cache.transfer.transfer_queue import TransferQueue, TransferTicket
 from tieredkv.config import CacheConfig, WritePolicy
 
 DEFAULT_NAMESPACE = "default"
@@ -54,8 +54,8 @@ class TieredCache:
     tree: RadixTree
     pools: TierPools
     counters: CacheCounters
-    copier: PageCopier
-    mover: Mover
+    transfer_jobs: TransferJobs
+    transfer_queue: TransferQueue
     residency: Residency
     transfers: NodeTransfers
     index: RadixIndex
@@ -161,7 +161,7 @@ class TieredCache:
     def _apply_finished(self, start_write_through: bool) -> list[PromotionTicket]:
         finished: list[PromotionTicket] = []
         committed = []
-        for ticket in self.mover.drain():
+        for ticket in self.transfer_queue.drain():
             committed += self.transfers.apply(ticket)
             finished.extend(self.promoter.transfer_applied(ticket))
         if start_write_through and self.config.write_policy is WritePolicy.WRITE_THROUGH:
@@ -172,22 +172,22 @@ class TieredCache:
 
     def wait(self, timeout: float | None = None) -> list[PromotionTicket]:
         """Block until a transfer finishes (or `timeout`), then `poll()`."""
-        if self.mover.in_flight:
-            self.mover.wait(timeout)
+        if self.transfer_queue.in_flight:
+            self.transfer_queue.wait(timeout)
         return self.poll()
 
     def transfers_in_flight(self) -> int:
         """Transfers started and not yet applied (demotions among them free pages soon)."""
-        return len(self.mover.in_flight)
+        return len(self.transfer_queue.in_flight)
 
     def add_transfer_listener(self, notify: Callable[[], None]) -> None:
-        """Call `notify()` (from a mover thread) whenever a transfer finishes."""
-        self.mover.add_listener(notify)
+        """Call `notify()` (from a transfer thread) whenever a transfer finishes."""
+        self.transfer_queue.add_listener(notify)
 
     def add_device_landing_listener(self, landed: Callable[[list[int]], None]) -> None:
         """Call `landed(pages)` (from a reading thread) whenever a store read has put pages'
         verified KV into the device pool, before their transfer is applied."""
-        self.copier.device_landing_listeners.append(landed)
+        self.transfer_jobs.device_landing_listeners.append(landed)
 
     def evict(self, tier: Tier, num_pages: int) -> bool:
         """Free `num_pages` in `tier` (demoting; dropping at the last tier), never touching
@@ -227,7 +227,7 @@ class TieredCache:
 
     def check_integrity(self) -> IntegrityResult:
         """Reconcile page ownership, lock counts and the closure invariants (engine thread)."""
-        return check_integrity(self.index, self.pools, list(self.mover.in_flight.values()))
+        return check_integrity(self.index, self.pools, list(self.transfer_queue.in_flight.values()))
 
     def tier_enabled(self, tier: Tier) -> bool:
         return self.pools.enabled(tier)
@@ -283,8 +283,8 @@ class TieredCache:
 
     def close(self) -> None:
         """Finish and apply transfers in flight, stop the copy threads, close the stores."""
-        self.mover.close()
-        # the mover is closed: no write-through now (the disk stays closed under "parent of")
+        self.transfer_queue.close()
+        # the queue is closed: no write-through now (the disk stays closed under "parent of")
         self._apply_finished(start_write_through=False)
-        self.copier.close()
+        self.transfer_jobs.close()
         self.pools.close_stores()

@@ -56,7 +56,7 @@ class AttentionBackend(ABC):
         (None: not read by it). Optional hook: see `pages_landed`."""
 
     def pages_landed(self, pages: Sequence[int]) -> None:  # noqa: B027 - optional hook
-        """Pool pages `pages` hold their verified KV now (called on the copier's threads)."""
+        """Pool pages `pages` hold their verified KV now (called on the transfer jobs' threads)."""
 
     def release(self, seq_id: int) -> None:  # noqa: B027 - optional hook
         """Forget per-sequence state (finished, aborted or preempted sequence)."""

@@ -4,7 +4,7 @@ A request whose cached prefix is on disk waits for the store's reads, which leav
 mostly idle; copying the whole prefix from the pool into a workspace afterwards would add
 tens of MB of copying to the turn, after the read. Instead, when its
 promotion starts the engine reserves it an arena slot with the pool page each prefix page will
-land in (`expect`), the copier reports device pages as they land verified (`landed`, on its
+land in (`expect`), the transfer jobs reports device pages as they land verified (`landed`, on its
 reading threads), and each is copied into the slot at its position then, beside the reads
 still in flight. The slot is the one a released sequence left holding the prefix's head, if
 its head is on the device already, else one whose memory a sequence wrote that far already:
@@ -50,7 +50,7 @@ class _Expected:
 
 class PromotionFills:
     """Arena slots filled while promotions read (engine thread: `expect`, `take`, `cancel`;
-    the copier's threads: `landed`)."""
+    the transfer jobs' threads: `landed`)."""
 
     def __init__(self, pool: DevicePool, arena: WorkspaceArena) -> None:
         self.pool = pool

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from tieredkv.cache.pools.device_pool import DevicePool
-from tieredkv.cache.transfer.page_rows import Run, paired_runs
+from tieredkv.cache.transfer.layout_copy import Run, paired_runs
 
 ROUNDING = 256  # tokens; workspaces grow in these steps at least, doubling beyond
 _PARALLEL_MIN_TOKENS = 512  # below this one thread copies faster than two coordinate

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from tieredkv.bench import tiers
-from tieredkv.bench.tier_copies import make_copier, memory_gbps, mover_disk_gbps
+from tieredkv.bench.tier_copies import make_transfer_jobs, memory_gbps, transfer_disk_gbps
 from tieredkv.bench.tier_limits import raw_disk_gbps
 from tieredkv.bench.tier_store import LAYOUT
 from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.transfer.page_rows import SPLIT_MIN_PAGES
+from tieredkv.cache.transfer.layout_copy import SPLIT_MIN_PAGES
 
 PATHS = {"host->device", "device->host", "host->disk", "disk->host"}
 
@@ -43,11 +43,11 @@ def test_limits_are_measured(report: dict) -> None:
 
 def test_every_path_and_batch_has_a_verified_row(report: dict) -> None:
     rows = report["rows"]
-    mover = [r for r in rows if r["via"].startswith("PageCopier")]
-    assert {(r["path"], r["batch_pages"]) for r in mover} == {
+    transfer_queue = [r for r in rows if r["via"].startswith("TransferJobs")]
+    assert {(r["path"], r["batch_pages"]) for r in transfer_queue} == {
         (path, batch) for path in PATHS for batch in (4, 16)
     }
-    assert all(r["via"].startswith("PageCopier") for r in rows)  # what the server runs
+    assert all(r["via"].startswith("TransferJobs") for r in rows)  # what the server runs
     for row in rows:
         assert row["verified"], row
         assert positive(row["gbps"]) and positive(row["limit_gbps"])
@@ -84,25 +84,25 @@ def test_memory_only_measures_no_disk(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_memory_jobs_move_the_right_bytes() -> None:
-    copier = make_copier(8, None, seed=1)
-    to_device, to_host, ok = memory_gbps(copier, 4, 2, np.random.default_rng(0))
+    transfer_jobs = make_transfer_jobs(8, None, seed=1)
+    to_device, to_host, ok = memory_gbps(transfer_jobs, 4, 2, np.random.default_rng(0))
     assert ok and positive(to_device.gbps) and positive(to_host.gbps)
     assert to_device.min_gbps <= to_device.gbps <= to_device.max_gbps
-    # the same job the mover runs: a host page lands in the layer-major device pool
-    copier.host_pool.kv[5] = 2.5
-    copier.job(Tier.HOST, Tier.DEVICE, [5], [3], [])()
-    assert bool((copier.device_pool.kv[:, :, 3] == 2.5).all())
+    # the same job the transfer queue runs: a host page lands in the layer-major device pool
+    transfer_jobs.host_pool.kv[5] = 2.5
+    transfer_jobs.job(Tier.HOST, Tier.DEVICE, [5], [3], [])()
+    assert bool((transfer_jobs.device_pool.kv[:, :, 3] == 2.5).all())
 
 
 def test_disk_jobs_read_back_what_they_wrote(tmp_path: Path) -> None:
     store = DiskStore(tmp_path / "store", b"bench", LAYOUT, 16 * LAYOUT.page_bytes + (4 << 20))
     try:
-        copier = make_copier(8, store, seed=2)
-        before = copier.host_pool.kv.clone()
-        write, read, ok = mover_disk_gbps(copier, store, 4, 1, np.random.default_rng(0))
+        transfer_jobs = make_transfer_jobs(8, store, seed=2)
+        before = transfer_jobs.host_pool.kv.clone()
+        write, read, ok = transfer_disk_gbps(transfer_jobs, store, 4, 1, np.random.default_rng(0))
         assert ok and positive(write.gbps) and positive(read.gbps)
         assert store.num_free == store.num_pages  # the benchmark gave its slots back
-        assert torch.equal(copier.host_pool.kv.view(torch.int16), before.view(torch.int16))
+        assert torch.equal(transfer_jobs.host_pool.kv.view(torch.int16), before.view(torch.int16))
     finally:
         store.close()
 

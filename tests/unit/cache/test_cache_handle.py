@@ -4,7 +4,6 @@ insert, release) on a real cache with manual transfers; check_integrity after ev
 from __future__ import annotations
 
 import torch
-from cache_steps import ok, settle
 
 from tests.support.tiny_cache import (
     device_page,
@@ -13,6 +12,7 @@ from tests.support.tiny_cache import (
     make_cache,
     tiny_layout,
 )
+from tests.unit.cache.cache_steps import ok, settle
 from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache

@@ -5,10 +5,10 @@ every call."""
 from __future__ import annotations
 
 import torch
-from cache_steps import ok, settle
 from test_cache_handle import NAMESPACE, run_request
 
 from tests.support.tiny_cache import device_page, make_cache, tiny_layout
+from tests.unit.cache.cache_steps import ok, settle
 from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.tier import Tier
 

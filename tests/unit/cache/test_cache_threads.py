@@ -8,11 +8,11 @@ from pathlib import Path
 from tests.support.tiny_cache import FINGERPRINT, disk_bytes_for, fill_device_pages, tiny_layout
 from tieredkv.cache.build import build_cache
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.transfer.page_copier import HELPER_THREAD_PREFIX
+from tieredkv.cache.transfer.transfer_jobs import HELPER_THREAD_PREFIX
 from tieredkv.config import CacheConfig, WritePolicy
 
 LAYOUT = tiny_layout(page_size=4)
-# the mover's executors, the copier's helpers, the disk store's I/O threads
+# the transfer queue's executors, the transfer jobs' helpers, the disk store's I/O threads
 PREFIXES = ("tkv-copy", "tkv-disk", HELPER_THREAD_PREFIX, "tieredkv-disk-io")
 
 
@@ -39,7 +39,7 @@ def test_a_closed_cache_leaves_no_worker_threads(tmp_path: Path) -> None:
     assert pages is not None
     fill_device_pages(cache, tokens, "default", pages)
     cache.insert(tokens, "default", pages)  # write-through: 16 pages copied down to disk
-    while cache.mover.in_flight:
+    while cache.transfer_queue.in_flight:
         cache.wait(timeout=1.0)
     assert cache.check_integrity().ok
     assert Tier.DISK in cache.match(tokens).last_node.residence.copies

@@ -3,9 +3,8 @@ with no pages costs nothing (its root is freed)."""
 
 from __future__ import annotations
 
-from cache_steps import compute
-
 from tests.support.tiny_cache import make_cache, tiny_layout
+from tests.unit.cache.cache_steps import compute
 from tieredkv.cache.tier import Tier
 
 LAYOUT = tiny_layout(page_size=4)

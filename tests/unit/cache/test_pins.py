@@ -5,9 +5,9 @@ budget, is released by unpin, and is read back from pins.json after a restart.""
 from pathlib import Path
 
 import pytest
-from cache_steps import compute, ok, settle
 
 from tests.support.tiny_cache import make_cache, tiny_layout
+from tests.unit.cache.cache_steps import compute, ok, settle
 from tieredkv.cache.pins import PinError
 from tieredkv.cache.tier import Tier
 

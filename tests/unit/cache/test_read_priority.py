@@ -9,12 +9,19 @@ import threading
 import time
 from pathlib import Path
 
-from disk_cases import CAPACITY, FINGERPRINT, LAYOUT, chain, open_store, random_pages, same_bytes
-
+from tests.unit.cache.disk.disk_cases import (
+    CAPACITY,
+    FINGERPRINT,
+    LAYOUT,
+    chain,
+    open_store,
+    random_pages,
+    same_bytes,
+)
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.read_priority import ReadPriority
-from tieredkv.cache.transfer.executor import ThreadTransferExecutor
+from tieredkv.cache.transfer.executors import ThreadTransferExecutor
 
 
 def test_a_write_waits_for_a_read_in_flight_then_lands(tmp_path: Path) -> None:

@@ -9,10 +9,10 @@ import logging
 from pathlib import Path
 
 import pytest
-from cache_steps import compute, ok, settle
 
 from tests.support.fault_io import FaultInjectingIO
 from tests.support.tiny_cache import make_cache, tiny_layout
+from tests.unit.cache.cache_steps import compute, ok, settle
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.tier import Tier

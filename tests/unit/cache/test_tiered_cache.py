@@ -3,7 +3,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from cache_steps import compute, ok, settle
 
 from tests.support.manual_executor import ManualTransferExecutor
 from tests.support.tiny_cache import (
@@ -13,6 +12,7 @@ from tests.support.tiny_cache import (
     make_cache,
     tiny_layout,
 )
+from tests.unit.cache.cache_steps import compute, ok, settle
 from tieredkv.cache.build import build_cache
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.index.page_key import page_key
@@ -31,7 +31,7 @@ def assert_promoted(cache: TieredCache, tokens: list[int], namespace: str = "def
     ticket = cache.promote(match)
     assert ticket is not None
     ok(cache)
-    executor = cache.mover.memory_executor
+    executor = cache.transfer_queue.memory_executor
     assert isinstance(executor, ManualTransferExecutor)
     settle(cache, executor)
     assert ticket.done and ticket.num_ready_pages == match.num_pages
@@ -129,10 +129,10 @@ def test_locked_path_is_never_evicted() -> None:
     match = cache.match(tokens)
     cache.lock(match.last_node)
     assert not cache.evict(Tier.DEVICE, 1)
-    assert cache.allocate(1) is None and cache.mover.in_flight == {}
+    assert cache.allocate(1) is None and cache.transfer_queue.in_flight == {}
     cache.unlock(match.last_node)
     assert cache.allocate(1) is None  # now it demotes
-    assert cache.mover.in_flight
+    assert cache.transfer_queue.in_flight
     ok(cache)
 
 

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from cache_steps import ok, settle
 
 from tests.support.fault_io import FaultInjectingIO
 from tests.support.manual_executor import ManualTransferExecutor
@@ -17,6 +16,7 @@ from tests.support.tiny_cache import (
     make_cache,
     tiny_layout,
 )
+from tests.unit.cache.cache_steps import ok, settle
 from tieredkv.cache.build import build_cache
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.tier import Tier
@@ -93,7 +93,7 @@ def test_warm_restart_matches_demoted_conversations_on_disk(tmp_path: Path) -> N
 
 
 def test_restart_with_threads_and_another_namespace(tmp_path: Path) -> None:
-    """Real worker threads; the engine waits on the mover's condition, never sleeps."""
+    """Real worker threads; the engine waits on the transfer queue's condition, never sleeps."""
     config = CacheConfig(
         page_size=4,
         device_cache_bytes=4 * LAYOUT.page_bytes,

@@ -89,7 +89,7 @@ class Harness:
             ],
             "device_free": self.cache.device_pool.num_free,
             "host_free": self.cache.host_pool.num_free if self.cache.host_pool else None,
-            "in_flight": len(self.cache.mover.in_flight),
+            "in_flight": len(self.cache.transfer_queue.in_flight),
             "pages": self.cache.check_integrity().page_counts,
         }
         raise AssertionError(f"requests still unfinished after {max_steps} steps: {state}")

@@ -22,7 +22,7 @@ NODE_MODULES = {
 }
 # the facade's parts, which the engine must not reach through it
 FACADE_PARTS = {
-    "mover",
+    "transfer_queue",
     "pools",
     "device_pool",
     "host_pool",

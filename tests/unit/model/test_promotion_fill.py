@@ -149,8 +149,8 @@ def test_take_waits_for_a_copy_into_the_slot_that_already_started() -> None:
 
     Workspace.fill_pages = slow_fill  # type: ignore[method-assign]
     try:
-        copier = threading.Thread(target=fills.landed, args=(pages,))
-        copier.start()
+        transfer_jobs = threading.Thread(target=fills.landed, args=(pages,))
+        transfer_jobs.start()
         assert started.wait(5)
         taken: list = []
         taker = threading.Thread(target=lambda: taken.append(fills.take(1, pages)))
@@ -158,7 +158,7 @@ def test_take_waits_for_a_copy_into_the_slot_that_already_started() -> None:
         taker.join(0.2)
         assert taker.is_alive()  # the copy is still running: the slot is not handed over
         release.set()
-        copier.join(5)
+        transfer_jobs.join(5)
         taker.join(5)
     finally:
         Workspace.fill_pages = original  # type: ignore[method-assign]

@@ -1,8 +1,8 @@
 """The disk tier: fixed-size page records in one preallocated file, verified on every read.
 
 Threads: `alloc`, `free`, `invalidate`, `scan` and `close` belong to the engine thread;
-`write_pages` and `read_pages` run on the mover's disk workers, any number at once, on slots
-the engine allocated to them (a slot is never freed while a transfer on it is in flight).
+`write_pages` and `read_pages` run on the transfer queue's disk workers, any number at once, on
+slots the engine allocated to them (a slot is never freed while a transfer on it is in flight).
 
 Crash safety (process crash, kill -9; not power loss, so no fsync per write): a run of slots is
 written payload first, then header; the header carries a checksum over itself and the stored
@@ -83,7 +83,7 @@ class DiskStore(PagePool):
     """
 
     tier = Tier.DISK
-    # read_pages hands chunks on as they verify (`on_verified`), over parallel I/O: a copier
+    # read_pages hands chunks on as they verify (`on_verified`), over parallel I/O: a transfer job
     # reads two of its chunks at once and copies them out as they come
     streams_reads = True
 

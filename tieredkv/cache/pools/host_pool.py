@@ -26,7 +26,7 @@ class HostPool(PagePool):
     """Owns the host KV tensor and a LIFO free list of page ids.
 
     `num_pages == 0` is a disabled tier (`--host-cache-size 0`). Not thread-safe: only the
-    engine thread allocates and frees; mover threads only copy bytes of pages they were given.
+    engine thread allocates and frees; transfer threads only copy bytes of pages they were given.
     """
 
     tier = Tier.HOST

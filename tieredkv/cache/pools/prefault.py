@@ -11,7 +11,7 @@ else to do (`Prefaulter`): a request that arrives waits for one chunk at most. I
 ahead of the pages in use, not the whole pool: an idle server would otherwise spend CPU on
 memory it may not need for hours (and a test suite full of idle servers, minutes).
 `MADV_POPULATE_WRITE` (Linux 5.14) maps the pages writable as a write would, without the
-writes, so it is safe while mover threads copy into pages already in use.
+writes, so it is safe while transfer threads copy into pages already in use.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """The replies to a pipeline of GETs, read off the connection's socket into one reused buffer.
 
 redis-py with hiredis builds a Python `bytes` per value: each page's bytes would go from the
-socket into hiredis's buffer, into a fresh `bytes` object, then into the copier's staging, then
-into the pool. Fresh memory is slow on a VM that returns freed memory to its host (every first
-touch is a page fault), and a replica promotes from Redis only now and then, so most promotions
-would find their buffers cold. Here each value goes from the socket into one buffer the store
-keeps (a page's record fits in the CPU's L2 cache), is verified there, and is handed on to be
-copied into its destination page: no allocation per value, one copy out of the socket.
+socket into hiredis's buffer, into a fresh `bytes` object, then into a transfer job's
+staging, then into the pool. Fresh memory is slow on a VM that returns freed memory to its
+host (every first touch is a page fault), and a replica promotes from Redis only now and
+then, so most promotions would find their buffers cold. Here each value goes from the socket
+into one buffer the store keeps (a page's record fits in the CPU's L2 cache), is verified there,
+and is handed on to be copied into its destination page: no allocation per value, one copy out
+of the socket.
 
 Only what a GET answers is accepted: a bulk string (`$<length>`) or a nil (`$-1`, or RESP3's
 `_`). Anything else (an error reply, a malformed header, a closed socket) raises

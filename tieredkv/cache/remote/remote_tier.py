@@ -6,9 +6,9 @@ The slots bound how many remote pages this replica indexes (`REMOTE_INDEX_PAGES`
 store holds: Redis's own `maxmemory` LRU bounds that, and tieredkv never deletes. Evicting a
 remote copy forgets it here; the value stays in Redis for the other replicas.
 
-The copier moves pages through `write_pages` (queued for the store's writer thread: never on a
+Transfer jobs move pages through `write_pages` (queued for the store's writer thread: never on a
 request's path) and `read_pages_into` (one pipelined fetch, each verified page handed to the
-copier to copy into its destination; a page gone or refused is a miss, and so is every page
+transfer_jobs to copy into its destination; a page gone or refused is a miss, and so is every page
 after it). `read_pages` fills a staging tensor the same way (the CUDA path). Health follows
 the store: degraded while it is unreachable, healthy again once it reconnects (`degraded` is
 read, never set from outside). `page_errors` and `state` report the store's counters (the
@@ -43,12 +43,12 @@ def _rows(pages: torch.Tensor) -> torch.Tensor:
 
 class RemoteTier(PagePool):
     """The remote tier's pool: virtual slots over a `RemoteStore` (engine thread allocates;
-    mover threads call `read_pages` / `write_pages`)."""
+    transfer threads call `read_pages` / `write_pages`)."""
 
     tier = Tier.REMOTE
-    # one fetch at a time (a copier reads chunk k + 1 while it copies chunk k out): the store's
-    # one call thread keeps each fetch inside its own budget, and Redis serves one command at a
-    # time, so a second fetch on a second connection would only queue behind the first
+    # one fetch at a time (a transfer job reads chunk k + 1 while it copies chunk k out): the
+    # store's one call thread keeps each fetch inside its own budget, and Redis serves one
+    # command at a time, so a second fetch on a second connection would only queue behind the first
     streams_reads = False
     hands_pages_on = True  # `read_pages_into`: pages go from the fetch to their destination
 
@@ -102,7 +102,7 @@ class RemoteTier(PagePool):
     ) -> list[bool]:
         """Fill out[i] with the page named by records[i] (as `read_pages_into`)."""
         assert len(slots) == len(records) == out.shape[0], "one record and page per slot"
-        rows = _rows(out).numpy()  # CPU: host pages or the copier's host staging
+        rows = _rows(out).numpy()  # CPU: host pages or the transfer jobs' host staging
 
         def into_out(index: int, data: memoryview) -> None:
             rows[index] = np.frombuffer(data, dtype=np.uint8)

@@ -27,7 +27,7 @@ from tieredkv.cache.index.token_run import TOKEN_BYTES
 from tieredkv.cache.residency.residence import NO_COPY
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tier_pools import TierPools
-from tieredkv.cache.transfer.mover import PartState, TransferPart, TransferTicket
+from tieredkv.cache.transfer.transfer_queue import PartState, TransferPart, TransferTicket
 
 OWNERS = ("node", "request", "ticket")
 

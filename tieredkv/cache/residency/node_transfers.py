@@ -1,6 +1,6 @@
 """`NodeTransfers`: copying nodes' pages between tiers, and applying each copy's outcome.
 
-Starting: each node's fastest committed copy is copied to the destination tier, one mover
+Starting: each node's fastest committed copy is copied to the destination tier, one transfer_queue
 ticket per source tier, nodes in path order (parents first); each node's part of a ticket is
 its transfer in flight (`Residence.inflight`). A demotion (`frees_source`) counts its source
 pages as pending free until applied.
@@ -22,14 +22,14 @@ from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.residency.residency import Commit, Residency
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.transfer.mover import (
-    Mover,
+from tieredkv.cache.transfer.transfer_jobs import TransferJobs
+from tieredkv.cache.transfer.transfer_queue import (
     PartState,
     TicketState,
     TransferPart,
+    TransferQueue,
     TransferTicket,
 )
-from tieredkv.cache.transfer.page_copier import PageCopier
 
 
 def page_records(node: RadixNode, tree: RadixTree) -> list[PageRecord]:
@@ -49,14 +49,14 @@ class NodeTransfers:
     def __init__(
         self,
         residency: Residency,
-        copier: PageCopier,
-        mover: Mover,
+        transfer_jobs: TransferJobs,
+        transfer_queue: TransferQueue,
         clock: Callable[[], float],
     ) -> None:
         self.residency = residency
         self.pools = residency.pools
-        self.copier = copier
-        self.mover = mover
+        self.transfer_jobs = transfer_jobs
+        self.transfer_queue = transfer_queue
         self.clock = clock
         self._pending_free = dict.fromkeys(Tier, 0)  # source pages in-flight demotions free
 
@@ -66,7 +66,7 @@ class NodeTransfers:
 
     def in_flight(self) -> bool:
         """Transfers started and not applied yet?"""
-        return bool(self.mover.in_flight)
+        return bool(self.transfer_queue.in_flight)
 
     # --- starting --------------------------------------------------------------------------
 
@@ -89,7 +89,7 @@ class NodeTransfers:
         self, src: Tier, dst: Tier, nodes: list[RadixNode], frees_source: bool
     ) -> TransferTicket:
         num_pages = sum(node.num_pages for node in nodes)
-        ticket = self.mover.new_ticket(src, dst, num_pages, frees_source)
+        ticket = self.transfer_queue.new_ticket(src, dst, num_pages, frees_source)
         dst_pages = self.pools.alloc(dst, num_pages)
         src_pages: list[int] = []
         records: list[PageRecord] = []
@@ -105,7 +105,9 @@ class NodeTransfers:
                 records.extend(page_records(node, self.residency.tree))
         if frees_source:
             self._pending_free[src] += num_pages
-        self.mover.submit(ticket, self.copier.job(src, dst, src_pages, dst_pages, records))
+        self.transfer_queue.submit(
+            ticket, self.transfer_jobs.job(src, dst, src_pages, dst_pages, records)
+        )
         return ticket
 
     # --- applying --------------------------------------------------------------------------
@@ -143,7 +145,7 @@ class NodeTransfers:
         for tier, pages in ticket.release:
             pools.free(tier, pages)
         ticket.release.clear()
-        self.mover.retire(ticket)
+        self.transfer_queue.retire(ticket)
         return residency.take_commits()
 
     def _fail_from(self, part: TransferPart[RadixNode], first_bad: int) -> int:

@@ -25,7 +25,7 @@ from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.residency.node_transfers import NodeTransfers
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.transfer.mover import TransferTicket
+from tieredkv.cache.transfer.transfer_queue import TransferTicket
 
 
 class PathLocks(Protocol):

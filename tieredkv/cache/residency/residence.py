@@ -17,7 +17,7 @@ import enum
 
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.transfer.mover import TransferPart
+from tieredkv.cache.transfer.transfer_queue import TransferPart
 
 NO_COPY = len(Tier)  # the closure rank of a node with no copy and nothing in flight
 

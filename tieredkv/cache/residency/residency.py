@@ -28,7 +28,7 @@ from tieredkv.cache.residency.eviction import LruEvictionPolicy, copy_may_leave
 from tieredkv.cache.residency.fair_share import Claim, FairTierHeap, tier_heap
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tier_pools import TierPools
-from tieredkv.cache.transfer.mover import PartState, TransferPart
+from tieredkv.cache.transfer.transfer_queue import PartState, TransferPart
 
 Commit = tuple[RadixNode, Tier]  # a copy committed in a tier
 

@@ -1,4 +1,4 @@
-"""Reusable staging buffers for copy jobs, one set per mover thread.
+"""Reusable staging buffers for copy jobs, one set per transfer thread.
 
 A job runs start to finish on one worker thread, so a thread-local buffer is never used by two
 jobs at once. Host staging is page-aligned (O_DIRECT moves it without a bounce copy) and
@@ -16,7 +16,7 @@ import torch
 from tieredkv.cache.page_layout import PageLayout, aligned_empty
 
 # Host slots per thread: two for double buffering, a third for a streamed store read's third
-# chunk in flight (see PageCopier._from_store)
+# chunk in flight (see TransferJobs._from_store)
 HOST_SLOTS = 3
 
 

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from tests.unit.cache.disk_cases import chain
+from tests.unit.cache.disk.disk_cases import chain
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
@@ -18,18 +18,18 @@ from tieredkv.cache.remote.keys import redis_key
 from tieredkv.cache.remote.remote_tier import RemoteTier
 from tieredkv.cache.remote.store import RemoteStore
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.transfer.page_copier import PageCopier
+from tieredkv.cache.transfer.transfer_jobs import TransferJobs
 
 LAYOUT = PageLayout(num_layers=3, num_kv_heads=2, head_dim=8, page_size=4, dtype=torch.bfloat16)
 NUM_PAGES = 24
 FLUSH_S = 10.0
 
 
-def page_of(copier: PageCopier, tier: Tier, page: int) -> torch.Tensor:
+def page_of(transfer_jobs: TransferJobs, tier: Tier, page: int) -> torch.Tensor:
     """The page's bytes in page-major order (layers, 2, page_size, heads, dim)."""
     if tier is Tier.DEVICE:
-        return copier.device_pool.kv[:, :, page].contiguous().view(torch.int16)
-    return copier.host_pool.kv[page].view(torch.int16)
+        return transfer_jobs.device_pool.kv[:, :, page].contiguous().view(torch.int16)
+    return transfer_jobs.host_pool.kv[page].view(torch.int16)
 
 
 @pytest.fixture
@@ -49,18 +49,20 @@ def test_remote_pages_land_in_their_pages(remote: RemoteTier, staged: bool, tier
     records = chain(10, layout=LAYOUT)
     remote.write_pages(list(range(10)), records, payload)
     assert remote.store.flush_writes(FLUSH_S)
-    copier = PageCopier(device, host, None, staged=staged, remote=remote)
-    copier.stage_pages = 3  # several staging refills on the staged path
+    transfer_jobs = TransferJobs(device, host, None, staged=staged, remote=remote)
+    transfer_jobs.stage_pages = 3  # several staging refills on the staged path
     pages = random.Random(6).sample(range(NUM_PAGES), 10)
     try:
-        assert copier.job(Tier.REMOTE, tier, list(range(10)), pages, records)() == [True] * 10
+        assert (
+            transfer_jobs.job(Tier.REMOTE, tier, list(range(10)), pages, records)() == [True] * 10
+        )
         for index, page in enumerate(pages):
-            assert torch.equal(page_of(copier, tier, page), payload[index].view(torch.int16))
+            assert torch.equal(page_of(transfer_jobs, tier, page), payload[index].view(torch.int16))
         remote.store._client.redis.delete(redis_key(records[4].key))  # evicted
-        got = copier.job(Tier.REMOTE, tier, list(range(10)), pages, records)()
+        got = transfer_jobs.job(Tier.REMOTE, tier, list(range(10)), pages, records)()
         assert got.index(False) == 4  # the cache keeps the pages before the first miss
     finally:
-        copier.close()
+        transfer_jobs.close()
 
 
 def test_remote_pages_into_the_device_are_told_to_landing_listeners_in_batches(
@@ -72,24 +74,26 @@ def test_remote_pages_into_the_device_are_told_to_landing_listeners_in_batches(
     records = chain(20, layout=LAYOUT)
     remote.write_pages(list(range(20)), records, payload)
     assert remote.store.flush_writes(FLUSH_S)
-    copier = PageCopier(device, host, None, remote=remote)
+    transfer_jobs = TransferJobs(device, host, None, remote=remote)
     pages = random.Random(8).sample(range(40), 20)
     calls: list[list[int]] = []
 
     def landed(told: list[int]) -> None:
         for page in told:  # the bytes are in before the listener hears of them
             index = pages.index(page)
-            assert torch.equal(page_of(copier, Tier.DEVICE, page), payload[index].view(torch.int16))
+            assert torch.equal(
+                page_of(transfer_jobs, Tier.DEVICE, page), payload[index].view(torch.int16)
+            )
         calls.append(told)
 
-    copier.device_landing_listeners.append(landed)
+    transfer_jobs.device_landing_listeners.append(landed)
     try:
         remote.store._client.redis.delete(redis_key(records[18].key))  # evicted
-        got = copier.job(Tier.REMOTE, Tier.DEVICE, list(range(20)), pages, records)()
+        got = transfer_jobs.job(Tier.REMOTE, Tier.DEVICE, list(range(20)), pages, records)()
         assert got.index(False) == 18
         assert [len(call) for call in calls] == [16, 3]  # every page delivered: all but one
         assert sorted(p for call in calls for p in call) == sorted(
             p for i, p in enumerate(pages) if i != 18
         )
     finally:
-        copier.close()
+        transfer_jobs.close()

@@ -167,7 +167,7 @@ def test_a_single_server_hands_every_page_on_from_one_reused_buffer(
 
 
 def test_a_fetch_past_its_budget_hands_nothing_on_once_it_returns(redis_server, open_store) -> None:
-    """The copier's pages are its own only until the fetch returns: a call still reading
+    """The transfer jobs' pages are its own only until the fetch returns: a call still reading
     after its budget must not write into them. The pages handed on before count as found,
     the rest are misses, and the connection left mid-reply is never reused."""
     tight = RemoteTimeouts(fetch_s=0.05, fetch_per_mib_s=0.001, backoff_min_s=0.05)

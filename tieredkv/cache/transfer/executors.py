@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-CopyJob = Callable[[], list[bool]]  # copies the bytes; per page: arrived intact
+TransferJob = Callable[[], list[bool]]  # copies the bytes; per page: arrived intact
 Report = Callable[[list[bool] | None, BaseException | None], None]  # (page_ok, error)
 
 
@@ -23,12 +23,12 @@ class TransferExecutor(Protocol):
     """Runs `job` off the engine thread and calls `report` once with its outcome. `ticket` is
     the transfer the job belongs to: executors only hold it (a test's executor hands it back)."""
 
-    def submit(self, ticket: Any, job: CopyJob, report: Report) -> None: ...
+    def submit(self, ticket: Any, job: TransferJob, report: Report) -> None: ...
 
     def shutdown(self) -> None: ...
 
 
-def _run(job: CopyJob, report: Report) -> None:
+def _run(job: TransferJob, report: Report) -> None:
     try:
         page_ok = job()
     except Exception as error:  # an I/O error becomes a failed ticket, never a dead worker
@@ -51,7 +51,7 @@ class ThreadTransferExecutor:
             # every worker blocks until all exist: the pool must start one thread per task
             wait([self._pool.submit(started.wait) for _ in range(num_workers)])
 
-    def submit(self, ticket: Any, job: CopyJob, report: Report) -> None:
+    def submit(self, ticket: Any, job: TransferJob, report: Report) -> None:
         self._pool.submit(_run, job, report)
 
     def shutdown(self) -> None:
@@ -78,11 +78,11 @@ class CudaStreamTransferExecutor:
             self._local.stream = stream
         return stream
 
-    def submit(self, ticket: Any, job: CopyJob, report: Report) -> None:
+    def submit(self, ticket: Any, job: TransferJob, report: Report) -> None:
         ready = torch.cuda.current_stream(self._device).record_event()
         self._pool.submit(self._run_on_stream, job, report, ready)
 
-    def _run_on_stream(self, job: CopyJob, report: Report, ready: torch.cuda.Event) -> None:
+    def _run_on_stream(self, job: TransferJob, report: Report, ready: torch.cuda.Event) -> None:
         stream = self._stream()
         stream.wait_event(ready)
         with torch.cuda.stream(stream):

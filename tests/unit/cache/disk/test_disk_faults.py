@@ -7,9 +7,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from disk_cases import CAPACITY, FINGERPRINT, LAYOUT, chain, open_store, random_pages, same_bytes
 
 from tests.support.fault_io import FaultInjectingIO, SimulatedCrash
+from tests.unit.cache.disk.disk_cases import (
+    CAPACITY,
+    FINGERPRINT,
+    LAYOUT,
+    chain,
+    open_store,
+    random_pages,
+    same_bytes,
+)
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.store import DiskStore
 

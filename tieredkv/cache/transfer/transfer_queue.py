@@ -1,4 +1,4 @@
-"""The mover: every transfer between tiers is a `TransferTicket` run by an executor.
+"""The transfer queue: every transfer between tiers is a `TransferTicket` run by an executor.
 
 Worker threads (or CUDA copy streams) only copy bytes and report an outcome; the outcome is
 queued here and applied to the tree by the engine thread in `TieredCache.poll()`. A ticket pins
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from tieredkv.cache.tier import STORE_TIERS, Tier
-from tieredkv.cache.transfer.executor import CopyJob, TransferExecutor
+from tieredkv.cache.transfer.executors import TransferExecutor, TransferJob
 
 
 class TicketState(enum.Enum):
@@ -104,7 +104,7 @@ class TransferTicket:
         )
 
 
-class Mover:
+class TransferQueue:
     """Submits copy jobs to executors and queues their outcomes for the engine thread.
 
     Disk and remote transfers go to `disk_executor` (a pool of I/O threads), the others to
@@ -133,7 +133,7 @@ class Mover:
             next(self._ids), src_tier, dst_tier, num_pages, frees_source, self.clock()
         )
 
-    def submit(self, ticket: TransferTicket, job: CopyJob) -> None:
+    def submit(self, ticket: TransferTicket, job: TransferJob) -> None:
         self.in_flight[ticket.id] = ticket
         uses_io = bool(STORE_TIERS & {ticket.src_tier, ticket.dst_tier})
         executor = self.disk_executor if uses_io else self.memory_executor

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.cache.disk_cases import chain, open_store
+from tests.unit.cache.disk.disk_cases import chain, open_store
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.transfer.executor import ThreadTransferExecutor
-from tieredkv.cache.transfer.page_copier import PageCopier
-from tieredkv.cache.transfer.page_rows import paired_runs
+from tieredkv.cache.transfer.executors import ThreadTransferExecutor
+from tieredkv.cache.transfer.layout_copy import paired_runs
 from tieredkv.cache.transfer.page_staging import HOST_SLOTS, StagingBuffers
+from tieredkv.cache.transfer.transfer_jobs import TransferJobs
 
 # 4 KiB pages, bf16
 LAYOUT = PageLayout(num_layers=2, num_kv_heads=2, head_dim=64, page_size=4, dtype=torch.bfloat16)
@@ -29,12 +29,12 @@ def _random(tensor: torch.Tensor, seed: int) -> None:
     tensor.view(torch.int16).random_(generator=torch.Generator().manual_seed(seed))
 
 
-def _device_page(copier: PageCopier, page: int) -> torch.Tensor:
-    return copier.device_pool.kv[:, :, page].contiguous().view(torch.int16)
+def _device_page(transfer_jobs: TransferJobs, page: int) -> torch.Tensor:
+    return transfer_jobs.device_pool.kv[:, :, page].contiguous().view(torch.int16)
 
 
-def _host_page(copier: PageCopier, page: int) -> torch.Tensor:
-    return copier.host_pool.kv[page].view(torch.int16)
+def _host_page(transfer_jobs: TransferJobs, page: int) -> torch.Tensor:
+    return transfer_jobs.host_pool.kv[page].view(torch.int16)
 
 
 @pytest.mark.parametrize("staged", [False, True])
@@ -45,8 +45,8 @@ def test_concurrent_jobs_on_the_thread_executor_each_move_their_own_pages(
     device, host = DevicePool(LAYOUT, NUM_PAGES, "cpu"), HostPool(LAYOUT, NUM_PAGES)
     _random(device.kv, 1)
     _random(host.kv, 2)
-    copier = PageCopier(device, host, store, staged=staged)
-    copier.stage_pages = 2  # several staging refills per job
+    transfer_jobs = TransferJobs(device, host, store, staged=staged)
+    transfer_jobs.stage_pages = 2  # several staging refills per job
     rng = random.Random(3)
     host_order, device_order = rng.sample(range(NUM_PAGES), 48), rng.sample(range(NUM_PAGES), 48)
     # 12 jobs of 4 pages on disjoint pages: 4 host->device, 4 device->host, 4 host->disk
@@ -60,16 +60,16 @@ def test_concurrent_jobs_on_the_thread_executor_each_move_their_own_pages(
         hosts = host_order[4 * index : 4 * index + 4]
         devices = device_order[4 * index : 4 * index + 4]
         if index < 4:
-            jobs.append(copier.job(Tier.HOST, Tier.DEVICE, hosts, devices, []))
+            jobs.append(transfer_jobs.job(Tier.HOST, Tier.DEVICE, hosts, devices, []))
             for h, d in zip(hosts, devices, strict=True):
-                device_want[d] = _host_page(copier, h).clone()
+                device_want[d] = _host_page(transfer_jobs, h).clone()
         elif index < 8:
-            jobs.append(copier.job(Tier.DEVICE, Tier.HOST, devices, hosts, []))
+            jobs.append(transfer_jobs.job(Tier.DEVICE, Tier.HOST, devices, hosts, []))
             for h, d in zip(hosts, devices, strict=True):
-                host_want[h] = _device_page(copier, d).clone()
+                host_want[h] = _device_page(transfer_jobs, d).clone()
         else:
             group = slots[4 * (index - 8) : 4 * (index - 7)]
-            jobs.append(copier.job(Tier.HOST, Tier.DISK, hosts, group, records))
+            jobs.append(transfer_jobs.job(Tier.HOST, Tier.DISK, hosts, group, records))
             disk_want.append((group, hosts))
     outcomes: list[list[bool] | None] = []
     done = threading.Event()
@@ -86,9 +86,9 @@ def test_concurrent_jobs_on_the_thread_executor_each_move_their_own_pages(
     executor.shutdown()
     assert done.is_set() and outcomes == [[True] * 4] * 12
     for page, want in device_want.items():
-        assert torch.equal(_device_page(copier, page), want)
+        assert torch.equal(_device_page(transfer_jobs, page), want)
     for page, want in host_want.items():
-        assert torch.equal(_host_page(copier, page), want)
+        assert torch.equal(_host_page(transfer_jobs, page), want)
     for group, hosts in disk_want:  # the records read back equal to the pages written
         back = torch.empty((4, *LAYOUT.page_shape), dtype=LAYOUT.dtype)
         assert store.read_pages(group, records, back) == [True] * 4
@@ -165,10 +165,10 @@ class _SlowStore:
 
 def _failing_job(store: _SlowStore, src_tier: Tier, dst_tier: Tier, copy_fails: bool) -> None:
     device, host = DevicePool(LAYOUT, 8, "cpu"), HostPool(LAYOUT, 8)
-    copier = PageCopier(device, host, store)  # type: ignore[arg-type]
-    copier.stage_pages = 2
+    transfer_jobs = TransferJobs(device, host, store)  # type: ignore[arg-type]
+    transfer_jobs.stage_pages = 2
     if copy_fails:  # the second staging copy fails while a store call is in flight
-        copies = {"read": copier._read, "write": copier._write}
+        copies = {"read": transfer_jobs._read, "write": transfer_jobs._write}
         count = [0]
 
         def failing(name: str) -> Callable[..., object]:
@@ -180,11 +180,11 @@ def _failing_job(store: _SlowStore, src_tier: Tier, dst_tier: Tier, copy_fails: 
 
             return copy
 
-        copier._read = failing("read")  # type: ignore[method-assign]
-        copier._write = failing("write")  # type: ignore[method-assign]
-        copier._copy_out = lambda *args: failing("copy out")  # type: ignore[method-assign]
+        transfer_jobs._read = failing("read")  # type: ignore[method-assign]
+        transfer_jobs._write = failing("write")  # type: ignore[method-assign]
+        transfer_jobs._copy_out = lambda *args: failing("copy out")  # type: ignore[method-assign]
         copies["copy out"] = lambda *args: None
-    copier.job(src_tier, dst_tier, [7, 2, 5, 0, 3, 1], [6, 1, 4, 2, 0, 3], [None] * 6)()
+    transfer_jobs.job(src_tier, dst_tier, [7, 2, 5, 0, 3, 1], [6, 1, 4, 2, 0, 3], [None] * 6)()
 
 
 @pytest.mark.parametrize("streams_reads", [True, False])

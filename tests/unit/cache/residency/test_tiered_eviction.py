@@ -1,7 +1,6 @@
 from pathlib import Path
 
 import torch
-from cache_steps import compute, ok, settle
 
 from tests.support.tiny_cache import (
     device_page,
@@ -9,6 +8,7 @@ from tests.support.tiny_cache import (
     make_cache,
     tiny_layout,
 )
+from tests.unit.cache.cache_steps import compute, ok, settle
 from tieredkv.cache.index.page_key import token_bytes
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, TierHeap

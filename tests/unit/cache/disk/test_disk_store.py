@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from disk_cases import (
+
+from tests.support.fault_io import FaultInjectingIO
+from tests.unit.cache.disk.disk_cases import (
     CAPACITY,
     LAYOUT,
     chain,
@@ -20,8 +22,6 @@ from disk_cases import (
     read_superblock,
     same_bytes,
 )
-
-from tests.support.fault_io import FaultInjectingIO
 from tieredkv.cache.disk.directory import LOCK_FILE, STORE_FILE
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, decode_header

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from disk_cases import chain, open_store, random_pages, same_bytes
 
+from tests.unit.cache.disk.disk_cases import chain, open_store, random_pages, same_bytes
 from tieredkv.cache.disk.directory import LOCK_FILE, STORE_FILE
 from tieredkv.errors import DiskStoreError
 

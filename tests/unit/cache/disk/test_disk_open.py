@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from disk_cases import (
+
+from tests.support.fault_io import FaultInjectingIO
+from tests.unit.cache.disk.disk_cases import (
     CAPACITY,
     LAYOUT,
     chain,
@@ -26,8 +28,6 @@ from disk_cases import (
     read_superblock,
     same_bytes,
 )
-
-from tests.support.fault_io import FaultInjectingIO
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.directory import SET_ASIDE_INFIX, STORE_FILE
 from tieredkv.cache.disk.error_reason import DiskErrorReason

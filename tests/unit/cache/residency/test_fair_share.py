@@ -5,9 +5,9 @@ share is 1.0 (fairness off)."""
 from __future__ import annotations
 
 import pytest
-from cache_steps import compute, ok, settle
 
 from tests.support.tiny_cache import make_cache, tiny_layout
+from tests.unit.cache.cache_steps import compute, ok, settle
 from tieredkv.cache.tier import Tier
 from tieredkv.config import CacheConfig, WritePolicy
 from tieredkv.errors import ConfigError

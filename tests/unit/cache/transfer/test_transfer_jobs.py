@@ -1,4 +1,4 @@
-"""PageCopier jobs move every byte of every page, in all directions, for shuffled page ids,
+"""TransferJobs jobs move every byte of every page, in all directions, for shuffled page ids,
 on both data paths (CPU page by page, and the staged path CUDA uses), in chunks, in place."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.cache.disk_cases import chain, open_store
+from tests.unit.cache.disk.disk_cases import chain, open_store
 from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.transfer.page_copier import PageCopier
+from tieredkv.cache.transfer.transfer_jobs import TransferJobs
 
 NUM_PAGES = 20
 LAYOUTS = {
@@ -37,21 +37,21 @@ def _fill_random(tensor: torch.Tensor, seed: int) -> None:
     tensor.view(torch.int16).random_(generator=generator)  # every bit pattern, NaNs too
 
 
-def _device_page(copier: PageCopier, page: int) -> torch.Tensor:
+def _device_page(transfer_jobs: TransferJobs, page: int) -> torch.Tensor:
     # (layers, 2, pages, page_size, heads, dim) -> one page (layers, 2, page_size, heads, dim)
-    return copier.device_pool.kv[:, :, page].contiguous().view(torch.int16)
+    return transfer_jobs.device_pool.kv[:, :, page].contiguous().view(torch.int16)
 
 
-def _host_page(copier: PageCopier, page: int) -> torch.Tensor:
-    return copier.host_pool.kv[page].view(torch.int16)
+def _host_page(transfer_jobs: TransferJobs, page: int) -> torch.Tensor:
+    return transfer_jobs.host_pool.kv[page].view(torch.int16)
 
 
-def _copier(layout: PageLayout, staged: bool, disk: DiskStore | None = None) -> PageCopier:
+def _transfer_jobs(layout: PageLayout, staged: bool, disk: DiskStore | None = None) -> TransferJobs:
     device = DevicePool(layout, NUM_PAGES, "cpu")
     host = HostPool(layout, NUM_PAGES)
     _fill_random(device.kv, 1)
     _fill_random(host.kv, 2)
-    return PageCopier(device, host, disk, staged=staged)
+    return TransferJobs(device, host, disk, staged=staged)
 
 
 def _shuffled(count: int, seed: int) -> tuple[list[int], list[int]]:
@@ -70,29 +70,33 @@ def layout(request: pytest.FixtureRequest) -> PageLayout:
 def test_memory_jobs_move_every_byte_of_shuffled_pages(
     layout: PageLayout, staged: bool, stage_pages: int, count: int
 ) -> None:
-    copier = _copier(layout, staged)
-    copier.stage_pages = stage_pages  # chunked staging (the staged path) still moves all
+    transfer_jobs = _transfer_jobs(layout, staged)
+    transfer_jobs.stage_pages = stage_pages  # chunked staging (the staged path) still moves all
     host_pages, device_pages = _shuffled(count, seed=stage_pages)
-    before = {page: _host_page(copier, page).clone() for page in range(NUM_PAGES)}
+    before = {page: _host_page(transfer_jobs, page).clone() for page in range(NUM_PAGES)}
 
-    assert copier.job(Tier.HOST, Tier.DEVICE, host_pages, device_pages, [])() == [True] * count
+    assert (
+        transfer_jobs.job(Tier.HOST, Tier.DEVICE, host_pages, device_pages, [])() == [True] * count
+    )
     for host, device in zip(host_pages, device_pages, strict=True):
-        assert torch.equal(_device_page(copier, device), _host_page(copier, host))
+        assert torch.equal(_device_page(transfer_jobs, device), _host_page(transfer_jobs, host))
 
-    _fill_random(copier.device_pool.kv, 3)
-    assert copier.job(Tier.DEVICE, Tier.HOST, device_pages, host_pages, [])() == [True] * count
+    _fill_random(transfer_jobs.device_pool.kv, 3)
+    assert (
+        transfer_jobs.job(Tier.DEVICE, Tier.HOST, device_pages, host_pages, [])() == [True] * count
+    )
     for host, device in zip(host_pages, device_pages, strict=True):
-        assert torch.equal(_host_page(copier, host), _device_page(copier, device))
+        assert torch.equal(_host_page(transfer_jobs, host), _device_page(transfer_jobs, device))
     for page in set(range(NUM_PAGES)) - set(host_pages):  # nothing else was touched
-        assert torch.equal(_host_page(copier, page), before[page])
+        assert torch.equal(_host_page(transfer_jobs, page), before[page])
 
 
 def test_consecutive_runs_move_as_one_copy(layout: PageLayout) -> None:
-    copier = _copier(layout, staged=False)
+    transfer_jobs = _transfer_jobs(layout, staged=False)
     host_pages, device_pages = [3, 4, 5, 9, 10], [0, 1, 2, 7, 6]
-    copier.job(Tier.HOST, Tier.DEVICE, host_pages, device_pages, [])()
+    transfer_jobs.job(Tier.HOST, Tier.DEVICE, host_pages, device_pages, [])()
     for host, device in zip(host_pages, device_pages, strict=True):
-        assert torch.equal(_device_page(copier, device), _host_page(copier, host))
+        assert torch.equal(_device_page(transfer_jobs, device), _host_page(transfer_jobs, host))
 
 
 @pytest.mark.parametrize("staged", [False, True])
@@ -101,40 +105,43 @@ def test_disk_jobs_round_trip_every_byte(
     tmp_path: Path, layout: PageLayout, staged: bool, consecutive: bool
 ) -> None:
     store = open_store(tmp_path, layout=layout, capacity=1 << 20)
-    copier = _copier(layout, staged, store)
-    copier.stage_pages = 3
+    transfer_jobs = _transfer_jobs(layout, staged, store)
+    transfer_jobs.stage_pages = 3
     count = 8
     records = chain(count, layout=layout)
     host_pages = list(range(2, 2 + count)) if consecutive else _shuffled(count, 5)[0]
     device_pages = _shuffled(count, 6)[1]
-    written = [_host_page(copier, page).clone() for page in host_pages]
-    device_written = [_device_page(copier, page).clone() for page in device_pages]
+    written = [_host_page(transfer_jobs, page).clone() for page in host_pages]
+    device_written = [_device_page(transfer_jobs, page).clone() for page in device_pages]
     host_slots, device_slots = store.alloc(count), store.alloc(count)
     try:
-        assert copier.job(Tier.HOST, Tier.DISK, host_pages, host_slots, records)() == [True] * count
         assert (
-            copier.job(Tier.DEVICE, Tier.DISK, device_pages, device_slots, records)()
+            transfer_jobs.job(Tier.HOST, Tier.DISK, host_pages, host_slots, records)()
             == [True] * count
         )
-        _fill_random(copier.host_pool.kv, 7)
-        _fill_random(copier.device_pool.kv, 8)
+        assert (
+            transfer_jobs.job(Tier.DEVICE, Tier.DISK, device_pages, device_slots, records)()
+            == [True] * count
+        )
+        _fill_random(transfer_jobs.host_pool.kv, 7)
+        _fill_random(transfer_jobs.device_pool.kv, 8)
         # slots read back in another order, into consecutive or other shuffled host pages
         order = random.Random(9).sample(range(count), count)
         back = host_pages if consecutive else _shuffled(count, 10)[0]
         read_slots = host_slots if consecutive else [host_slots[i] for i in order]
         expect = written if consecutive else [written[i] for i in order]
         read_records = records if consecutive else [records[i] for i in order]
-        page_ok = copier.job(Tier.DISK, Tier.HOST, read_slots, back, read_records)()
+        page_ok = transfer_jobs.job(Tier.DISK, Tier.HOST, read_slots, back, read_records)()
         assert page_ok == [True] * count
         for page, want in zip(back, expect, strict=True):
-            assert torch.equal(_host_page(copier, page), want)
+            assert torch.equal(_host_page(transfer_jobs, page), want)
         # disk -> device, and host-written records land in device pages too
         assert (
-            copier.job(Tier.DISK, Tier.DEVICE, device_slots, device_pages, records)()
+            transfer_jobs.job(Tier.DISK, Tier.DEVICE, device_slots, device_pages, records)()
             == [True] * count
         )
         for page, want in zip(device_pages, device_written, strict=True):
-            assert torch.equal(_device_page(copier, page), want)
+            assert torch.equal(_device_page(transfer_jobs, page), want)
     finally:
         store.close()
 
@@ -143,16 +150,16 @@ def test_a_record_that_fails_verification_is_a_miss_and_zeroed(
     tmp_path: Path, layout: PageLayout
 ) -> None:
     store = open_store(tmp_path, layout=layout, capacity=1 << 20)
-    copier = _copier(layout, staged=False, disk=store)
+    transfer_jobs = _transfer_jobs(layout, staged=False, disk=store)
     records = chain(4, layout=layout)
     slots = store.alloc(4)
     try:
-        copier.job(Tier.HOST, Tier.DISK, [0, 1, 2, 3], slots, records)()
+        transfer_jobs.job(Tier.HOST, Tier.DISK, [0, 1, 2, 3], slots, records)()
         wrong = [records[0], records[2], records[2], records[3]]  # slot 1 holds another key
-        page_ok = copier.job(Tier.DISK, Tier.HOST, slots, [4, 5, 6, 7], wrong)()
+        page_ok = transfer_jobs.job(Tier.DISK, Tier.HOST, slots, [4, 5, 6, 7], wrong)()
         assert page_ok == [True, False, True, True]
-        assert not _host_page(copier, 5).any()
-        assert torch.equal(_host_page(copier, 6), _host_page(copier, 2))
+        assert not _host_page(transfer_jobs, 5).any()
+        assert torch.equal(_host_page(transfer_jobs, 6), _host_page(transfer_jobs, 2))
     finally:
         store.close()
 
@@ -165,8 +172,8 @@ def test_a_read_into_the_device_copies_only_verified_pages(
     time: every verified page lands, and a page that fails verification is never copied. The
     landing listeners hear of each verified page once, when its bytes are already there."""
     store = open_store(tmp_path, layout=layout, capacity=1 << 20)
-    copier = _copier(layout, staged=False, disk=store)
-    copier.stage_pages = stage_pages
+    transfer_jobs = _transfer_jobs(layout, staged=False, disk=store)
+    transfer_jobs.stage_pages = stage_pages
     records = chain(6, layout=layout)
     slots = store.alloc(6)
     device_pages = _shuffled(6, 12)[1]
@@ -175,23 +182,23 @@ def test_a_read_into_the_device_copies_only_verified_pages(
     def landed(pages: list[int]) -> None:
         for page in pages:
             index = device_pages.index(page)
-            assert torch.equal(_device_page(copier, page), _host_page(copier, index))
+            assert torch.equal(_device_page(transfer_jobs, page), _host_page(transfer_jobs, index))
         told.extend(pages)
 
     try:
-        copier.job(Tier.HOST, Tier.DISK, [0, 1, 2, 3, 4, 5], slots, records)()
+        transfer_jobs.job(Tier.HOST, Tier.DISK, [0, 1, 2, 3, 4, 5], slots, records)()
         assert not told  # a write to the disk lands nothing on the device
-        before = [_device_page(copier, page).clone() for page in device_pages]
+        before = [_device_page(transfer_jobs, page).clone() for page in device_pages]
         wrong = [*records[:3], records[4], *records[4:]]  # slot 3 holds another key
-        copier.device_landing_listeners.append(landed)
-        page_ok = copier.job(Tier.DISK, Tier.DEVICE, slots, device_pages, wrong)()
+        transfer_jobs.device_landing_listeners.append(landed)
+        page_ok = transfer_jobs.job(Tier.DISK, Tier.DEVICE, slots, device_pages, wrong)()
         assert page_ok == [True, True, True, False, True, True]
         assert sorted(told) == sorted(p for i, p in enumerate(device_pages) if i != 3)
-        copier.job(Tier.DISK, Tier.HOST, slots, [14, 15, 16, 17, 18, 19], records)()
+        transfer_jobs.job(Tier.DISK, Tier.HOST, slots, [14, 15, 16, 17, 18, 19], records)()
         assert len(told) == 5  # nor does a read into host
         for index, page in enumerate(device_pages):
-            want = before[index] if index == 3 else _host_page(copier, index)
-            assert torch.equal(_device_page(copier, page), want)
+            want = before[index] if index == 3 else _host_page(transfer_jobs, index)
+            assert torch.equal(_device_page(transfer_jobs, page), want)
     finally:
         store.close()
 
@@ -200,8 +207,8 @@ def test_a_streamed_read_keeps_three_chunks_in_flight(tmp_path: Path, layout: Pa
     """Chunk k + 2's read must not wait for chunk k to be copied out (the disk sat idle
     meanwhile): the first three store reads of a disk -> device job run at once."""
     store = open_store(tmp_path, layout=layout, capacity=1 << 20)
-    copier = _copier(layout, staged=False, disk=store)
-    copier.stage_pages = 1
+    transfer_jobs = _transfer_jobs(layout, staged=False, disk=store)
+    transfer_jobs.stage_pages = 1
     records, slots = chain(5, layout=layout), store.alloc(5)
     all_started = threading.Barrier(3, timeout=10)
     calls = itertools.count()
@@ -213,12 +220,14 @@ def test_a_streamed_read_keeps_three_chunks_in_flight(tmp_path: Path, layout: Pa
         return read_pages(*args)
 
     try:
-        copier.job(Tier.HOST, Tier.DISK, [0, 1, 2, 3, 4], slots, records)()
+        transfer_jobs.job(Tier.HOST, Tier.DISK, [0, 1, 2, 3, 4], slots, records)()
         store.read_pages = read_three_at_once  # type: ignore[method-assign]
         device_pages = _shuffled(5, 13)[1]
-        assert copier.job(Tier.DISK, Tier.DEVICE, slots, device_pages, records)() == [True] * 5
+        assert (
+            transfer_jobs.job(Tier.DISK, Tier.DEVICE, slots, device_pages, records)() == [True] * 5
+        )
         for index, page in enumerate(device_pages):  # five chunks through three staging slots
-            assert torch.equal(_device_page(copier, page), _host_page(copier, index))
+            assert torch.equal(_device_page(transfer_jobs, page), _host_page(transfer_jobs, index))
     finally:
         store.close()
 
@@ -228,8 +237,8 @@ def test_reference_gather_and_scatter_match_index_select_for_shuffled_pages(
 ) -> None:
     from tieredkv.kernels import reference
 
-    copier = _copier(layout, staged=True)
-    pool = copier.device_pool.kv  # (layers, 2, pages, page_size, heads, dim)
+    transfer_jobs = _transfer_jobs(layout, staged=True)
+    pool = transfer_jobs.device_pool.kv  # (layers, 2, pages, page_size, heads, dim)
     ids = torch.tensor(_shuffled(7, 11)[0])
     want = pool.index_select(2, ids).permute(2, 0, 1, 3, 4, 5).contiguous().view(torch.int16)
     assert torch.equal(reference.gather_pages(pool, ids).view(torch.int16), want)

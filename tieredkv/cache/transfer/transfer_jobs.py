@@ -1,4 +1,4 @@
-"""Copy jobs: the bytes of a transfer between two tiers, run on a mover thread.
+"""Copy jobs: the bytes of a transfer between two tiers, run on a transfer thread.
 
 A job touches only the pages it was given (the engine thread pinned them) and returns, per page,
 whether it arrived intact (a disk record that fails verification is False, never served).
@@ -12,7 +12,7 @@ whether it arrived intact (a disk record that fails verification is False, never
           (the remote tier's `read_pages_into`), no staging
 
 (*) A job of `SPLIT_MIN_PAGES` pages or more shares its pages with one helper thread: one
-thread alone cannot reach memcpy speed on these strided copies (see page_rows).
+thread alone cannot reach memcpy speed on these strided copies (see `layout_copy`).
 
 Staging is reused (per worker thread, see page_staging) and bounded: a staged transfer moves
 at most STAGE_BYTES at a time, double-buffered. A store transfer overlaps its staging copies
@@ -35,8 +35,8 @@ import torch
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.transfer.executor import CopyJob
-from tieredkv.cache.transfer.page_rows import PageRows, copy_pages, copy_threads, paired_runs
+from tieredkv.cache.transfer.executors import TransferJob
+from tieredkv.cache.transfer.layout_copy import PageRows, copy_pages, copy_threads, paired_runs
 from tieredkv.cache.transfer.page_staging import HOST_SLOTS, StagingBuffers
 from tieredkv.kernels.backend import select_backend
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 STAGE_BYTES = 32 << 20  # per staging buffer, two per worker thread: the store's own chunk size
 # Threads that run the store calls of disk jobs and the helper half of host<->device copies,
-# shared by the copier's jobs (neither a store call nor a copy part ever waits on this pool, so
+# shared by all transfer jobs (neither a store call nor a copy part ever waits on this pool, so
 # sharing cannot deadlock).
 HELPER_THREADS = 8
 HELPER_THREAD_PREFIX = "tkv-stage"
@@ -71,15 +71,15 @@ def _settle(pending: Future | None) -> None:
         wait([pending])  # SYNC: no store call outlives its job (nor uses staging after it)
 
 
-class PageCopier:
+class TransferJobs:
     """Builds copy jobs over the three pools. The pools' tensors are shared with the engine;
     a job reads and writes only its own pages. Jobs may run on any number of threads at once.
 
     `staged=True` forces the CUDA data path (staging buffers, gather/scatter kernels) on a CPU
     device pool too, so tests cover it on a machine without a GPU.
 
-    The copier owns its helper threads (started on demand): `close()` them once no job runs
-    any more, after the mover that runs the jobs has closed."""
+    `TransferJobs` owns its helper threads (started on demand): `close()` them once no job runs
+    any more, after the transfer queue that runs the jobs has closed."""
 
     def __init__(
         self,
@@ -124,7 +124,7 @@ class PageCopier:
         src_pages: list[int],
         dst_pages: list[int],
         records: list[PageRecord],
-    ) -> CopyJob:
+    ) -> TransferJob:
         """A job copying `src_pages` of `src_tier` to `dst_pages` of `dst_tier`.
 
         `records` name the pages (disk writes store them, disk reads verify against them)."""

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tieredkv.cache.page_layout import PageLayout
-from tieredkv.cache.transfer.page_rows import (
+from tieredkv.cache.transfer.layout_copy import (
     SPLIT_MIN_PAGES,
     PageRows,
     _split,
