@@ -41,7 +41,7 @@ from tieredkv.cache.transfer.executors import (
 )
 from tieredkv.cache.transfer.transfer_jobs import TransferJobs
 from tieredkv.cache.transfer.transfer_queue import TransferQueue
-from tieredkv.config import CacheConfig
+from tieredkv.config import CacheConfig, WritePolicy
 
 IO_WORKERS = 4  # disk and remote transfers at once
 
@@ -84,7 +84,9 @@ def build_cache(
     residency = Residency(tree, pools, counters, namespace_share=config.namespace_share)
     transfers = NodeTransfers(residency, transfer_jobs, transfer_queue, clock)
     index = RadixIndex(tree, fingerprint, config.enable_prefix_reuse, residency)
-    demoter = Demoter(pools, residency, transfers)
+    write_through = config.write_policy is WritePolicy.WRITE_THROUGH
+    demoter = Demoter(pools, residency, transfers, write_through)
+    index.after_insert = demoter.path_inserted
     promoter = Promoter(residency, transfers, demoter, index, counters, clock)
     if disk is not None:
         rebuild_from_disk(tree, disk, residency)

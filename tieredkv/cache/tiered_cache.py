@@ -73,25 +73,11 @@ class TieredCache:
         being demoted or promoted is a hit in its source tier."""
         return self.index.match(tokens, namespace)
 
-    def insert(
-        self,
-        tokens: TokenSequence,
-        namespace: str,
-        device_pages: Sequence[int],
-        *,
-        start_node: PathEnd | None = None,
-        start_pages: int = 0,
-    ) -> InsertResult:
-        """Index the full pages of `tokens` whose KV is in `device_pages` (the page table). Pages
-        the tree has already are reported (`InsertResult`), the others become the tree's; lock
-        `result.node` next. A `start_node` the caller holds locked, `start_pages` pages deep,
-        starts the walk past those pages, with the same result."""
-        result = self.index.insert(tokens, namespace, device_pages, start_node, start_pages)
-        if self.config.write_policy is WritePolicy.WRITE_THROUGH and result.node is not None:
-            self.demoter.write_through_path(result.node)
-        if result.node is not None and self.pools.healthy(Tier.REMOTE):
-            self._write_remote_path(result.node)
-        return result
+    @property
+    def insert(self) -> Callable[..., InsertResult]:
+        """Index a request's full pages: `RadixIndex.insert` (its parameters and result), after
+        which the write policy's copies start (`Demoter.path_inserted`)."""
+        return self.index.insert
 
     def look_up_remote(self, tokens: TokenSequence, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Index the pages past the local match that the remote store holds; returns how many."""
@@ -217,13 +203,6 @@ class TieredCache:
     def hold_warm(self, node: PathEnd, delta: int) -> None:
         """Keep (+1) or stop keeping (-1) the path to `node` on host, as a pin without a budget."""
         self.residency.pin(node, delta)
-
-    def _write_remote_path(self, node: PathEnd) -> None:
-        """Every page computed here is written for the other replicas (whatever the write
-        policy): the path's device pages that have no remote copy yet start towards it."""
-        missing = self.residency.path_missing(node, Tier.DEVICE, Tier.REMOTE)
-        if missing and self.demoter.make_room(Tier.REMOTE, sum(n.num_pages for n in missing)):
-            self.transfers.start_copy(missing, Tier.REMOTE, frees_source=False)
 
     def check_integrity(self) -> IntegrityResult:
         """Reconcile page ownership, lock counts and the closure invariants (engine thread)."""

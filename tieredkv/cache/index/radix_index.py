@@ -11,7 +11,7 @@ changed a node; a match asks each node's record for its serving copy (`NodeState
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from tieredkv.cache.index.match_results import InsertResult, MatchResult, MatchSegment
@@ -56,6 +56,8 @@ class RadixIndex:
         self.fingerprint = fingerprint
         self.prefix_reuse = prefix_reuse
         self.events = events
+        # what follows an insert that left a path (the write policy's copies: `Demoter`)
+        self.after_insert: Callable[[RadixNode], None] = _nothing
         self.access_clock = 0
         self.private_pages: set[int] = set()  # device pages lent to requests
         self.lock_holders: Counter[RadixNode] = Counter()
@@ -96,9 +98,15 @@ class RadixIndex:
         tokens: TokenSequence,
         namespace: str,
         device_pages: Sequence[int],
+        *,
         start_node: RadixNode | None = None,
         start_pages: int = 0,
     ) -> InsertResult:
+        """Index the full pages of `tokens` (ids or `PackedTokens`) whose KV is in
+        `device_pages` (the request's page table). Pages the tree has already are reported
+        (`InsertResult`), the others become the tree's; lock `result.node` next. A `start_node`
+        the caller holds locked, `start_pages` pages deep, starts the walk past those pages,
+        with the same result. The path it leaves goes to `after_insert` (write policy)."""
         query = packed_bytes(tokens)
         page_bytes = self.tree.page_bytes
         num_pages = min(len(query) // page_bytes, len(device_pages))
@@ -146,6 +154,8 @@ class RadixIndex:
         self._touch(touched)
         for node in copied:
             self.events.refresh(node)
+        if deepest is not None:
+            self.after_insert(deepest)
         return InsertResult(num_existing, covered, deepest, tuple(tree_pages), tuple(duplicates))
 
     def attach_found(
@@ -247,6 +257,10 @@ class RadixIndex:
             del self.lock_holders[node]
         for changed in self.tree.lock_path(node, -1):
             self.events.released(changed)
+
+
+def _nothing(node: RadixNode) -> None:
+    pass
 
 
 def _start_path(

@@ -33,10 +33,17 @@ from tieredkv.cache.tier_pools import TierPools
 class Demoter:
     """Frees pages in a tier on demand (engine thread only)."""
 
-    def __init__(self, pools: TierPools, residency: Residency, transfers: NodeTransfers) -> None:
+    def __init__(
+        self,
+        pools: TierPools,
+        residency: Residency,
+        transfers: NodeTransfers,
+        write_through: bool = False,
+    ) -> None:
         self.pools = pools
         self.residency = residency
         self.transfers = transfers
+        self.write_through_policy = write_through
 
     def make_room(self, tier: Tier, count: int, claimant: bytes | None = None) -> bool:
         """Try to have `count` free pages in `tier` now; `claimant`: the namespace root key of
@@ -133,11 +140,18 @@ class Demoter:
             return
         self.copy_down(node, lower, frees_source=False)
 
-    def write_through_path(self, node: RadixNode) -> None:
-        """`write_through` for the device copies of the path to `node` (an insert's)."""
-        for path_node in node.path():
-            if Tier.DEVICE in path_node.residence.copies:
-                self.write_through(path_node, Tier.DEVICE)
+    def path_inserted(self, node: RadixNode) -> None:
+        """After an insert left the path to `node`: with write-through, its device copies start
+        down; and every page computed here starts towards the remote store for the other
+        replicas, whatever the write policy (the path's device pages with no remote copy yet)."""
+        if self.write_through_policy:
+            for path_node in node.path():
+                if Tier.DEVICE in path_node.residence.copies:
+                    self.write_through(path_node, Tier.DEVICE)
+        if self.pools.healthy(Tier.REMOTE):
+            missing = self.residency.path_missing(node, Tier.DEVICE, Tier.REMOTE)
+            if missing and self.make_room(Tier.REMOTE, sum(n.num_pages for n in missing)):
+                self.transfers.start_copy(missing, Tier.REMOTE, frees_source=False)
 
     def copy_path(self, node: RadixNode, tiers: list[Tier]) -> Tier | None:
         """Start copying each node of the path to `node` (parents first) to each of `tiers`
