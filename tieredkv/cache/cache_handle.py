@@ -122,10 +122,13 @@ class CacheHandle:
     def promote(self, tokens: TokenSequence) -> bool:
         """Match `tokens` again and start bringing the cached prefix to the device, all pages or
         none; False: no device room now (demotions may have started: retry after a poll)."""
+        return self._start_promotion(self._cache.match(tokens, self.namespace))
+
+    def _start_promotion(self, match: MatchResult) -> bool:
         assert self._promotion is None and not self._page_table, (
             f"promote while holding {len(self._page_table)} pages or a promotion"
         )
-        ticket = self._cache.promote(self._cache.match(tokens, self.namespace), hold_lock=True)
+        ticket = self._cache.promote(match, hold_lock=True)
         if ticket is None:
             return False
         self._promotion = ticket
@@ -217,16 +220,11 @@ class CacheHandle:
         device now: its pages are shared with the tree and locked, as a cache hit's are. The
         tokens it covers, or None (the handle holds nothing) when some of it is on another tier
         or it cannot be taken now."""
-        assert self._promotion is None and not self._page_table, (
-            f"share_resident while holding {len(self._page_table)} pages or a promotion"
-        )
         match = self._cache.match(tokens, self.namespace)
         if any(n for tier, n in match.tokens_by_tier().items() if tier is not Tier.DEVICE):
             return None
-        ticket = self._cache.promote(match, hold_lock=True)
-        if ticket is None:
+        if not self._start_promotion(match):
             return None
-        self._promotion = ticket
         result = self.take_promotion()  # resident pages: done at once
         return 0 if result is None else result.num_tokens
 
