@@ -5,6 +5,7 @@ serve` runs them, with 1 s bounds (`ServerConfig` fields no flag sets)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -38,6 +39,15 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 @pytest.fixture
 def live(model: LoadedModel) -> Iterator[str]:
     with live_server(model, LIMITS) as base_url:
+        yield base_url
+
+
+@pytest.fixture
+def live_quick_stall(model: LoadedModel) -> Iterator[str]:
+    """A server that drops a stalled reader after 0.25 s: well before the engine could run the
+    unread stream's request to its end (about 2 s here), even when the kernel's send buffers take
+    the first megabytes of it."""
+    with live_server(model, dataclasses.replace(LIMITS, stall_timeout_s=0.25)) as base_url:
         yield base_url
 
 
@@ -119,7 +129,8 @@ def test_a_body_that_never_finishes_gets_408(live: str) -> None:
     assert error["code"] == "request_timeout"
 
 
-def test_a_stream_nobody_reads_is_dropped_and_its_request_ends(live: str) -> None:
+def test_a_stream_nobody_reads_is_dropped_and_its_request_ends(live_quick_stall: str) -> None:
+    live = live_quick_stall
     # 16 choices x 400 tokens, each event with 20 top logprobs: about 10 MB of events, far
     # more than the socket buffers hold
     request = {**CHAT, "stream": True, "n": 16, "max_tokens": 400}
