@@ -1,8 +1,10 @@
 """The raw results of `benchmarks/vs_vllm.py` as one section of docs/benchmarks.md.
 
 Only the latest sitting is combined: the results whose `settings.sitting` equals the newest
-result's (a sitting is one session of runs on one quiet machine). The same files always render
-to the same bytes: everything is sorted, nothing reads the clock.
+result's (a sitting is one session of runs on one quiet machine). The disk rule and the overflow
+part take long: a sitting that ran neither shows them from the newest sitting that did, and
+says so. The same files always render to the same bytes: everything is sorted, nothing reads
+the clock.
 """
 
 from __future__ import annotations
@@ -36,6 +38,27 @@ def latest_sitting(results: list[dict]) -> list[dict]:
     ordered = sorted(results, key=lambda r: (r["date"], r.get("dir", "")))
     newest = ordered[-1]["settings"].get("sitting")
     return [r for r in ordered if r["settings"].get("sitting") == newest]
+
+
+def newest_with(results: list[dict], part: str, sitting: list[dict]) -> list[dict]:
+    """`sitting` if it ran `part` (a summary key: tiers, overflow); else the newest sitting of
+    `results` that did."""
+    if any(r["summary"].get(part) for r in sitting):
+        return sitting
+    return latest_sitting([r for r in results if r["summary"].get(part)])
+
+
+def carried_line(part: str, source: list[dict], sitting: list[dict]) -> list[str]:
+    """A note under the tables when `part`'s rows come from an earlier sitting."""
+    if source is sitting or not source:
+        return []
+    commits = sorted({(r.get("git_commit") or "unknown")[:10] for r in source})
+    return [
+        f"The {part} rows: sitting `{source[-1]['settings'].get('sitting')}` (tieredkv at commit "
+        f"{', '.join(commits)}; sources "
+        + ", ".join(f"`{r.get('dir', '?')}`" for r in source)
+        + "), the newest that ran them; this sitting did not."
+    ]
 
 
 def setup_lines(results: list[dict]) -> list[str]:
@@ -127,9 +150,9 @@ def agreement_lines(results: list[dict]) -> list[str]:
     return lines
 
 
-def memory_table(results: list[dict]) -> list[str]:
+def memory_table(results: list[dict], overflow: list[dict]) -> list[str]:
     """Peak memory of each server's process tree: the sampled maximum of the summed RSS, and
-    the sum of each process's own peak (VmHWM)."""
+    the sum of each process's own peak (VmHWM); the overflow part's from `overflow`."""
     lines = ["| server, part | peak RSS, sampled | sum of VmHWM |", "|---|---|---|"]
     found = False
     for server, name in (("tieredkv", "tieredkv"), ("vllm", "vLLM")):
@@ -137,7 +160,7 @@ def memory_table(results: list[dict]) -> list[str]:
         found |= bool(rss)
         lines += memory_row(f"{name}, figures", rss)
     for key, name in OVERFLOW_SERVERS:
-        rss = figure_values(results, lambda s, key=key: (s.get("overflow") or {}).get(key))
+        rss = figure_values(overflow, lambda s, key=key: (s.get("overflow") or {}).get(key))
         found |= bool(rss)
         lines += memory_row(f"{name}, overflow", rss)
     return lines if found else []
@@ -220,13 +243,16 @@ def render_markdown(results: list[dict]) -> str:
         "",
     ]
     lines += [*setup_lines(sitting), ""]
+    tiers = newest_with(results, "tiers", sitting)
+    overflow = newest_with(results, "overflow", sitting)
     for part in (
-        targets_table(sitting),
-        mismatch_line(sitting),
+        targets_table(sitting, tiers, overflow),
+        carried_line("disk-rule", tiers, sitting) + carried_line("overflow", overflow, sitting),
+        mismatch_line(tiers),
         cached_table(sitting),
         agreement_lines(sitting),
-        memory_table(sitting),
-        overflow_table(sitting),
+        memory_table(sitting, overflow),
+        overflow_table(overflow),
     ):
         if part:
             lines += [*part, ""]

@@ -116,7 +116,11 @@ def first_summary(results: list[dict], server: str) -> dict:
     return {}
 
 
-def targets_table(results: list[dict]) -> list[str]:
+def targets_table(
+    results: list[dict], tiers: list[dict] | None = None, overflow: list[dict] | None = None
+) -> list[str]:
+    """The figures of `results` against their limits; the disk rule's and the overflow's rows
+    from `tiers` and `overflow` (by default `results` too)."""
     rows = Rows(results)
     ours = first_summary(results, "tieredkv")
     for length in numeric_keys(ours.get("prefill_tok_per_s", {})):
@@ -146,8 +150,8 @@ def targets_table(results: list[dict]) -> list[str]:
             1,
             ".1f",
             "ms",
-            "<= 1.0x vLLM",
-            lambda a, b: a <= b,
+            "<= 0.8x vLLM",
+            lambda a, b: a <= 0.8 * b,
         )
         rows.pair(
             f"decode x{streams}, throughput",
@@ -158,7 +162,8 @@ def targets_table(results: list[dict]) -> list[str]:
             ">= vLLM",
             lambda a, b: a >= b,
         )
-    rows.lines += tiers_rows(results) + overflow_target(results)
+    rows.lines += tiers_rows(results if tiers is None else tiers)
+    rows.lines += overflow_target(results if overflow is None else overflow)
     return rows.lines if len(rows.lines) > 2 else []
 
 

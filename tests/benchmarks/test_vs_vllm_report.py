@@ -197,3 +197,26 @@ def test_the_first_server_alternates_within_a_sitting(tmp_path: Path) -> None:
     assert first_server(args, tmp_path) == "tieredkv"
     assert first_server(argparse.Namespace(first=None, sitting="other"), tmp_path) == "vllm"
     assert first_server(argparse.Namespace(first="tieredkv", sitting="s"), tmp_path) == "tieredkv"
+
+
+def test_a_sitting_without_the_long_parts_shows_them_from_the_newest_that_ran_them(
+    tmp_path: Path,
+) -> None:
+    sitting_of_three(tmp_path)  # runs 2-4 of sitting-b ran the disk rule and the overflow part
+    quick = {"tieredkv": server(6000, 80, 9.0, [1024]), "vllm": server(4000, 100, 12.0, [1024])}
+    write(tmp_path, "run5", "sitting-c", "vllm", quick)
+    page = render_markdown(load_results(tmp_path)[BENCHMARK])
+    assert "Sitting `sitting-c`" in page and "`run5`" in page
+    prefill = next(line for line in page.splitlines() if "cold prefill" in line)
+    assert "| 6,000 (5,900-6,100) tok/s | 4,000 (3,900-4,100) tok/s |" in prefill
+    decode = next(line for line in page.splitlines() if "decode x1, ms/token" in line)
+    assert "| 0.75x | <= 0.8x vLLM | yes |" in decode  # 9 ms against 12 ms
+    disk = next(line for line in page.splitlines() if "history on disk" in line)
+    assert "(2 of 3 turns within)" in disk  # sitting-b's turns
+    assert "| vLLM, KV for the working set | 4 GiB | 150 (140-160) ms |" in page
+    assert "The disk-rule rows: sitting `sitting-b`" in page
+    assert "The overflow rows: sitting `sitting-b`" in page
+    assert "`run2`, `run3`, `run4`), the newest that ran them" in page
+    # the sitting that ran everything names no earlier one
+    full = render_markdown([r for r in load_results(tmp_path)[BENCHMARK] if r["dir"] != "run5"])
+    assert "the newest that ran them" not in full
