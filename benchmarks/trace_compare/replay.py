@@ -59,9 +59,12 @@ def client_command(url: str, spec: ReplaySpec, result_dir: Path, name: str) -> l
     command += ["--timed-trace-chunk-hash-size", str(spec.tokens_per_block)]
     command += ["--timed-trace-sec-multiplier", repr(spec.sec_multiplier)]
     command += ["--num-prompts", str(spec.num_prompts), "--ignore-eos"]
+    # no test prompt and no warm-up: the first request would find itself cached
+    command += ["--ready-check-timeout-sec", "0", "--num-warmups", "0"]
     command += ["--percentile-metrics", "ttft,tpot,e2el", "--metric-percentiles", "50,90"]
     command += ["--goodput", *(f"{k}:{v:g}" for k, v in GOODPUT_SLO_MS.items())]
-    command += ["--save-result", "--result-dir", str(result_dir), "--result-filename", name]
+    command += ["--save-result", "--save-detailed", "--result-dir", str(result_dir)]
+    command += ["--result-filename", name]
     return command
 
 
@@ -93,18 +96,19 @@ def client_summary(raw: dict) -> dict:
     summary = {key: raw[field] / 1000 for key, field in seconds.items()}
     summary.update(
         completed=raw["completed"],
-        failed=raw.get("failed", len(raw["errors"]) - raw["completed"]),
+        failed=raw["failed"],
         duration_s=raw["duration"],
         request_throughput=raw["request_throughput"],
         request_goodput=raw.get("request_goodput"),
         max_concurrent_requests=raw.get("max_concurrent_requests"),
-        client_prompt_tokens=sum(raw["input_lens"]),
+        client_prompt_tokens=raw["total_input_tokens"],
     )
     return summary
 
 
 def client_requests(raw: dict) -> list[dict]:
-    """One row per request: prompt and output tokens, TTFT, and the error when it failed."""
+    """One row per request (from `--save-detailed`): prompt and output tokens, TTFT, and the
+    error when it failed."""
     return [
         {"prompt_tokens": p, "output_tokens": o, "ttft_s": t or None, "error": e or None}
         for p, o, t, e in zip(

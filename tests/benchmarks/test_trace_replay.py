@@ -73,7 +73,7 @@ def test_committed_trace_matches_its_meta() -> None:
 
 
 def saved_client_result() -> dict:
-    """The fields of `vllm bench serve --save-result` that the replay reads."""
+    """The fields of `vllm bench serve --save-result --save-detailed` that the replay reads."""
     return {
         "duration": 10.0,
         "completed": 2,
@@ -81,6 +81,7 @@ def saved_client_result() -> dict:
         "request_throughput": 0.2,
         "request_goodput": 0.1,
         "max_concurrent_requests": 3,
+        "total_input_tokens": 600,
         "input_lens": [100, 200, 300],
         "output_lens": [5, 7, 0],
         "ttfts": [0.5, 1.5, 0.0],
