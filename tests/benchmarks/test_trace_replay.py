@@ -7,10 +7,11 @@ import itertools
 import json
 from pathlib import Path
 
-from benchmarks import trace_replay
+from benchmarks import bench_report, trace_replay
 from benchmarks.trace_compare import replay, scaling
 from benchmarks.trace_compare.report import render_markdown
 from tieredkv.bench.prom_text import parse_samples
+from tieredkv.bench.result_file import write_result
 
 
 def row(ms: int, hash_ids: list[int], input_length: int, output_length: int = 40) -> dict:
@@ -210,3 +211,18 @@ def test_report_shows_medians_ratios_and_targets() -> None:
     assert "compressed 24× (626 uncached prompt and 48 output tokens/s over 145 s)" in text
     assert "trace_replay/x" in text
     assert render_markdown([]).endswith("No results yet.\n")
+
+
+def test_a_written_result_renders_in_the_benchmarks_page(tmp_path: Path) -> None:
+    result = handmade_result()
+    write_result(
+        tmp_path / "trace_replay" / "x",
+        trace_replay.BENCHMARK,
+        settings=result["settings"],
+        summary={},
+        records=result["records"],
+        peers=result["peers"],
+    )
+    page = bench_report.render(tmp_path)
+    assert "## Mooncake conversation trace against vLLM" in page
+    assert "`benchmarks/results/trace_replay/x`" in page
