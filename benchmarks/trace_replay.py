@@ -20,11 +20,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shutil
 import signal
 import sys
 from pathlib import Path
 
+from benchmarks.machine_load import OtherLoad, process_ticks, with_descendants
 from benchmarks.trace_compare import replay, scaling
 from benchmarks.trace_compare.report import render_markdown
 from benchmarks.vllm_compare.peers import TreeMemory, VllmServer, process_settings, vllm_versions
@@ -79,14 +81,23 @@ def ours_args(args: argparse.Namespace, store: Path) -> list[str]:
     return flags + args.tieredkv_args.split()
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of `pid` and its descendants alive now."""
+    return sum(process_ticks(p) for p in with_descendants([pid])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(url: str, pid: int, spec: replay.ReplaySpec, counters: tuple, out: Path) -> dict:
-    """One replay against a fresh server: its cold prefill, the client's figures, reuse."""
+    """One replay against a fresh server: its cold prefill, the client's figures, reuse, the
+    server's CPU time over the replay, and the cores the rest of the machine took meanwhile."""
     with TreeMemory(pid) as memory:
         cold_s = replay.cold_prefill_s(url, spec.model_name)
-        before = replay.scrape(url)
-        raw = replay.run_client(url, spec, out.parent, out.name)
+        before, cpu_s = replay.scrape(url), tree_cpu_s(pid)
+        with OtherLoad([pid]) as load:
+            raw = replay.run_client(url, spec, out.parent, out.name)
+        cpu_s = tree_cpu_s(pid) - cpu_s
         reused = replay.reused_tokens(before, replay.scrape(url), counters)
     run = {"cold_prefill_s": cold_s, **replay.client_summary(raw), **reused}
+    run.update(server_cpu_s=cpu_s, others_cores=load.others_cores)
     return {**run, **memory.result(), "requests": replay.client_requests(raw)}
 
 

@@ -25,6 +25,8 @@ FIGURES = (
     ("failed", "failed requests", ".0f", 1.0, None),
     ("cold_prefill_s", "cold prefill, 2k tokens (ms)", ".0f", 1000.0, None),
     ("peak_rss_bytes", "peak RSS (MiB)", ".0f", 2.0**-20, None),
+    ("server_cpu_s", "server CPU over the replay (core-s)", ".0f", 1.0, None),
+    ("others_cores", "other processes meanwhile (cores)", ".2f", 1.0, None),
 )
 REUSE_TARGET = 0.98  # of the trace's own maximum
 
