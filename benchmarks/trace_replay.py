@@ -13,6 +13,10 @@ alternates repeat by repeat.
     .venv/bin/python -m benchmarks.trace_replay            # the full sitting (~1 hour)
     .venv/bin/python -m benchmarks.trace_replay --limit 20 --repeats 1 --out /tmp/x  # smoke
     .venv/bin/python -m benchmarks.trace_replay --render   # the section of docs/benchmarks.md
+
+Near saturation means tieredkv's server keeps about two cores busy (its `server_cpu_s` over
+the replay near 2 x the replay's length) and finishes close to the trace's end. To check the
+compression on a machine: `--skip-vllm --repeats 1 --loads saturation --compression C`.
 """
 
 from __future__ import annotations
