@@ -36,7 +36,7 @@ class ScalingConfig:
     output_divisor: int = 16
     output_cap: int = 128
     start_window_s: float = 1800.0  # first turns in the first half of the hour-long trace
-    every: int = 18  # every 18th such conversation: ~340 requests, ~2.5 min at 24x
+    every: int = 36  # every 36th such conversation: ~170 requests, ~72 s at 48x
 
     def __post_init__(self) -> None:
         if TRACE_BLOCK_TOKENS % self.tokens_per_block:

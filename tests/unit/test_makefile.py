@@ -23,7 +23,8 @@ def serve_command(*variables: str) -> str:
         timeout=60,
         check=True,
     )
-    return next(line for line in done.stdout.splitlines() if "tieredkv serve" in line)
+    # the install recipe also names `tieredkv serve` (in words) when the install stamp is stale
+    return next(line for line in done.stdout.splitlines() if "bin/tieredkv serve" in line)
 
 
 def test_args_add_to_the_defaults() -> None:
