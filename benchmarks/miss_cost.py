@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -39,6 +40,9 @@ REPO = Path(__file__).resolve().parent.parent
 CLIENT = Path(os.environ.get("VLLM_BENCH", "/work/trace/vllm_bench.py"))
 CLIENT_PYTHON = Path(os.environ.get("VLLM_VENV", "/tmp/vllm-cpu-venv")) / "bin" / "python"
 LIMIT = 0.03  # the issue's: within 3% of --no-cache
+# idle seconds between a server's start and its replay, on both sides: the host tier is faulted
+# in while the engine is idle, as it is on a server that has run a while
+SETTLE_S = 5.0
 CONFIGS = ("no_cache", "tiers")
 METRICS = ("request_throughput", "output_throughput", "p50_ttft_ms", "p90_ttft_ms")
 METRICS += ("p50_tpot_ms", "server_cpu_s_per_request")
@@ -95,6 +99,7 @@ def run_once(config: str, args: argparse.Namespace, work: Path, index: int) -> d
     tag = f"{index:02d}-{config}"
     argv = server_args(config, args, work / f"disk-{tag}")
     with ManagedServer(argv, work / f"server-{tag}.log") as server:
+        time.sleep(SETTLE_S)
         before = httpx.get(server.base_url + "/metrics", timeout=30).text
         cpu_before = process_cpu_s(server.process.pid)
         out = work / f"client-{tag}.json"
