@@ -31,6 +31,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.machine_load import OtherLoad
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.prom_text import counter_delta, parse_samples
 from tieredkv.bench.result_file import machine_line, write_result
@@ -104,13 +105,14 @@ def run_once(config: str, args: argparse.Namespace, work: Path, index: int) -> d
         cpu_before = process_cpu_s(server.process.pid)
         out = work / f"client-{tag}.json"
         env = dict(os.environ, PYTHONHASHSEED="0")
-        subprocess.run(
-            client_command(args, server.base_url, out),
-            env=env,
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        with OtherLoad([server.process.pid]) as load:
+            subprocess.run(
+                client_command(args, server.base_url, out),
+                env=env,
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         cpu_s = process_cpu_s(server.process.pid) - cpu_before
         after = httpx.get(server.base_url + "/metrics", timeout=30).text
     client = json.loads(out.read_text())
@@ -120,6 +122,7 @@ def run_once(config: str, args: argparse.Namespace, work: Path, index: int) -> d
     record |= {name: client[name] for name in METRICS[:-1]}
     record["server_cpu_s_per_request"] = cpu_s / client["completed"]
     record["duration_s"] = client["duration"]
+    record["others_cores"] = load.others_cores  # the rest of the machine's load meanwhile
     return record | server_counters(before, after)
 
 
@@ -188,9 +191,11 @@ def _counters_line(records: list[dict]) -> str:
     prompt = sum(r["prompt_tokens"] or 0 for r in tiers)
     host = statistics.median(r["bytes_to_host"] or 0 for r in tiers) / 2**20
     disk = statistics.median(r["bytes_to_disk"] or 0 for r in tiers) / 2**20
+    loads = [r["others_cores"] for r in records if r.get("others_cores") is not None]
+    load = f" Other processes used {_cell(_spread(loads))} cores meanwhile." if loads else ""
     return (
         f"With the tiers on, each replay wrote a median {host:,.0f} MiB to host and "
-        f"{disk:,.0f} MiB to disk and reused {hit:,.0f} of {prompt:,.0f} prompt tokens."
+        f"{disk:,.0f} MiB to disk and reused {hit:,.0f} of {prompt:,.0f} prompt tokens.{load}"
     )
 
 

@@ -23,6 +23,7 @@ def record(config: str, repeat: int, scale: float) -> dict:
         "hit_tokens": 0.0,
         "bytes_to_host": 2**30 if tiers else 0.0,
         "bytes_to_disk": 2**30 if tiers else 0.0,
+        "others_cores": 0.5 * repeat,
     }
 
 
@@ -68,3 +69,4 @@ def test_summary_judges_the_medians_and_the_section_renders(tmp_path: Path) -> N
     assert "| p50_ttft_ms | 500 (500-505) | 510 (500-550) | 1.020x | yes |" in page
     assert "wrote a median 1,024 MiB to host and 1,024 MiB to disk" in page
     assert "reused 0 of 147,456 prompt tokens" in page
+    assert "Other processes used 0.5 (0-1) cores meanwhile" in page
