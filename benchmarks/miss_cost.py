@@ -139,7 +139,19 @@ def summarize(records: list[dict]) -> dict:
         name: sides["tiers"][name]["median"] / sides["no_cache"][name]["median"] for name in METRICS
     }
     within = {name: (ratios[name] - 1) * sign <= LIMIT for name, sign in JUDGED.items()}
-    return {"sides": sides, "ratios": ratios, "within_limit": within, "limit": LIMIT}
+    tiers = [r for r in records if r["config"] == "tiers"]
+    checks = {  # the comparison means what it says only if these hold
+        "every_replay_wrote_host": all((r["bytes_to_host"] or 0) > 0 for r in tiers),
+        "every_replay_wrote_disk": all((r["bytes_to_disk"] or 0) > 0 for r in tiers),
+        "reused_tokens": sum(r["hit_tokens"] or 0 for r in records),
+    }
+    return {
+        "sides": sides,
+        "ratios": ratios,
+        "within_limit": within,
+        "limit": LIMIT,
+        "checks": checks,
+    }
 
 
 def _spread(values: list[float]) -> dict:

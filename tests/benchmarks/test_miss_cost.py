@@ -52,6 +52,9 @@ def test_summary_judges_the_medians_and_the_section_renders(tmp_path: Path) -> N
                                                         "max": 550.0}  # fmt: skip
     assert round(summary["ratios"]["p50_ttft_ms"], 6) == 1.02
     assert all(summary["within_limit"].values())
+    assert summary["checks"] == {
+        "every_replay_wrote_host": True, "every_replay_wrote_disk": True, "reused_tokens": 0
+    }  # fmt: skip
     baseline = [r for r in records if r["config"] == "no_cache"]
     slower = [r | {"p50_ttft_ms": r["p50_ttft_ms"] * 1.05} for r in records if r not in baseline]
     verdict = summarize(baseline + slower)
