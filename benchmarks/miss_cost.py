@@ -11,7 +11,10 @@ request throughput and output throughput at least 97% of `--no-cache`'s, and TTF
 and disk) and that the random prompts reused nothing; the server's CPU seconds per request are
 the quieter figure beside the client's wall-clock ones. The default tier sizes are small enough
 that every tier fills during a replay (48 requests of 66 pages, 360 KiB each), so eviction and
-disk frees are part of what is measured, as in a server that has run for a while.
+disk frees are part of what is measured, as in a server that has run for a while. The default
+load, 48 requests of 1024 + 32 tokens at 0.8 requests/s, takes about a minute a replay and
+asks for about 80% of what a 2-core AMD EPYC serves (cold prefill near 1,100 tokens/s): near
+saturation, not past it. On another machine, pick `--rate` below its own saturation.
 
     .venv/bin/python -m benchmarks.miss_cost [--rate R] [--num-prompts N] [--repeats K] ...
 """
