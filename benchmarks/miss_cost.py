@@ -94,6 +94,9 @@ def server_counters(before: str, after: str) -> dict:
         "bytes_to_host": counter_delta(b, a, moved, to_tier="host"),
         "bytes_to_disk": counter_delta(b, a, moved, to_tier="disk"),
         "disk_page_errors": counter_delta(b, a, "tieredkv_disk_page_errors_total"),
+        # requests that waited for device room (pages in flight to a lower tier, say)
+        "deferred_admissions": counter_delta(b, a, "tieredkv_deferred_admissions_total"),
+        "preemptions": counter_delta(b, a, "tieredkv_preemptions_total"),
     }
 
 
