@@ -190,7 +190,7 @@ def render_markdown(results: list[dict]) -> str:
         parts.append(
             f"`{result['dir']}` on {machine_line(result)}: {settings['num_prompts']} requests "
             f"of {settings['input_len']} + {settings['output_len']} tokens at "
-            f"{settings['rate']} req/s, {settings['repeats']} repeats.\n"
+            f"{settings['rate']} req/s, {settings['repeats']} repeat(s), order alternating.\n"
         )
         parts.append(_table(result["summary"]) + "\n")
         parts.append(_counters_line(result["records"]) + "\n")
@@ -210,7 +210,12 @@ def _table(summary: dict) -> str:
 
 
 def _cell(spread: dict) -> str:
-    return f"{spread['median']:,.3g} ({spread['min']:,.3g}-{spread['max']:,.3g})"
+    return f"{_num(spread['median'])} ({_num(spread['min'])}-{_num(spread['max'])})"
+
+
+def _num(value: float) -> str:
+    """Whole numbers from 100 on (ms), three significant digits below (req/s, cores)."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def _counters_line(records: list[dict]) -> str:
