@@ -21,7 +21,7 @@ from tieredkv.cache.build import build_cache
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
-from tieredkv.config import CacheConfig
+from tieredkv.config import CacheConfig, WritePolicy
 
 LAYOUT = tiny_layout(page_size=4)
 SYSTEM = list(range(1000, 1008))  # a 2-page shared system prompt
@@ -163,4 +163,26 @@ def test_unwritable_disk_degrades_and_keeps_host_pages(tmp_path: Path, error: in
     assert cache.match(second).host.num_pages == 4  # demoted to host, not dropped
     promote_and_check(cache, executor, third)
     ok(cache)
+    cache.close()
+
+
+def test_write_through_writes_the_disk_from_the_host_copy(tmp_path: Path) -> None:
+    """A page with device and host copies goes to disk from host; its record still verifies
+    and serves the computed bytes after a restart."""
+    cache, executor = make_cache(LAYOUT, 6, 4, 64, tmp_path, write_policy=WritePolicy.WRITE_THROUGH)
+    tokens = conversation(1)
+    request(cache, executor, tokens)
+    assert [(t.src_tier, t.dst_tier) for t in executor.pending()] == [(Tier.DEVICE, Tier.HOST)]
+    executor.complete_all()
+    cache.poll()
+    assert [(t.src_tier, t.dst_tier) for t in executor.pending()] == [(Tier.HOST, Tier.DISK)]
+    settle(cache, executor)
+    page_bytes = LAYOUT.page_bytes
+    assert cache.counters.transfer_bytes[Tier.HOST, Tier.DISK] == 4 * page_bytes
+    assert cache.counters.transfer_bytes[Tier.DEVICE, Tier.DISK] == 0
+    cache.close()
+
+    cache, executor = make_cache(LAYOUT, 6, 4, 64, tmp_path)
+    match = promote_and_check(cache, executor, tokens)
+    assert match.disk.num_pages == 4
     cache.close()

@@ -1,7 +1,8 @@
 """`NodeTransfers`: copying nodes' pages between tiers, and applying each copy's outcome.
 
-Starting: each node's fastest committed copy is copied to the destination tier, one transfer_queue
-ticket per source tier, nodes in path order (parents first); each node's part of a ticket is
+Starting: each node's fastest committed copy is copied to the destination tier (a store's
+copy that frees nothing reads the host copy where there is one), one transfer_queue ticket per
+source tier, nodes in path order (parents first); each node's part of a ticket is
 its transfer in flight (`Residence.inflight`). A demotion (`frees_source`) counts its source
 pages as pending free until applied.
 
@@ -74,13 +75,14 @@ class NodeTransfers:
         self, nodes: list[RadixNode], dst: Tier, frees_source: bool
     ) -> list[TransferTicket]:
         """Copy each node's fastest committed copy to `dst` (room must already be free); a
-        demotion (`frees_source`) frees each source when applied.
+        demotion (`frees_source`) frees each source when applied. A copy that frees nothing
+        reads the copy `Residence.copy_source` names (a store is written from host).
 
         One ticket per source tier; nodes keep their order (parents first)."""
         by_source: dict[Tier, list[RadixNode]] = {}
         for node in nodes:
             record = node.residence
-            source = record.fastest_copy()
+            source = record.fastest_copy() if frees_source else record.copy_source(dst)
             assert source is not None and source != dst and dst not in record.inflight, node
             by_source.setdefault(source, []).append(node)
         return [self._submit(src, dst, group, frees_source) for src, group in by_source.items()]

@@ -172,6 +172,15 @@ class Residence:
         """The tier that serves the node now (its fastest committed copy), None if none."""
         return min(self.copies) if self.copies else None
 
+    def copy_source(self, dst: Tier) -> Tier | None:
+        """The copy that a background copy towards `dst` reads: the fastest, except that a
+        store (disk, remote) is written from the host copy where there is one. A host page is
+        one contiguous run of bytes that goes to the store in place or with one memcpy, while a
+        device page is gathered layer by layer; and the device pool stays the model's."""
+        if dst.is_store and Tier.HOST in self.copies:
+            return Tier.HOST
+        return self.fastest_copy()
+
     def any_child_in_closure(self, tier: Tier) -> bool:
         """Has a child a copy in `tier` or a faster tier (in flight counted)?"""
         return any(self.child_ranks[: tier + 1])
