@@ -111,8 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=_size,
         default=DEFAULT_DEVICE_CACHE,
         metavar="SIZE",
-        help="KV pool on the device (GPU memory, or RAM on a CPU-only machine); must hold one "
-        "--max-model-len sequence",
+        help="KV on the device (GPU memory, or RAM on a CPU-only machine), the CPU attention's "
+        "workspaces included; the pool must hold one --max-model-len sequence",
+    )
+    add(
+        "--workspace-size",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="of --device-cache-size, the CPU attention's workspaces (a second copy of the "
+        "running sequences' KV; default: what they can need, half the budget or max-num-seqs x "
+        "max-model-len tokens if less); more keeps released ones for a chat's next turn",
     )
     add("--host-cache-size", type=_size, default=DEFAULT_HOST_CACHE, metavar="SIZE",
         help="0 disables the host tier")  # fmt: skip

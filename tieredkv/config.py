@@ -143,9 +143,16 @@ class CacheConfig:
     # its pages leave first when the tier makes room (None: an equal part among the namespaces
     # holding pages there; 1.0: plain LRU across namespaces)
     namespace_share: float | None = None
+    # the CPU attention's workspaces, carved out of device_cache_bytes (None: what the running
+    # sequences can need, see tieredkv.model.workspace_budget)
+    workspace_bytes: int | None = None
 
     def __post_init__(self) -> None:
         _check_power_of_two("CacheConfig.page_size", self.page_size)
+        if self.workspace_bytes is not None and self.workspace_bytes < 0:
+            raise ConfigError(
+                f"CacheConfig.workspace_bytes must be >= 0, got {self.workspace_bytes}"
+            )
         if not self.remote_budget_scale > 0:
             raise ConfigError(
                 f"CacheConfig.remote_budget_scale must be > 0, got {self.remote_budget_scale}"

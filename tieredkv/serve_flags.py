@@ -25,6 +25,7 @@ FLAG_OF_FIELD = {
     "CacheConfig.page_size": "--page-size",
     "CacheConfig.device_cache_bytes": "--device-cache-size",
     "CacheConfig.host_cache_bytes": "--host-cache-size",
+    "CacheConfig.workspace_bytes": "--workspace-size",
     "CacheConfig.disk_cache_bytes": "--disk-cache-size",
     "CacheConfig.remote_budget_scale": "--remote-budget-scale",
     "CacheConfig.namespace_share": "--namespace-share",

@@ -62,6 +62,7 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
         page_size=args.page_size,
         device_cache_bytes=args.device_cache_size,
         host_cache_bytes=args.host_cache_size,
+        workspace_bytes=args.workspace_size,
         disk_cache_dir=disk_dir,
         disk_cache_bytes=disk_bytes,
         enable_prefix_reuse=not args.no_cache,

@@ -19,7 +19,8 @@ from tests.integration.server_process import ServerProcess
 # fp32 pages of the default model: 30 layers x 2 x 3 heads x 64 x 4 B x 16 tokens = 737,280 B
 MODEL = "SmolLM2-135M-Instruct"
 COMMON = ["--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "8"]
-SMALL_TIERS = ["--device-cache-size", "96MiB", "--host-cache-size", "48MiB"]  # 136 + 68 pages
+# 96 MiB less the workspaces' share (136 tokens: what leaves one 2048-token sequence's 128 pages)
+SMALL_TIERS = ["--device-cache-size", "96MiB", "--host-cache-size", "48MiB"]  # 128 + 68 pages
 
 WORDS = [
     "river",
@@ -106,14 +107,16 @@ def test_health_lists_tiers_and_o_direct(server: ServerProcess) -> None:
         "remote": "disabled",
     }
     assert isinstance(health["direct_io"], bool)
-    assert health["tier_capacity_bytes"]["device"] == 136 * 737_280
+    assert health["tier_capacity_bytes"]["device"] == 128 * 737_280
+    workspace = health["workspace"]
+    assert workspace["budget_bytes"] == 136 * 46_080 and workspace["running"] == 0
 
 
 def test_health_and_the_log_say_what_each_tier_holds(server: ServerProcess, disk_dir: Path) -> None:
     """fp32 pages of the default model: 16 tokens x 46,080 B (2 x 30 layers x 3 heads x 64 x 4)."""
     capacity = httpx.get(server.base_url + "/health", timeout=10).json()["capacity"]
     tiers = capacity["tiers"]
-    assert tiers["device"] == {"bytes": 136 * 737_280, "pages": 136, "tokens": 136 * 16}
+    assert tiers["device"] == {"bytes": 128 * 737_280, "pages": 128, "tokens": 128 * 16}
     assert tiers["host"] == {"bytes": 68 * 737_280, "pages": 68, "tokens": 68 * 16}
     disk = tiers["disk"]
     store = disk_dir / "pages-0.tkv"
@@ -121,8 +124,9 @@ def test_health_and_the_log_say_what_each_tier_holds(server: ServerProcess, disk
     assert disk["allocated_bytes"] == store.stat().st_blocks * 512 >= disk["bytes"]  # preallocated
     assert "remote" not in tiers
     memory = capacity["memory_bytes"]
-    assert memory["device_tier"] == 136 * 737_280 and memory["host_tier"] == 68 * 737_280
-    assert memory["weights"] > 100e6 and memory["workspace"] > 0  # fp32 135M weights; on CPU
+    assert memory["device_tier"] == 128 * 737_280 and memory["host_tier"] == 68 * 737_280
+    assert memory["weights"] > 100e6  # fp32 135M weights
+    assert memory["workspace"] == 136 * 46_080  # on CPU: the rest of --device-cache-size
     assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
     log = server.log()
     assert "KV: 46,080 B a token" in log and f"{store} (" in log

@@ -48,6 +48,8 @@ from tieredkv.model.fingerprint import model_fingerprint
 from tieredkv.model.loader import LoadedModel
 from tieredkv.model.runner import ModelRunner
 from tieredkv.model.sampler import SamplingParams
+from tieredkv.model.workspace_attention import WorkspaceAttention
+from tieredkv.model.workspace_budget import carve_workspace
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +90,8 @@ class AsyncEngine(EngineClient):
         model up and start the step thread."""
         dtype = loaded.weights["model.embed_tokens.weight"].dtype
         layout = PageLayout.for_model(loaded.config, cache_config.page_size, dtype)
+        in_ram = torch.device(device).type == "cpu"
+        cache_config, workspace_bytes = carve_workspace(cache_config, engine_config, layout, in_ram)
         check_device_capacity(cache_config, layout, engine_config.max_model_len)
         fingerprint = model_fingerprint(loaded, layout)
         cache = build_cache(cache_config, layout, fingerprint, device, clock=clock)
@@ -97,11 +101,10 @@ class AsyncEngine(EngineClient):
             cache.device_pool,
             engine_config.max_model_len,
             max_seqs=engine_config.max_num_seqs,
+            workspace_bytes=workspace_bytes if in_ram else None,
         )
         warm_up(runner, cache)
         weights_bytes = sum(t.numel() * t.element_size() for t in loaded.weights.values())
-        workspace_bytes = runner.attention.workspace_bytes
-        in_ram = torch.device(device).type == "cpu"
         capacity = capacity_summary(cache, weights_bytes, workspace_bytes, in_ram)
         for line in capacity_lines(capacity, layout.token_bytes):
             logger.info("%s", line)
@@ -292,7 +295,15 @@ class AsyncEngine(EngineClient):
             "tier_capacity_bytes": capacity,
             "direct_io": cache.disk_direct_io(),  # None: no disk tier
             "capacity": self.capacity,
+            "workspace": self._workspace_usage(),
         }
+
+    def _workspace_usage(self) -> dict | None:
+        """The attention workspaces' memory (None: an attention path without them)."""
+        attention = self.engine.runner.attention
+        if not isinstance(attention, WorkspaceAttention):
+            return None
+        return attention.workspace_usage()
 
     def render_metrics(self) -> str:
         return self.metrics.render()

@@ -26,18 +26,25 @@ DEFAULT_MAX_SEQS = 16  # running sequences whose CPU workspaces share one arena 
 
 
 def make_attention(
-    pool: DevicePool, backend: str = "auto", max_seqs: int = 0, max_len: int = 0
+    pool: DevicePool,
+    backend: str = "auto",
+    max_seqs: int = 0,
+    max_len: int = 0,
+    workspace_bytes: int | None = None,
 ) -> AttentionBackend:
     """ "auto": Triton kernels on CUDA, the workspace path on CPU (an arena of `max_seqs`
     workspaces of `max_len` tokens; SDPA, or blocked matmuls for bf16 on a CPU with AVX512-BF16
     but without AMX; bf16 decodes on a CPU without AMX run in C where gcc built `cpu_kernels`).
-    "reference": the torch reference kernels over pages in place (slow; for cross-checking)."""
+    "reference": the torch reference kernels over pages in place (slow; for cross-checking).
+    `workspace_bytes`: the arena's resident budget (None: all its slots)."""
     if backend == "auto":
         backend = "triton" if pool.device.type == "cuda" else "workspace"
     if backend == "workspace":
         matmul = prefers_matmul_attention(pool.layout.dtype, pool.device)
         kernels = load_cpu_kernels() if prefers_c_decode(pool.layout.dtype, pool.device) else None
-        return WorkspaceAttention(pool, max_seqs, max_len, matmul=matmul, kernels=kernels)
+        return WorkspaceAttention(
+            pool, max_seqs, max_len, matmul=matmul, kernels=kernels, budget_bytes=workspace_bytes
+        )
     from tieredkv.kernels.backend import select_backend
 
     return PagedKernelAttention(pool, select_backend(pool.device, prefer=backend))
@@ -55,12 +62,15 @@ class ModelRunner:
         max_model_len: int,
         attention_backend: str = "auto",
         max_seqs: int = DEFAULT_MAX_SEQS,
+        workspace_bytes: int | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
         self.page_size = pool.layout.page_size
         self.max_model_len = max_model_len
-        self.attention = make_attention(pool, attention_backend, max_seqs, max_model_len)
+        self.attention = make_attention(
+            pool, attention_backend, max_seqs, max_model_len, workspace_bytes
+        )
         self.model = LlamaModel(config, weights, self.attention, max_model_len, pool.device)
 
     @classmethod

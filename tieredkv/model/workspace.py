@@ -19,6 +19,10 @@ A released slot remembers which pool pages its KV mirrors, with their allocation
 the same allocations, takes that slot and copies in only the rest: a chat's next turn finds its
 history where the previous turn left it instead of copying tens of MB again.
 A page reallocated since has a new stamp, and from there on the slot is filled from the pool.
+
+Written slot memory stays resident after its sequence leaves, up to the arena's budget of tokens
+(see tieredkv.model.workspace_budget); past it, released slots give theirs back
+(`madvise(MADV_DONTNEED)`: it reads as zeros again and is faulted in on the next write).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch
 
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.transfer.layout_copy import Run, paired_runs
+from tieredkv.model.workspace_budget import SlotBudget
 
 ROUNDING = 256  # tokens; workspaces grow in these steps at least, doubling beyond
 _PARALLEL_MIN_TOKENS = 512  # below this one thread copies faster than two coordinate
@@ -222,12 +227,20 @@ class SpareWorkspaces:
     def __len__(self) -> int:
         return len(self._spares)
 
+    @property
+    def nbytes(self) -> int:
+        return sum(w.kv.nbytes for w in self._spares)
+
 
 class WorkspaceArena:
     """Workspaces as slots of one tensor, (slots, layers, 2, kv_heads, capacity, head_dim);
-    the lowest free slot is taken first, so running sequences sit in a short range of slots."""
+    the lowest free slot is taken first, so running sequences sit in a short range of slots.
+    Released slots keep their written memory while the slots hold at most `budget_tokens`
+    (default: all of them), and give it back beyond."""
 
-    def __init__(self, pool: DevicePool, slots: int, capacity: int) -> None:
+    def __init__(
+        self, pool: DevicePool, slots: int, capacity: int, budget_tokens: int | None = None
+    ) -> None:
         layout = pool.layout
         capacity = -(-capacity // ROUNDING) * ROUNDING
         shape = (slots, layout.num_layers, 2, layout.num_kv_heads, capacity, layout.head_dim)
@@ -236,7 +249,8 @@ class WorkspaceArena:
         # kernel still multiplies their values by 0, and 0 x NaN is NaN: recycled allocator
         # memory could hold NaN bit patterns; this holds zeros or a sequence's own K/V.
         element_bytes = torch.empty((), dtype=layout.dtype).element_size()
-        self._mapping = mmap.mmap(-1, math.prod(shape) * element_bytes)
+        # Private, so that MADV_DONTNEED frees it (shared anonymous memory would stay).
+        self._mapping = mmap.mmap(-1, math.prod(shape) * element_bytes, flags=mmap.MAP_PRIVATE)
         self.kv = torch.frombuffer(self._mapping, dtype=layout.dtype).view(shape)
         self.pool = pool
         self._free = list(range(slots))  # a heap: lowest slot first
@@ -244,7 +258,8 @@ class WorkspaceArena:
         self.reused_tokens = 0  # tokens taken over from released slots, not copied again
         # how far each slot's memory has been written (tokens): a first touch faults its
         # pages in one 4 KiB page at a time, slow on a VM, so written slots are preferred
-        self._touched = [0] * slots
+        budget_tokens = slots * capacity if budget_tokens is None else budget_tokens
+        self.budget = SlotBudget(slots, budget_tokens)
 
     @property
     def capacity(self) -> int:
@@ -252,8 +267,19 @@ class WorkspaceArena:
 
     @property
     def nbytes(self) -> int:
-        """Reserved bytes: resident only as far as sequences have written."""
+        """Reserved address space: resident only as far as sequences have written."""
         return len(self._mapping)
+
+    @property
+    def resident_bytes(self) -> int:
+        """The slots' written memory (tokens x bytes a token; resident to the 4 KiB page)."""
+        return self.budget.resident_tokens * self.pool.layout.token_bytes
+
+    def grow(self, slot: int, tokens: int) -> None:
+        """Slot `slot`'s sequence writes its first `tokens` tokens."""
+        self.budget.grow(slot, tokens)
+        if self.budget.over_budget():
+            self._give_back_memory()
 
     def take(
         self,
@@ -280,7 +306,8 @@ class WorkspaceArena:
                 if pages > best_pages:
                     best, best_pages = slot, pages
         if best is None and spare_kept:
-            best = min(self._free, key=lambda s: (self._touched[s] < tokens, s in self._kept, s))
+            touched = self.budget.touched
+            best = min(self._free, key=lambda s: (touched[s] < tokens, s in self._kept, s))
         if best is None:
             slot = heapq.heappop(self._free)
         else:
@@ -294,8 +321,19 @@ class WorkspaceArena:
     def give(self, workspace: Workspace) -> None:
         """A released slot: free again, remembering the pages whose whole KV it holds."""
         assert workspace.slot is not None
-        self._touched[workspace.slot] = max(self._touched[workspace.slot], workspace.length)
+        self.budget.grow(workspace.slot, workspace.length)
         full = min(workspace.length // self.pool.layout.page_size, len(workspace.mirrors))
         if full:
             self._kept[workspace.slot] = workspace.mirrors.head(full)
         heapq.heappush(self._free, workspace.slot)
+        self.budget.released(workspace.slot)
+        if self.budget.over_budget():
+            self._give_back_memory()
+
+    def _give_back_memory(self) -> None:
+        """Free slots' memory back to the system, until the slots are within budget."""
+        slot_bytes = len(self._mapping) // len(self.budget.touched)  # 4 KiB pages (ROUNDING)
+        for slot in self.budget.to_give_back(self._free, self._kept):
+            self._mapping.madvise(mmap.MADV_DONTNEED, slot * slot_bytes, slot_bytes)
+            self._kept.pop(slot, None)  # its pages read as zeros now
+            self.budget.given_back(slot)

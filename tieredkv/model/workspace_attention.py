@@ -3,7 +3,8 @@
 Gathering a sequence's scattered pages every step would copy its whole context per layer per
 token, so each running sequence keeps a contiguous copy of its KV (its workspace, see
 tieredkv.model.workspace), filled once from the pool when the sequence starts and appended to as
-it grows. Memory cost: one extra copy of the running sequences' KV.
+it grows. Memory cost: one extra copy of the running sequences' KV, within `budget_bytes`
+(the arena's resident memory, see tieredkv.model.workspace_budget).
 """
 
 from __future__ import annotations
@@ -71,12 +72,16 @@ class WorkspaceAttention(AttentionBackend):
         max_len: int = 0,
         matmul: bool = False,
         kernels: CpuKernels | None = None,
+        budget_bytes: int | None = None,
     ) -> None:
         super().__init__(pool)
         self.matmul = matmul
         self.kernels = kernels
         self._workspaces: dict[int, Workspace] = {}
-        self._arena = WorkspaceArena(pool, max_seqs, max_len) if max_seqs and max_len else None
+        budget_tokens = None if budget_bytes is None else budget_bytes // pool.layout.token_bytes
+        self._arena = (
+            WorkspaceArena(pool, max_seqs, max_len, budget_tokens) if max_seqs and max_len else None
+        )
         self._spares = SpareWorkspaces(pool)
         self._promotion_fills = PromotionFills(pool, self._arena) if self._arena else None
         self._fill_helper = fill_helper()
@@ -86,7 +91,20 @@ class WorkspaceAttention(AttentionBackend):
 
     @property
     def workspace_bytes(self) -> int:
-        return 0 if self._arena is None else self._arena.nbytes
+        """The arena's budget: what it holds resident with no sequence running past it."""
+        if self._arena is None:
+            return 0
+        return self._arena.budget.budget_tokens * self.pool.layout.token_bytes
+
+    def workspace_usage(self) -> dict:
+        """For /health: the budget, the arena's and the spares' resident bytes, slots in use."""
+        arena = self._arena
+        return {
+            "budget_bytes": self.workspace_bytes,
+            "resident_bytes": 0 if arena is None else arena.resident_bytes,
+            "spare_bytes": self._spares.nbytes,
+            "running": len(self._workspaces),
+        }
 
     def _workspace(self, chunk: SequenceChunk) -> tuple[Workspace, np.ndarray | None]:
         """The chunk's sequence's workspace; for a sequence's first chunk, also which page
@@ -125,6 +143,8 @@ class WorkspaceAttention(AttentionBackend):
             if chunk.end > workspace.capacity:
                 workspace.grow(chunk.end)
             workspace.length = chunk.end  # the layers fill start..end during this step
+            if workspace.slot is not None and self._arena is not None:
+                self._arena.grow(workspace.slot, chunk.end)
             workspace.mirrors.extend(self.pool, chunk.page_ids, -(-chunk.end // page_size))
         # every layer reads the same slices: take the views once a step, not once a layer
         offsets = batch.query_start.tolist()
