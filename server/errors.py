@@ -21,6 +21,7 @@ from tieredkv.errors import RequestError
 log = logging.getLogger(__name__)
 
 INVALID_REQUEST = "invalid_request_error"
+QUEUE_RETRY_AFTER_S = 1  # Retry-After of a 429 for a full queue
 
 
 class APIError(Exception):
@@ -33,6 +34,7 @@ class APIError(Exception):
         type_: str = INVALID_REQUEST,
         param: str | None = None,
         code: str | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -40,6 +42,7 @@ class APIError(Exception):
         self.type = type_
         self.param = param
         self.code = code
+        self.retry_after_s = retry_after_s  # sent as Retry-After
 
     def payload(self) -> dict:
         return {
@@ -52,8 +55,10 @@ class APIError(Exception):
         }
 
     def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.payload(), status_code=self.status, headers=headers)
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(self.retry_after_s)
+        return JSONResponse(self.payload(), status_code=self.status, headers=headers or None)
 
 
 class ClientGone(Exception):
@@ -74,7 +79,8 @@ def from_exception(exc: BaseException) -> APIError:
         return bad_request("the client closed the request", None, "client_closed_request")
     if isinstance(exc, QueueFullError):
         message = f"the server's queue is full, retry later ({exc})"
-        return APIError(429, message, "rate_limit_error", None, "queue_full")
+        # the queue admits as requests finish: a second is a fair first wait
+        return APIError(429, message, "rate_limit_error", None, "queue_full", QUEUE_RETRY_AFTER_S)
     if isinstance(exc, EngineUnavailableError):
         message = (
             f"the engine is not available: {exc}" if str(exc) else "the engine is not available"

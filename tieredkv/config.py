@@ -187,7 +187,9 @@ class EngineConfig:
     max_batch_tokens: int = 2048  # tokens forwarded per step (prefill chunks + decodes)
     # a named conversation's pages stay on host this long after each turn (0: off)
     session_think_time_s: float = 60.0
-    max_num_seqs: int = 16
+    # sequences running or promoting at once: enough that decoding requests leave the step's
+    # prefill budget to waiting ones under load (the device room bounds their prompts' pages)
+    max_num_seqs: int = 64
     max_queue: int = 256
     schedule_policy: SchedulePolicy = SchedulePolicy.LPM
     dtype: str = "auto"  # auto | bfloat16 | float32

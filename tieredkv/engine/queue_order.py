@@ -9,6 +9,12 @@ arriving after it once it has waited `max_model_len / aging_tokens_per_second` s
 is worth more than a whole context): under a steady stream of hot requests, a cold request's
 extra wait is bounded by that time (2 s with the defaults: 8192 tokens / 4096 tokens/s) plus the
 service of the requests already ahead of it.
+
+The step's prefill budget goes to running requests in `prefill_order`: under `lpm` the fewest
+prompt tokens left to compute first, aged by the same rate (a request's remaining tokens count
+`aging_tokens_per_second` fewer for each second since its arrival), so a short prompt admitted
+beside long ones gets its first token without waiting for theirs, and a long one is passed over
+for at most its remaining tokens / `aging_tokens_per_second` seconds. `fcfs` keeps admission order.
 """
 
 from __future__ import annotations
@@ -40,6 +46,17 @@ class QueueOrder:
 
     def ordered(self, waiting: Iterable[Request], now: float) -> list[Request]:
         return sorted(waiting, key=lambda request: self.priority(request, now))
+
+    def prefill_order(self, prefilling: list[Request], now: float) -> list[Request]:
+        """Running requests with prompt tokens left, in the order the step's budget serves
+        them (`prefilling` is in admission order)."""
+        if self.policy is SchedulePolicy.FCFS:
+            return prefilling
+        aging = self.aging_tokens_per_second
+        return sorted(
+            prefilling,
+            key=lambda r: r.num_pending - aging * max(0.0, now - r.spec.arrival_time),
+        )
 
 
 def weighted_match_tokens(request: Request) -> float:

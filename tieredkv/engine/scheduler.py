@@ -6,9 +6,11 @@ it), `promoting` (admitted; host and disk pages on their way to the device), `ru
 admission order, the oldest first). Only the scheduler touches them; the engine adds, forks,
 removes and drains requests through its methods.
 
-Each step: running decodes first (one token each, oldest first), then prefill chunks of running
-requests, then newly admitted requests, until `max_batch_tokens` tokens or `max_num_seqs`
-sequences (a request still promoting holds a sequence). A request is planned only once its
+Each step: running decodes first (one token each, oldest first); then admission, while the
+budget has tokens left after the decodes; then prefill chunks of the running requests, the newly
+admitted among them, in `QueueOrder.prefill_order` (under `lpm` the fewest tokens left first,
+aged), until `max_batch_tokens` tokens or `max_num_seqs` sequences (a request still promoting
+holds a sequence). A request is planned only once its
 device pages for the step are reserved; when none are free, the youngest running request not
 already in the plan (whose pages are about to be written) is preempted: its computed pages go
 into the tree, where they are demoted, not lost, and it waits again. Nothing is preempted while
@@ -184,16 +186,18 @@ class Scheduler:
         return aborted
 
     def schedule(self) -> StepPlan:
-        """This step's chunks: running requests first, then admitted ones; queued requests
-        start prefetching their disk pages."""
+        """This step's chunks: decodes, then the prefills of running and newly admitted
+        requests; queued requests start prefetching their disk pages."""
         plan = StepPlan()
         budget = StepBudget(self.config.max_batch_tokens, self.config.max_num_seqs)
         decodes = [r for r in self._running if r.num_pending == 1]
-        prefills = [r for r in self._running if r.num_pending > 1]
-        for request in decodes + prefills:
+        for request in decodes:
             self._plan_request(plan, budget, request)
         budget.seqs -= len(self._promoting)
-        for request in self._admit(budget):
+        self._admit(budget)
+        decoding = set(map(id, decodes))  # those admitted now may have one token left too
+        prefilling = [r for r in self._running if r.num_pending and id(r) not in decoding]
+        for request in self.order.prefill_order(prefilling, self.clock()):
             self._plan_request(plan, budget, request)
         for request in self._waiting:
             self.pages.prefetch_while_waiting(request)
@@ -221,10 +225,9 @@ class Scheduler:
             self._preempt(victim)
         return True
 
-    def _admit(self, budget: StepBudget) -> list[Request]:
-        """Admit waiting requests in queue order while the step and the device have room;
-        return those whose pages are ready (the others wait in `promoting`)."""
-        started: list[Request] = []
+    def _admit(self, budget: StepBudget) -> None:
+        """Admit waiting requests in queue order while the step and the device have room:
+        those whose pages are ready start running, the others wait in `promoting`."""
         now = self.clock()
         self._rematch_waiting()
         room = DeviceRoom(self.pages.device_pages, self._running, self._promoting, self.page_size)
@@ -251,8 +254,6 @@ class Scheduler:
             else:
                 self.pages.take_promotion(request)
                 self._start_running(request)
-                started.append(request)
-        return started
 
     def _rematch_waiting(self) -> None:
         """lpm: match waiting requests against the tree as it is now, at most

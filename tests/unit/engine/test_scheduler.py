@@ -129,6 +129,40 @@ def test_admission_waits_while_running_requests_take_every_sequence() -> None:
     assert not rig.waiting()
 
 
+def test_with_the_default_sequences_waiting_prompts_join_steps_beside_32_decodes() -> None:
+    """Decoding requests hold their sequences for the rest of their outputs; with the default
+    --max-num-seqs, prompts arriving behind 32 of them still join the next step's prefill
+    budget at once instead of waiting for decodes to finish."""
+    rig = make_rig(device_pages=256, max_num_seqs=EngineConfig.max_num_seqs, max_batch_tokens=512)
+    first = [rig.request(f"first{i}", prompt(6, 100 * i)) for i in range(32)]
+    rig.step()
+    assert all(r.num_pending == 1 for r in first)  # each prompt computed: decoding
+    later = [rig.request(f"later{i}", prompt(6, 5000 + 100 * i)) for i in range(16)]
+    plan = planned(rig.step())
+    assert plan == [(r.request_id, 6, 1) for r in first] + [(r.request_id, 0, 6) for r in later]
+    assert not rig.waiting()
+
+
+def test_the_prefill_budget_goes_to_the_fewest_tokens_left_first_aged_unless_fcfs() -> None:
+    """A short prompt admitted beside a long one mid-prefill takes the step's prefill budget
+    first under lpm; the long one's wait counts against its tokens left (4096 a second), so once
+    it arrived 20 ms earlier (82 tokens of aging against 38 more tokens left) it keeps its turn.
+    fcfs keeps admission order."""
+    cases = (
+        (SchedulePolicy.LPM, 0.0, [("short", 0, 6), ("long", 16, 10)]),
+        (SchedulePolicy.LPM, 0.02, [("long", 16, 16)]),
+        (SchedulePolicy.FCFS, 0.0, [("long", 16, 16)]),
+    )
+    for policy, gap_s, expected in cases:
+        rig = make_rig(device_pages=64, max_batch_tokens=16, policy=policy)
+        rig.request("long", prompt(60, 100))
+        assert planned(rig.step()) == [("long", 0, 16)]
+        rig.clock.advance(gap_s)
+        rig.request("short", prompt(6, 500))
+        assert planned(rig.step()) == expected, (policy, gap_s)
+        assert not rig.waiting()  # admitted either way: it holds a sequence, not the budget
+
+
 def test_the_longest_cached_prefix_is_admitted_first_unless_fcfs() -> None:
     for policy, expected in ((SchedulePolicy.LPM, "warm"), (SchedulePolicy.FCFS, "cold")):
         rig = make_rig(max_num_seqs=1, policy=policy)

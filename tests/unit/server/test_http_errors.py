@@ -252,12 +252,16 @@ def test_api_key_guards_v1_but_not_health_or_metrics(engine):
 
 def test_queue_full_is_429_and_unavailable_is_503(client, engine):
     engine.queue_full = True
-    assert_error(client.post(CHAT, json={"messages": HELLO}), 429, type_="rate_limit_error")
+    response = client.post(CHAT, json={"messages": HELLO})
+    assert_error(response, 429, type_="rate_limit_error")
+    assert response.headers["Retry-After"] == "1"
     assert_error(
         client.post(CHAT, json={"messages": HELLO, "stream": True}), 429, type_="rate_limit_error"
     )
     engine.queue_full, engine.unavailable = False, True
-    assert_error(client.post(COMPLETIONS, json={"prompt": "x"}), 503, type_="server_error")
+    response = client.post(COMPLETIONS, json={"prompt": "x"})
+    assert_error(response, 503, type_="server_error")
+    assert "Retry-After" not in response.headers
     assert_error(
         client.post(CHAT, json={"messages": HELLO, "stream": True}), 503, type_="server_error"
     )
