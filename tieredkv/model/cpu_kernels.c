@@ -137,6 +137,60 @@ static inline __m512 widen_bf16(const uint16_t *src) {
     return widen_bf16_bits(_mm256_loadu_si256((const __m256i *)src));
 }
 
+#if defined(__AVX512BF16__)
+/* Two vectors' halves summed: [a's 8 block sums | b's 8], for `sum_each`. */
+static inline __m512 sum_halves(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+/* Lane i of the result = the sum of v[i]'s 16 lanes: a tree of shuffles and adds over all 16
+ * at once (15 adds where one reduction per vector takes four each, with their shuffles). */
+static inline __m512 sum_each(const __m512 v[16]) {
+    __m512 pairs[8], quads[4], eights[2];
+    for (int i = 0; i < 8; i++) pairs[i] = sum_halves(v[2 * i], v[2 * i + 1]);
+    for (int i = 0; i < 4; i++) /* 128-bit block k of quads[i]: vector 4i + k's 4 sums */
+        quads[i] = _mm512_add_ps(
+            _mm512_shuffle_f32x4(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+            _mm512_shuffle_f32x4(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; i++) /* block k: vectors 8i + k and 8i + 4 + k, two sums each */
+        eights[i] = _mm512_add_ps(
+            _mm512_shuffle_ps(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+            _mm512_shuffle_ps(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* lane 4k + m: vector k + 4m */
+    const __m512 sums = _mm512_add_ps(
+        _mm512_shuffle_ps(eights[0], eights[1], _MM_SHUFFLE(2, 0, 2, 0)),
+        _mm512_shuffle_ps(eights[0], eights[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(order, sums);
+}
+#endif
+
+/* A 64-dim unit's weighted sum of values for `group` queries (a constant where inlined): each
+ * value widened once for all of them, each query's sums in four registers, summed over the
+ * keys in order (as one query at a time would). */
+static inline __attribute__((always_inline)) void weigh_values(
+    const uint16_t *values, int64_t n, float scores[MAX_GROUP][CHUNK], const int64_t group,
+    float *partial) {
+    __m512 acc[4][4];
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t c = 0; c < 4; c++) acc[g][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j++) {
+        const uint16_t *value = values + j * 64;
+        const __m512 v0 = widen_bf16(value), v1 = widen_bf16(value + 16);
+        const __m512 v2 = widen_bf16(value + 32), v3 = widen_bf16(value + 48);
+        for (int64_t g = 0; g < group; g++) {
+            const __m512 p = _mm512_set1_ps(scores[g][j]);
+            acc[g][0] = _mm512_fmadd_ps(p, v0, acc[g][0]);
+            acc[g][1] = _mm512_fmadd_ps(p, v1, acc[g][1]);
+            acc[g][2] = _mm512_fmadd_ps(p, v2, acc[g][2]);
+            acc[g][3] = _mm512_fmadd_ps(p, v3, acc[g][3]);
+        }
+    }
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t c = 0; c < 4; c++) _mm512_storeu_ps(partial + g * 66 + 2 + c * 16, acc[g][c]);
+}
+
 /* The same unit for 64-dim heads on an AVX512 CPU. The scores: with the bf16 dot instruction
  * (pairs of bf16 products summed in fp32) where the CPU has AVX512-BF16; else each key widened
  * to fp32 once, in four registers, for all the group's queries (each key is read once for
@@ -150,7 +204,18 @@ static void attend_unit_avx512(const uint16_t *keys, const uint16_t *values, int
         const uint16_t *query = query_rows + g * q_head_stride;
         const __m512bh q_lo = (__m512bh)_mm512_loadu_si512(query);
         const __m512bh q_hi = (__m512bh)_mm512_loadu_si512(query + 32);
-        for (int64_t j = 0; j < n; j++) {
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) {
+            __m512 dots[16];
+            for (int64_t t = 0; t < 16; t++) {
+                const uint16_t *key = keys + (j + t) * 64;
+                dots[t] = _mm512_dpbf16_ps(_mm512_setzero_ps(), q_lo,
+                                           (__m512bh)_mm512_loadu_si512(key));
+                dots[t] = _mm512_dpbf16_ps(dots[t], q_hi, (__m512bh)_mm512_loadu_si512(key + 32));
+            }
+            _mm512_storeu_ps(scores[g] + j, _mm512_mul_ps(sum_each(dots), _mm512_set1_ps(scale)));
+        }
+        for (; j < n; j++) {
             const uint16_t *key = keys + j * 64;
             __m512 dot = _mm512_dpbf16_ps(_mm512_setzero_ps(), q_lo,
                                           (__m512bh)_mm512_loadu_si512(key));
@@ -179,6 +244,13 @@ static void attend_unit_avx512(const uint16_t *keys, const uint16_t *values, int
     }
 #endif
     exp_scores(scores, n, group, partial, 66);
+    switch (group) { /* up to four queries' sums fit in registers beside a widened value */
+    case 1: weigh_values(values, n, scores, 1, partial); return;
+    case 2: weigh_values(values, n, scores, 2, partial); return;
+    case 3: weigh_values(values, n, scores, 3, partial); return;
+    case 4: weigh_values(values, n, scores, 4, partial); return;
+    default: break;
+    }
     for (int64_t g = 0; g < group; g++) {
         __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
         for (int64_t j = 0; j < n; j++) {
