@@ -1,5 +1,5 @@
 /* bf16 CPU kernels for a decode step: attention of one new token per sequence over its
- * workspace, and RMSNorm. Built once per machine by tieredkv/model/cpu_kernels.py (gcc -O3
+ * workspace, RMSNorm, and the linear layers' products for a few rows. Built once per machine by tieredkv/model/cpu_kernels.py (gcc -O3
  * -march=native -fopenmp) and called through ctypes; OpenMP here is the runtime torch already
  * loaded (same soname), so both share one thread pool.
  *
@@ -137,6 +137,60 @@ static inline __m512 widen_bf16(const uint16_t *src) {
     return widen_bf16_bits(_mm256_loadu_si256((const __m256i *)src));
 }
 
+#if defined(__AVX512BF16__)
+/* Two vectors' halves summed: [a's 8 block sums | b's 8], for `sum_each`. */
+static inline __m512 sum_halves(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+/* Lane i of the result = the sum of v[i]'s 16 lanes: a tree of shuffles and adds over all 16
+ * at once (15 adds where one reduction per vector takes four each, with their shuffles). */
+static inline __m512 sum_each(const __m512 v[16]) {
+    __m512 pairs[8], quads[4], eights[2];
+    for (int i = 0; i < 8; i++) pairs[i] = sum_halves(v[2 * i], v[2 * i + 1]);
+    for (int i = 0; i < 4; i++) /* 128-bit block k of quads[i]: vector 4i + k's 4 sums */
+        quads[i] = _mm512_add_ps(
+            _mm512_shuffle_f32x4(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+            _mm512_shuffle_f32x4(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; i++) /* block k: vectors 8i + k and 8i + 4 + k, two sums each */
+        eights[i] = _mm512_add_ps(
+            _mm512_shuffle_ps(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+            _mm512_shuffle_ps(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* lane 4k + m: vector k + 4m */
+    const __m512 sums = _mm512_add_ps(
+        _mm512_shuffle_ps(eights[0], eights[1], _MM_SHUFFLE(2, 0, 2, 0)),
+        _mm512_shuffle_ps(eights[0], eights[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(order, sums);
+}
+#endif
+
+/* A 64-dim unit's weighted sum of values for `group` queries (a constant where inlined): each
+ * value widened once for all of them, each query's sums in four registers, summed over the
+ * keys in order (as one query at a time would). */
+static inline __attribute__((always_inline)) void weigh_values(
+    const uint16_t *values, int64_t n, float scores[MAX_GROUP][CHUNK], const int64_t group,
+    float *partial) {
+    __m512 acc[4][4];
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t c = 0; c < 4; c++) acc[g][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j++) {
+        const uint16_t *value = values + j * 64;
+        const __m512 v0 = widen_bf16(value), v1 = widen_bf16(value + 16);
+        const __m512 v2 = widen_bf16(value + 32), v3 = widen_bf16(value + 48);
+        for (int64_t g = 0; g < group; g++) {
+            const __m512 p = _mm512_set1_ps(scores[g][j]);
+            acc[g][0] = _mm512_fmadd_ps(p, v0, acc[g][0]);
+            acc[g][1] = _mm512_fmadd_ps(p, v1, acc[g][1]);
+            acc[g][2] = _mm512_fmadd_ps(p, v2, acc[g][2]);
+            acc[g][3] = _mm512_fmadd_ps(p, v3, acc[g][3]);
+        }
+    }
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t c = 0; c < 4; c++) _mm512_storeu_ps(partial + g * 66 + 2 + c * 16, acc[g][c]);
+}
+
 /* The same unit for 64-dim heads on an AVX512 CPU. The scores: with the bf16 dot instruction
  * (pairs of bf16 products summed in fp32) where the CPU has AVX512-BF16; else each key widened
  * to fp32 once, in four registers, for all the group's queries (each key is read once for
@@ -150,7 +204,18 @@ static void attend_unit_avx512(const uint16_t *keys, const uint16_t *values, int
         const uint16_t *query = query_rows + g * q_head_stride;
         const __m512bh q_lo = (__m512bh)_mm512_loadu_si512(query);
         const __m512bh q_hi = (__m512bh)_mm512_loadu_si512(query + 32);
-        for (int64_t j = 0; j < n; j++) {
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) {
+            __m512 dots[16];
+            for (int64_t t = 0; t < 16; t++) {
+                const uint16_t *key = keys + (j + t) * 64;
+                dots[t] = _mm512_dpbf16_ps(_mm512_setzero_ps(), q_lo,
+                                           (__m512bh)_mm512_loadu_si512(key));
+                dots[t] = _mm512_dpbf16_ps(dots[t], q_hi, (__m512bh)_mm512_loadu_si512(key + 32));
+            }
+            _mm512_storeu_ps(scores[g] + j, _mm512_mul_ps(sum_each(dots), _mm512_set1_ps(scale)));
+        }
+        for (; j < n; j++) {
             const uint16_t *key = keys + j * 64;
             __m512 dot = _mm512_dpbf16_ps(_mm512_setzero_ps(), q_lo,
                                           (__m512bh)_mm512_loadu_si512(key));
@@ -179,6 +244,13 @@ static void attend_unit_avx512(const uint16_t *keys, const uint16_t *values, int
     }
 #endif
     exp_scores(scores, n, group, partial, 66);
+    switch (group) { /* up to four queries' sums fit in registers beside a widened value */
+    case 1: weigh_values(values, n, scores, 1, partial); return;
+    case 2: weigh_values(values, n, scores, 2, partial); return;
+    case 3: weigh_values(values, n, scores, 3, partial); return;
+    case 4: weigh_values(values, n, scores, 4, partial); return;
+    default: break;
+    }
     for (int64_t g = 0; g < group; g++) {
         __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
         for (int64_t j = 0; j < n; j++) {
@@ -536,4 +608,75 @@ int tkv_linear_few_rows(int64_t rows, int64_t in_features, int64_t out_features,
     }
     free(wide);
     return 0;
+}
+
+/* y = bf16(x @ W.T + bias + residual) for up to PAIRED_ROWS bf16 rows, on a weight laid out by
+ * output blocks of 16 and input pairs: packed[block][pair][16 outputs][2 inputs] (in_features
+ * even, out_features a multiple of 16). One vdpbf16ps multiplies a broadcast input pair of a
+ * row by a block's 16 outputs x 2 inputs and sums into 16 fp32 lanes, one per output, so the
+ * weight streams once for all rows with no widening and no horizontal sums; each row's sums
+ * run in the same order whatever the other rows (rows go eight at a time over a block, which
+ * stays in cache between them). bias (out) and residual (rows, out; row
+ * stride residual_stride) are bf16 or NULL; out (rows, out) contiguous. Returns 0, or -1
+ * without AVX512-BF16, for more rows or for shapes the layout does not cover. */
+#define PAIRED_ROWS 16
+
+#if defined(__AVX512BF16__)
+static inline __attribute__((always_inline)) void paired_block(
+    int64_t rows, int64_t pairs, const uint32_t *const *x, const uint16_t *weights, __m512 *acc) {
+    for (int64_t r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; p++) {
+        const __m512bh w = (__m512bh)_mm512_loadu_si512(weights + p * 32);
+        for (int64_t r = 0; r < rows; r++)
+            acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32((int)x[r][p]), w);
+    }
+}
+#endif
+
+int tkv_linear_paired(int64_t rows, int64_t in_features, int64_t out_features,
+                      const uint16_t *x, int64_t x_stride, const uint16_t *packed,
+                      const uint16_t *bias, const uint16_t *residual, int64_t residual_stride,
+                      uint16_t *out) {
+#if defined(__AVX512BF16__)
+    if (rows < 1 || rows > PAIRED_ROWS || in_features % 2 || out_features % 16) return -1;
+    if (x_stride % 2) return -1;
+    const int64_t pairs = in_features / 2, blocks = out_features / 16;
+    const uint32_t *row_pairs[PAIRED_ROWS];
+    for (int64_t r = 0; r < rows; r++) row_pairs[r] = (const uint32_t *)(x + r * x_stride);
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        __m512 acc[PAIRED_ROWS];
+        const uint16_t *weights = packed + b * pairs * 32;
+        for (int64_t r = 0; r < rows; r += 8) { /* a constant row count unrolls the loop */
+            const uint32_t *const *x8 = row_pairs + r;
+            switch (rows - r < 8 ? rows - r : 8) {
+            case 1: paired_block(1, pairs, x8, weights, acc + r); break;
+            case 2: paired_block(2, pairs, x8, weights, acc + r); break;
+            case 3: paired_block(3, pairs, x8, weights, acc + r); break;
+            case 4: paired_block(4, pairs, x8, weights, acc + r); break;
+            case 5: paired_block(5, pairs, x8, weights, acc + r); break;
+            case 6: paired_block(6, pairs, x8, weights, acc + r); break;
+            case 7: paired_block(7, pairs, x8, weights, acc + r); break;
+            default: paired_block(8, pairs, x8, weights, acc + r); break;
+            }
+        }
+        __m512 extra = _mm512_setzero_ps();
+        if (bias != NULL)
+            extra = widen_bf16_bits(_mm256_loadu_si256((const __m256i *)(bias + b * 16)));
+        for (int64_t r = 0; r < rows; r++) {
+            __m512 y = _mm512_add_ps(acc[r], extra);
+            if (residual != NULL) {
+                const uint16_t *res = residual + r * residual_stride + b * 16;
+                y = _mm512_add_ps(y, widen_bf16_bits(_mm256_loadu_si256((const __m256i *)res)));
+            }
+            _mm256_storeu_si256((__m256i *)(out + r * out_features + b * 16),
+                                (__m256i)_mm512_cvtneps_pbh(y));
+        }
+    }
+    return 0;
+#else
+    (void)rows, (void)in_features, (void)out_features, (void)x, (void)x_stride, (void)packed;
+    (void)bias, (void)residual, (void)residual_stride, (void)out;
+    return -1;
+#endif
 }

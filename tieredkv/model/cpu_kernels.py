@@ -1,5 +1,5 @@
-"""bf16 kernels in C (`cpu_kernels.c`) for a CPU without AMX: decode attention, RMSNorm and
-the prefill attention's softmax.
+"""bf16 kernels in C (`cpu_kernels.c`) for a CPU without AMX: decode attention, RMSNorm, the
+prefill attention's softmax and the few-row products of a decode step's linear layers.
 
 Without AMX, most of a bf16 decode step in torch goes to many small bf16 matmuls (a kv head's
 three queries against its keys: oneDNN runs that shape at a few GB/s) and to RMSNorm, which
@@ -39,6 +39,7 @@ SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c11", "-shared", "-fPIC")
 SEQ_FIELDS = 6  # the per-sequence table's columns, as `cpu_kernels.c` numbers them
 FEW_ROWS = 8  # the most rows `linear_few_rows` multiplies (FEW_ROWS in `cpu_kernels.c`)
+PAIRED_ROWS = 16  # the most rows `linear_paired` multiplies (PAIRED_ROWS in `cpu_kernels.c`)
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -66,6 +67,9 @@ class CpuKernels:
         self._linear = library.tkv_linear_few_rows
         self._linear.restype = ctypes.c_int
         self._linear.argtypes = [_i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr]
+        self._paired = library.tkv_linear_paired
+        self._paired.restype = ctypes.c_int
+        self._paired.argtypes = [_i64, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr]
 
     def decode_attention(
         self,
@@ -158,6 +162,31 @@ class CpuKernels:
                               out.data_ptr())  # fmt: skip
         return None if status else out
 
+    def linear_paired(
+        self,
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
+        """bf16(x @ weight.T + bias + residual) for up to PAIRED_ROWS bf16 rows on `packed`, the
+        weight as `pair_weight` lays it out; fp32 sums rounded once. None where the kernel does
+        not run: more rows, a row not 4-byte aligned, or a CPU without AVX512-BF16."""
+        rows, in_features = x.shape
+        out_features = packed.shape[0] * 16
+        if rows > PAIRED_ROWS or x.stride(1) != 1 or x.data_ptr() % 4 or x.stride(0) % 2:
+            return None
+        assert x.dtype == packed.dtype == torch.bfloat16 and packed.shape[1] * 2 == in_features
+        if residual is not None and (residual.stride(1) != 1 or residual.shape[0] != rows):
+            return None
+        out = torch.empty((rows, out_features), dtype=x.dtype)
+        status = self._paired(rows, in_features, out_features, x.data_ptr(), x.stride(0),
+                              packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                              0 if residual is None else residual.data_ptr(),
+                              0 if residual is None else residual.stride(0),
+                              out.data_ptr())  # fmt: skip
+        return None if status else out
+
     def softmax_(self, scores: torch.Tensor) -> torch.Tensor:
         """Softmax over the last dim of bf16 scores, in place (rows contiguous, any number of
         leading dims that flatten to rows); returns `scores`. torch's bf16 softmax took ~3 ns
@@ -178,6 +207,17 @@ def decode_table(entries: list[tuple[int, torch.Tensor, int]]) -> np.ndarray:
         assert kv.stride(-1) == 1 and kv.stride(-2) == kv.shape[-1]
         table[i] = (row, kv.data_ptr(), kv.stride(1), kv.stride(0), kv.stride(2), length)
     return table
+
+
+def pair_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """A bf16 weight (out, in) in `linear_paired`'s layout: (out / 16, in / 2, 16, 2), each
+    block of 16 outputs holding every input pair side by side; None for shapes it does not
+    cover (an odd `in`, `out` not a multiple of 16)."""
+    out_features, in_features = weight.shape
+    if out_features % 16 or in_features % 2:
+        return None
+    blocks = weight.reshape(out_features // 16, 16, in_features // 2, 2)
+    return blocks.permute(0, 2, 1, 3).contiguous()
 
 
 def build_key(flags: frozenset[str] | None = None) -> str:

@@ -4,6 +4,9 @@
 for decode-shaped inputs (a few rows) that costs more than the product itself. On a CPU whose
 oneDNN runs bf16 (AMX or AVX512-BF16), `PackedLinear` lays each weight out once, at load, in
 oneDNN's blocked format and calls oneDNN directly; it also fuses a residual add into the product.
+On a CPU with AVX512-BF16 but without AMX, its few-row products (decode steps) run in C instead
+(`cpu_kernels.linear_paired`): oneDNN's overhead per call and its single-row kernel took twice
+the time of the C loop, which streams the weight once at memory speed.
 On a CPU that only emulates bf16 (neither AMX nor AVX512-BF16), `WidenedLinear` multiplies a
 few rows in C and many in fp32, on an fp32 copy of the weight. Everything else (CUDA, fp32, a torch
 without oneDNN) uses `PlainLinear`. fp32 stays on `F.linear` on purpose: its outputs must match
@@ -17,8 +20,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from tieredkv.model.cpu_kernels import CpuKernels, load_cpu_kernels
-from tieredkv.model.dtype import bf16_is_emulated
+from tieredkv.model.cpu_kernels import PAIRED_ROWS, CpuKernels, load_cpu_kernels, pair_weight
+from tieredkv.model.dtype import bf16_is_emulated, cpu_flags
 
 log = logging.getLogger(__name__)
 
@@ -40,24 +43,43 @@ class PlainLinear:
 
 class PackedLinear:
     """A bf16 CPU weight in oneDNN's layout, packed twice: for a few rows and for many rows
-    (one packing loses up to 3x on the other's shapes; the weights are small beside the KV)."""
+    (one packing loses up to 3x on the other's shapes; the weights are small beside the KV).
+    With `kernels` (a CPU with AVX512-BF16, no AMX) the few-row packing is `pair_weight`'s,
+    for `CpuKernels.linear_paired`."""
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None = None, many_rows: bool = True
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        many_rows: bool = True,
+        kernels: CpuKernels | None = None,
     ) -> None:
         reorder = torch.ops.mkldnn._reorder_linear_weight
         self.bias = bias
-        self._few = reorder(weight, 1)
+        self._kernels = kernels
+        self._paired = pair_weight(weight) if kernels is not None and many_rows else None
+        if self._paired is None:
+            self._kernels = None
+            self._few = reorder(weight, 1)
         self._many = reorder(weight, 2048) if many_rows else self._few
 
     def _packed(self, x: torch.Tensor) -> torch.Tensor:
-        return self._few if x.shape[0] <= _DECODE_ROWS else self._many
+        return self._few if x.shape[0] <= _DECODE_ROWS and self._paired is None else self._many
+
+    def _few_rows(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor | None:
+        if self._kernels is None or x.shape[0] > PAIRED_ROWS:
+            return None
+        return self._kernels.linear_paired(x, self._paired, self.bias, residual)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if (few := self._few_rows(x, None)) is not None:
+            return few
         return torch.ops.mkldnn._linear_pointwise(x, self._packed(x), self.bias, "none", [], "")
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual + self(x), the add fused into the product."""
+        if (few := self._few_rows(x, residual)) is not None:
+            return few
         if self.bias is not None:
             return residual + self(x)
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self._packed(x), None, "add")
@@ -137,4 +159,12 @@ def make_linear(
         return PlainLinear(weight, bias)
     if bf16_is_emulated(weight.device):
         return WidenedLinear(weight, bias, load_cpu_kernels())
-    return PackedLinear(weight, bias)
+    return PackedLinear(weight, bias, kernels=_paired_kernels())
+
+
+def _paired_kernels() -> CpuKernels | None:
+    """The C kernels where their few-row product beats oneDNN's: AVX512-BF16 without AMX."""
+    flags = cpu_flags()
+    if "amx_bf16" in flags or "avx512_bf16" not in flags:
+        return None
+    return load_cpu_kernels()

@@ -6,7 +6,13 @@ import torch
 import torch.nn.functional as F
 
 from tieredkv.model import linear
-from tieredkv.model.cpu_kernels import FEW_ROWS, CpuKernels, load_cpu_kernels
+from tieredkv.model.cpu_kernels import (
+    FEW_ROWS,
+    PAIRED_ROWS,
+    CpuKernels,
+    load_cpu_kernels,
+    pair_weight,
+)
 from tieredkv.model.linear import (
     PackedLinear,
     PlainLinear,
@@ -96,3 +102,52 @@ def test_a_cpu_that_emulates_bf16_gets_widened_linears(monkeypatch, emulated: bo
     weight = torch.ones(8, 4, dtype=torch.bfloat16)
     assert isinstance(make_linear(weight, packed=True), WidenedLinear if emulated else PackedLinear)
     assert isinstance(make_linear(weight, packed=False), PlainLinear)
+
+
+paired_kernels = linear._paired_kernels()
+needs_paired = pytest.mark.skipif(
+    paired_kernels is None, reason="needs AVX512-BF16 without AMX and gcc for the C kernels"
+)
+
+
+@needs_paired
+@pytest.mark.parametrize("rows", [1, 3, 8, 11, 16, 17, 40])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_paired_linear_rounds_the_fp32_product_once(rows: int, with_bias: bool) -> None:
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 64, generator=generator).bfloat16()
+    bias = torch.randn(96, generator=generator).bfloat16() if with_bias else None
+    x = torch.randn(rows, 64, generator=generator).bfloat16()
+    residual = torch.randn(rows, 96, generator=generator).bfloat16()
+    packed = PackedLinear(weight, bias, kernels=paired_kernels)
+    expected = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    got, summed = packed(x), packed.add_to(residual, x)
+    assert got.dtype == summed.dtype == torch.bfloat16
+    if rows <= PAIRED_ROWS:  # fp32 sums in another order than F.linear's: a bf16 step at most
+        torch.testing.assert_close(got, expected.bfloat16(), rtol=8e-3, atol=1e-2)
+        torch.testing.assert_close(summed, (expected + residual.float()).bfloat16(),
+                                   rtol=8e-3, atol=1e-2)  # fmt: skip
+    else:  # oneDNN's many-row packing
+        torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=0.1)
+
+
+@needs_paired
+def test_paired_linear_gives_each_row_what_it_gives_it_alone() -> None:
+    generator = torch.Generator().manual_seed(5)
+    weight = torch.randn(48, 576, generator=generator).bfloat16()
+    x = torch.randn(PAIRED_ROWS, 576, generator=generator).bfloat16()
+    packed = PackedLinear(weight, kernels=paired_kernels)
+    together = packed(x)
+    for row in range(PAIRED_ROWS):
+        assert torch.equal(packed(x[row : row + 1]), together[row : row + 1])
+
+
+@needs_paired
+def test_paired_linear_leaves_shapes_it_cannot_lay_out_to_onednn() -> None:
+    generator = torch.Generator().manual_seed(6)
+    weight = torch.randn(40, 64, generator=generator).bfloat16()  # 40 outputs: not blocks of 16
+    x = torch.randn(2, 64, generator=generator).bfloat16()
+    packed = PackedLinear(weight, kernels=paired_kernels)
+    assert pair_weight(weight) is None
+    expected = F.linear(x.float(), weight.float())
+    torch.testing.assert_close(packed(x).float(), expected, rtol=2e-2, atol=0.1)
