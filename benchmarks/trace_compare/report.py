@@ -49,8 +49,11 @@ def figure_row(result: dict, load: str, figure: tuple) -> list[str]:
     figures = {s: spread([r.get(key) for r in runs_of(result, load, s)]) for s in SERVERS}
     cells = [fmt_spread(figures[s], spec, scale) if figures[s]["n"] else "-" for s in SERVERS]
     share = ratio(figures["tieredkv"]["median"], figures["vllm"]["median"])
-    goal = f"≤ {target:g}×" if target is not None else ""
-    return [label, *cells, fmt(share, ".2f") + "×" if share is not None else "-", goal]
+    goal = ""
+    if target is not None:
+        verdict = "" if share is None else (" (met)" if share <= target else " (missed)")
+        goal = f"≤ {target:g}×{verdict}"
+    return [label, *cells, fmt(share, ".3f") + "×" if share is not None else "-", goal]
 
 
 def reuse_row(result: dict, load: str) -> list[str]:
@@ -116,8 +119,9 @@ def render_markdown(results: list[dict]) -> str:
     if not results:
         return "\n".join([*lines, "No results yet.", ""])
     result = sorted(results, key=lambda r: (r["date"], r.get("dir", "")))[-1]
-    command = " ".join(result["command"])
-    lines += [f"Source: `benchmarks/results/{result['dir']}` (`{command}`).", ""]
+    command = " ".join(["python -m benchmarks.trace_replay", *result["command"][1:]])
+    source = f"benchmarks/results/{result['dir']}"
+    lines += [f"Source: `{source}` (`{command}`).", ""]
     lines += setup_lines(result)
     for load in result["settings"]["loads"]:
         lines += load_table(result, load)

@@ -205,7 +205,7 @@ def test_report_shows_medians_ratios_and_targets() -> None:
     lines = text.splitlines()
     ttft = next(line for line in lines if line.startswith("| TTFT p50"))
     assert "500 (400-600)" in ttft and "1000 (1000-1000)" in ttft
-    assert "0.50×" in ttft and "≤ 0.8×" in ttft
+    assert "0.500×" in ttft and "≤ 0.8× (met)" in ttft
     reuse = next(line for line in lines if line.startswith("| reused prompt tokens"))
     assert "99.5 (99.0-100.0)" in reuse and "(met)" in reuse
     assert "compressed 24× (626 uncached prompt and 48 output tokens/s over 145 s)" in text
