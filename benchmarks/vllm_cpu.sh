@@ -6,8 +6,9 @@
 #   benchmarks/vllm_cpu.sh serve KV_GIB [PORT]     # KV space in whole GiB (default port 8100)
 #
 # Same KV budget: KV_GIB = tieredkv's --device-cache-size + --host-cache-size (on a CPU box both
-# are RAM). tieredkv's CPU workspace arena sits outside that budget, as vLLM's activations sit
-# outside its KV space: compare the two processes' peak memory too (benchmarks/vs_vllm.py does).
+# are RAM). tieredkv's CPU attention workspaces come out of its --device-cache-size, while vLLM's
+# activations sit outside its KV space: compare the two processes' peak memory too
+# (benchmarks/vs_vllm.py does).
 # vLLM reads VLLM_CPU_KVCACHE_SPACE as whole GiB, so give tieredkv a budget in whole GiB too.
 # vLLM cannot read the GGUF: it serves the converted safetensors dir of the default model
 # (tieredkv.model.default_model.default_model_dir(), created on first use by tieredkv).

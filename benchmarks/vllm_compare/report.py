@@ -78,10 +78,11 @@ def setup_lines(results: list[dict]) -> list[str]:
         "",
         f"tieredkv at commit {', '.join(commits)}; for the figures, KV in RAM `--device-cache-size "
         f"{ours.get('device_cache_size', '?')}` `--host-cache-size "
-        f"{ours.get('host_cache_size', '?')}`, plus its workspace arena outside that budget "
-        f"({ours.get('workspace_arena_bytes', 0) / GIB:.2f} GiB reserved for "
+        f"{ours.get('host_cache_size', '?')}`; its attention workspaces reserve "
+        f"{ours.get('workspace_arena_bytes', 0) / GIB:.2f} GiB of address space for "
         f"{ours.get('max_num_seqs', '?')} sequences of {ours.get('max_model_len', '?')} tokens, "
-        "resident only as far as sequences touch it); vLLM: "
+        "resident only as far as sequences touch it (how that memory counts against the device "
+        "budget: operations.md, Memory); vLLM: "
         f"`VLLM_CPU_KVCACHE_SPACE={settings.get('kv_gib', '?')}` GiB.",
         "",
         f"Runs: {len(results)}, samples per figure in each: {repeats}; "
