@@ -3,7 +3,7 @@ vLLM's CPU build, one server at a time, with the same 1 GiB of RAM for KV.
 
 The trace (benchmarks/traces/mooncake_conversations.jsonl, made by
 `benchmarks.trace_compare.scaling`, which says how) is replayed at two loads: time compressed
-SATURATION_COMPRESSION times, near what tieredkv serves on a 2-core machine, and half as
+SATURATION_COMPRESSION times, about what tieredkv prefills on a 2-core machine, and half as
 compressed (`--compression` moves both). Each (server, load, repeat) starts a fresh server,
 times one cold prompt, replays the trace, and reads the server's prompt tokens reused from
 /metrics. tieredkv runs with a 1 GiB device tier and a disk tier; vLLM with
@@ -42,8 +42,9 @@ from tieredkv.model.default_model import default_model_dir
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 BENCHMARK = "trace_replay"
-# trace seconds per replay second near tieredkv's saturation on 2 cores: the replay's busy
-# first half then asks for ~1,100 uncached prompt tokens/s, about what tieredkv prefills
+# trace seconds per replay second for the "saturation" load: it asks for ~1,000 uncached prompt
+# tokens/s, about what tieredkv prefills cold on a 2-core AMD EPYC; replayed there, both servers
+# fell behind the trace (TTFT ~10 s), so it sits past saturation, not at it
 SATURATION_COMPRESSION = 48.0
 LOADS = {"saturation": 1.0, "half": 0.5}  # load name: share of the saturation compression
 MAX_MODEL_LEN = 4096
