@@ -14,8 +14,8 @@ from tieredkv.cache.build import build_cache
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, align_up, header_bytes_for
 from tieredkv.cache.index.page_key import chain_keys, namespace_root_key
-from tieredkv.cache.page_events import PageListener
 from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.page_listener import PageListener
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig, WritePolicy
 

@@ -19,8 +19,8 @@ from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.index.radix_index import RadixIndex
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.metrics import CacheCounters
-from tieredkv.cache.page_events import PageEvents, PageListener
 from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.page_listener import PageListener
 from tieredkv.cache.pins import Pinning, PinRegistry
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
@@ -29,6 +29,7 @@ from tieredkv.cache.remote.remote_tier import RemoteTier
 from tieredkv.cache.remote.store import RemoteStore
 from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.residency.node_transfers import NodeTransfers
+from tieredkv.cache.residency.page_events import PageEvents
 from tieredkv.cache.residency.promotion import Promoter
 from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.residency.residency import Residency
@@ -65,7 +66,7 @@ def build_cache(
     every namespace's key chain. With `config.disk_enabled`, the disk store is opened (its
     directory locked; DiskStoreError if it cannot be) and its records are indexed again, so
     their prefixes match in the disk tier. Executors and the clock can be replaced (tests).
-    `page_listener` hears of every page landing in or leaving a local tier (`page_events`), the
+    `page_listener` hears of every page landing in or leaving a local tier (`page_listener`), the
     disk's rebuilt pages included.
     """
     device = torch.device(device)

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from tieredkv.cache.build import build_cache
-from tieredkv.cache.page_events import PageListener
 from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.page_listener import PageListener
 from tieredkv.cache.pins import PinError
 from tieredkv.cache.tier import Tier
 from tieredkv.config import CacheConfig, EngineConfig

@@ -24,9 +24,9 @@ from functools import partial
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.metrics import CacheCounters
-from tieredkv.cache.page_events import PageEvents
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, copy_may_leave
 from tieredkv.cache.residency.fair_share import Claim, FairTierHeap, tier_heap
+from tieredkv.cache.residency.page_events import PageEvents
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.transfer_queue import PartState, TransferPart
