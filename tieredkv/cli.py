@@ -34,11 +34,11 @@ def run_serve(settings: ServeSettings) -> int:
     # the port first: a port in use is an error now, not after the model has loaded
     sock = bind_server_socket(settings.server.host, settings.server.port)
     publisher = None
-    if settings.kv_events is not None:  # its sockets too: an endpoint in use is an error now
-        from tieredkv.kv_events.publisher import KvEventPublisher
-
-        publisher = KvEventPublisher(settings.kv_events, settings.cache.page_size)
     try:
+        if settings.kv_events is not None:  # its sockets too: an endpoint in use fails now
+            from tieredkv.kv_events.publisher import KvEventPublisher
+
+            publisher = KvEventPublisher(settings.kv_events, settings.cache.page_size)
         return _load_and_serve(settings, sock, publisher)
     finally:
         sock.close()  # uvicorn has closed it after serving; here for a failed start
