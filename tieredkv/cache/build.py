@@ -66,8 +66,8 @@ def build_cache(
     every namespace's key chain. With `config.disk_enabled`, the disk store is opened (its
     directory locked; DiskStoreError if it cannot be) and its records are indexed again, so
     their prefixes match in the disk tier. Executors and the clock can be replaced (tests).
-    `page_listener` hears of every page landing in or leaving a local tier (`page_listener`), the
-    disk's rebuilt pages included.
+    `page_listener` hears of every page landing in or leaving a local tier (`page_listener`):
+    first that none is held, then the disk's rebuilt pages.
     """
     device = torch.device(device)
     disk = _open_disk(config, layout, fingerprint, disk_io)
@@ -87,7 +87,8 @@ def build_cache(
         clock,
     )
     residency = Residency(tree, pools, counters, namespace_share=config.namespace_share)
-    if page_listener is not None:
+    if page_listener is not None:  # first of all: forget what an earlier process here held
+        page_listener.all_cleared()
         residency.events = PageEvents(tree, page_listener)
     transfers = NodeTransfers(residency, transfer_jobs, transfer_queue, clock)
     index = RadixIndex(tree, fingerprint, config.enable_prefix_reuse, residency)

@@ -28,4 +28,4 @@ class PageListener(Protocol):
         """Pages with `keys` left `tier`."""
 
     def all_cleared(self) -> None:
-        """Every page left every tier (a full flush that emptied the cache)."""
+        """No page is held in any tier: at start, and after a full flush emptied the cache."""
