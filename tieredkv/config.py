@@ -266,8 +266,8 @@ KV_EVENTS_SCHEMES = ("tcp://", "ipc://", "inproc://")
 @dataclass(frozen=True)
 class KvEventsConfig:
     """The KV events publisher (`tieredkv.kv_events`): a ZMQ PUB socket at `endpoint` (bound
-    when it names no host, `*`, or is ipc/inproc; else connected), a ROUTER answering replays at
-    `replay_endpoint` (bound; None: no replay), messages under `topic`. At most
+    when its host is a wildcard, `*` or `::`, or it is ipc/inproc; else connected), a ROUTER
+    answering replays at `replay_endpoint` (bound; None: no replay), messages under `topic`. At most
     `max_queue_events` events wait for the publisher thread (more are dropped and counted), the
     last `buffer_batches` batches are kept for replay, and up to `hwm` messages wait per
     subscriber in ZMQ (a slower one loses messages, which a replay recovers)."""

@@ -68,7 +68,11 @@ class KvEventPublisher:
         self._pub = self._socket(zmq.PUB, config.endpoint, bind=_binds(config.endpoint))
         self._replay = None
         if config.replay_endpoint is not None:
-            self._replay = self._socket(zmq.ROUTER, config.replay_endpoint, bind=True)
+            try:
+                self._replay = self._socket(zmq.ROUTER, config.replay_endpoint, bind=True)
+            except ConfigError:
+                self._pub.close()
+                raise
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tkv-kv-events", daemon=True)
         self._thread.start()
