@@ -87,8 +87,10 @@ def journey(events: list, page_hashes: list[int]) -> list[tuple[str, str | None]
 def test_a_page_is_followed_through_every_tier_and_the_flush(
     tmp_path: Path, publisher: KvEventPublisher, subscriber: Subscriber
 ) -> None:
-    tiers = {"device_pages": 2, "host_pages": 2, "disk_pages": 8, "disk_dir": tmp_path}
-    cache, executor = make_cache(LAYOUT, **tiers, page_listener=publisher)  # type: ignore[arg-type]
+    cache, executor = make_cache(
+        LAYOUT, device_pages=2, host_pages=2, disk_pages=8, disk_dir=tmp_path,
+        page_listener=publisher,
+    )  # fmt: skip
     view = ConsumerView()
     first, second, third = list(range(9)), list(range(100, 109)), list(range(200, 209))
     compute(cache, first)
