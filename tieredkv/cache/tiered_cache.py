@@ -187,7 +187,7 @@ class TieredCache:
         roots = None if within is None else [self.tree.roots[k] for k in names if within(names[k])]
         dropped = self.demoter.flush(roots)
         events = self.residency.events
-        if events and within is None and not self.tree.roots:
+        if events is not None and within is None and not self.tree.roots:
             events.cleared()  # after each page's removal: the cache holds nothing now
         return dropped
 

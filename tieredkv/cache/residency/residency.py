@@ -114,7 +114,7 @@ class Residency:
         if Tier.DEVICE in record.inflight or not record.may_commit(Tier.DEVICE):
             return False
         record.set_copy(Tier.DEVICE, pages)
-        if self.events:
+        if self.events is not None:
             self.events.stored(node, Tier.DEVICE)
         self.refresh(node.parent)
         self.commit_waiting_children(node)
@@ -122,12 +122,12 @@ class Residency:
 
     def new_device_copy(self, node: RadixNode, pages: list[int]) -> None:
         node.residence.set_copy(Tier.DEVICE, pages)
-        if self.events:
+        if self.events is not None:
             self.events.stored(node, Tier.DEVICE)
 
     def found_copy(self, node: RadixNode, tier: Tier, pages: list[int]) -> None:
         node.residence.set_copy(tier, pages)
-        if self.events:
+        if self.events is not None:
             self.events.stored(node, tier)
 
     def released(self, node: RadixNode) -> None:
@@ -167,7 +167,7 @@ class Residency:
             return  # the parent's copy commits first and then commits this one
         record.pop_inflight(dst)
         record.set_copy(dst, part.dst_pages)
-        if self.events:
+        if self.events is not None:
             self.events.stored(node, dst)
         self._commits.append((node, dst))
         if part.ticket.frees_source:
@@ -199,7 +199,7 @@ class Residency:
             return
         self.counters.on_eviction(src, node.num_pages, demoted=True)
         self.pools.free(src, record.pop_copy(src))
-        if self.events:
+        if self.events is not None:
             self.events.removed(node, src)
         self.refresh(node.parent)
 
@@ -217,7 +217,7 @@ class Residency:
         pages freed only when those reads finish. `count_as`: demoted, dropped, or None."""
         record = node.residence
         pages = record.pop_copy(tier)
-        if self.events:
+        if self.events is not None:
             self.events.removed(node, tier)
         readers = [part for part in record.inflight.values() if part.src_tier == tier]
         live = [part.ticket for part in readers if part.state is PartState.COPYING]
