@@ -133,6 +133,12 @@ class EngineMetrics:
             "Seconds of those steps in the scheduler and cache bookkeeping: transfers applied, "
             "queue order, admission, page reservation, computed pages inserted.",
         )
+        self.kv_events_published = self._counter(
+            "kv_events_published_total", "KV events sent on --kv-events-endpoint, in batches."
+        )
+        self.kv_events_dropped = self._counter(
+            "kv_events_dropped_total", "KV events lost unsent: the publisher's queue was full."
+        )
 
     # -- events ------------------------------------------------------------------------------------
 
