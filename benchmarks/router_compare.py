@@ -188,7 +188,6 @@ async def drive(sender: Sender, requests: list[TenantRequest], rep: int) -> list
 
 
 async def measure(
-    router: str,
     servers: list[ManagedServer],
     entry: str | DynamoRouter,
     args: argparse.Namespace,
@@ -256,9 +255,7 @@ def run_config(
             running.callback(sglang.stop)
             sglang.wait_for(set(urls))
             entry = sglang.base_url
-        rows, counters = asyncio.run(
-            measure(router, servers, entry, args, requests, rep, tokenizer)
-        )
+        rows, counters = asyncio.run(measure(servers, entry, args, requests, rep, tokenizer))
     return {"remote": remote, "router": router, "rep": rep, **counters, "requests": rows}
 
 
