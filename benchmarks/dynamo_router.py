@@ -78,7 +78,6 @@ async def run_router(port: int, page_size: int) -> None:
             worker_id, _, overlap = await router.best_worker(
                 request["token_ids"], request_id=request["request_id"]
             )
-            await router.mark_prefill_complete(request["request_id"])
             return {"worker_id": worker_id, "overlap_blocks": overlap}
         if op == "done":
             await router.free(request["request_id"])
