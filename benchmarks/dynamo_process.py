@@ -40,6 +40,13 @@ def require_dynamo() -> Path:
     return python
 
 
+def dynamo_version() -> str:
+    """The version of `ai-dynamo-runtime` in the router's venv."""
+    code = "from importlib.metadata import version; print(version('ai-dynamo-runtime'))"
+    done = subprocess.run([str(require_dynamo()), "-c", code], capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
 class DynamoRouter:
     """Dynamo's router over the replicas whose KV events are published at `kv_events` (one
     ZMQ endpoint per replica, in replica order), with pages of `page_size` tokens; logs and

@@ -27,26 +27,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import datetime
+import importlib.metadata
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
-from benchmarks.dynamo_process import DynamoRouter, require_dynamo
+from benchmarks.dynamo_process import DynamoRouter, dynamo_version, require_dynamo
 from benchmarks.presets import parse_with_preset
 from benchmarks.redis_server import RedisServer, require_redis_server
 from benchmarks.router import RouterProcess, require_router
+from benchmarks.router_client import Sender, drive
 from benchmarks.router_report import render_markdown, summarize, table
 from benchmarks.router_workload import TenantRequest, TenantWorkloadConfig, build_requests
-from tieredkv.bench.client import parse_usage, scrape_metrics, served_model
+from tieredkv.bench.client import scrape_metrics, served_model
 from tieredkv.bench.managed import ManagedServer, free_port
 from tieredkv.bench.prom_text import counter_delta, parse_samples
-from tieredkv.bench.records import TIERS, RequestRecord
+from tieredkv.bench.records import TIERS
 from tieredkv.bench.result_file import write_result
 from tieredkv.errors import ConfigError
 from tieredkv.model.default_model import default_model_dir
@@ -103,88 +103,6 @@ def replica_args(args: argparse.Namespace, kv_port: int, remote_url: str | None)
         f"tcp://127.0.0.1:{kv_port}",
     ]
     return flags + (["--remote-cache-url", remote_url] if remote_url else [])
-
-
-async def stream_completion(
-    http: httpx.AsyncClient, url: str, body: dict, record: RequestRecord
-) -> None:
-    """POST a streamed completion to `url`; TTFT at the first non-empty text, usage at the end."""
-    try:
-        async with http.stream("POST", url, json=body) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                record.error = f"HTTP {response.status_code}: {text[:300]}"
-                return
-            async for line in response.aiter_lines():
-                if not line.startswith("data:") or line.endswith("[DONE]"):
-                    continue
-                event = json.loads(line[len("data:") :])
-                has_text = any(choice.get("text") for choice in event.get("choices") or [])
-                if has_text and record.ttft_s is None:
-                    record.ttft_s = time.perf_counter() - record.start_s
-                if event.get("usage"):
-                    parse_usage(event["usage"], record)
-    except httpx.HTTPError as error:
-        record.error = f"{type(error).__name__}: {error}"
-    record.latency_s = time.perf_counter() - record.start_s
-
-
-@dataclasses.dataclass
-class Sender:
-    """Sends one workload request through `entry` (Dynamo, or an sglang-router's URL) to one of
-    the replicas at `urls`; returns its record as a dict."""
-
-    http: httpx.AsyncClient
-    model: str
-    max_tokens: int
-    urls: list[str]
-    entry: str | DynamoRouter
-    tokenizer: ChatTokenizer
-
-    async def send(self, request: TenantRequest, rep: int) -> dict:
-        body = {
-            "model": self.model,
-            "max_tokens": self.max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        record = RequestRecord(user=request.tenant, round_index=rep, start_s=time.perf_counter())
-        row: dict = {"replica": None, "routed_pages": None}
-        if isinstance(self.entry, DynamoRouter):
-            token_ids = self.tokenizer.encode(request.prompt)  # as the replica encodes the text
-            request_id = f"r{rep}-{request.index}"
-            replica, row["routed_pages"] = await self.entry.route(token_ids, request_id)
-            row["replica"] = replica
-            url = self.urls[replica] + "/v1/completions"
-            await stream_completion(self.http, url, {**body, "prompt": token_ids}, record)
-            await self.entry.done(request_id)
-        else:
-            url = self.entry + "/v1/completions"
-            await stream_completion(self.http, url, {**body, "prompt": request.prompt}, record)
-        return {
-            "index": request.index,
-            "tenant": request.tenant,
-            "arrival_s": request.arrival_s,
-            "ttft_s": record.ttft_s,
-            "latency_s": record.latency_s,
-            "prompt_tokens": record.prompt_tokens,
-            "cached_tokens": record.cached_tokens,
-            "cached_by_tier": record.cached_by_tier,
-            "error": record.error,
-            **row,
-        }
-
-
-async def drive(sender: Sender, requests: list[TenantRequest], rep: int) -> list[dict]:
-    """Every request at its arrival time (open loop); their records in order."""
-    started = time.perf_counter()
-
-    async def one(request: TenantRequest) -> dict:
-        await asyncio.sleep(max(0.0, started + request.arrival_s - time.perf_counter()))
-        return await sender.send(request, rep)
-
-    return list(await asyncio.gather(*(one(request) for request in requests)))
 
 
 async def measure(
@@ -259,6 +177,15 @@ def run_config(
     return {"remote": remote, "router": router, "rep": rep, **counters, "requests": rows}
 
 
+def peer_versions(routers: list[str]) -> dict:
+    peers = {}
+    if "dynamo" in routers:
+        peers["ai-dynamo-runtime"] = dynamo_version()
+    if any(router != "dynamo" for router in routers):
+        peers["sglang-router"] = importlib.metadata.version("sglang-router")
+    return peers
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
@@ -318,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or REPO / "benchmarks" / "results" / "router_compare" / stamp
     skip = ("work_dir", "out", "remote_list", "router_list")
     settings = {k: v for k, v in vars(args).items() if k not in skip}
-    path = write_result(out, "router_compare", settings=settings, summary=summary, records=records)
+    peers = peer_versions(args.router_list)
+    path = write_result(
+        out, "router_compare", settings=settings, summary=summary, records=records, peers=peers
+    )
     print(table(summary))
     print(f"wrote {path}")
     return 0

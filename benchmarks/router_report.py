@@ -106,7 +106,12 @@ def render_markdown(results: list[dict]) -> str:
             f"({s['device_cache']} device, {s['host_cache']} host, {s['dtype']}), "
             f"{s['tenants']} tenants of {s['system_words']}-word system prompts, "
             f"{s['requests']} requests at {s['rate']} req/s, {s['max_tokens']} tokens out, "
-            f"{s['reps']} rep(s).\n"
+            f"{s['reps']} rep(s). {_peers_line(result.get('peers') or {})}\n"
         )
         parts.append(table(result["summary"]) + "\n")
     return "\n".join(parts)
+
+
+def _peers_line(peers: dict) -> str:
+    named = ", ".join(f"{name} {version}" for name, version in sorted(peers.items()))
+    return f"Routers: {named}." if named else ""
