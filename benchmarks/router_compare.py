@@ -100,7 +100,7 @@ def replica_args(args: argparse.Namespace, kv_port: int, remote_url: str | None)
         "--host-cache-size",
         args.host_cache,
         "--kv-events-endpoint",
-        f"tcp://127.0.0.1:{kv_port}",
+        f"tcp://*:{kv_port}",  # a wildcard host binds (as in vLLM); the router connects
     ]
     return flags + (["--remote-cache-url", remote_url] if remote_url else [])
 

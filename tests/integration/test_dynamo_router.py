@@ -34,18 +34,18 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[tuple[Se
     except dynamo_process.DynamoMissingError as exc:
         pytest.skip(str(exc))
     logs = tmp_path_factory.mktemp("replicas")
-    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    ports = [free_port() for _ in range(2)]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = [
             pool.submit(
                 ServerProcess,
-                [*REPLICA_ARGS, "--kv-events-endpoint", endpoint],
+                [*REPLICA_ARGS, "--kv-events-endpoint", f"tcp://*:{port}"],  # binds
                 logs / f"replica{i}.log",
             )
-            for i, endpoint in enumerate(endpoints)
+            for i, port in enumerate(ports)
         ]
         servers = [future.result() for future in futures]
-    yield list(zip(servers, endpoints, strict=True))
+    yield [(s, f"tcp://127.0.0.1:{p}") for s, p in zip(servers, ports, strict=True)]
     for server in servers:
         server.stop()
 

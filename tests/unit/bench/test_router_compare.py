@@ -51,7 +51,7 @@ def test_quick_preset_and_replica_flags() -> None:
     assert (args.replicas, args.tenants, args.remote_list, args.router_list) == (
         2, 3, [False], ["dynamo"])  # fmt: skip
     flags = router_compare.replica_args(args, 5557, None)
-    assert flags[flags.index("--kv-events-endpoint") + 1] == "tcp://127.0.0.1:5557"
+    assert flags[flags.index("--kv-events-endpoint") + 1] == "tcp://*:5557"
     assert "--remote-cache-url" not in flags
     remote = router_compare.replica_args(args, 5557, "redis://127.0.0.1:6379/0")
     assert remote[-2:] == ["--remote-cache-url", "redis://127.0.0.1:6379/0"]
