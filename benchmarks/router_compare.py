@@ -2,7 +2,7 @@
 workload with long shared prefixes, the remote tier on and off.
 
     .venv/bin/python -m benchmarks.router_compare [--replicas 3] [--remote on,off]
-        [--routers dynamo,cache_aware,round_robin] [--tenants 16] [--requests 160]
+        [--routers dynamo,cache_aware,round_robin] [--tenants 16] [--requests 120]
         [--rate 0.5] [--reps 1] [--quick] [--out DIR]
 
 The routers:
@@ -60,9 +60,10 @@ REMOTE_WORDS = {"on": True, "off": False}
 PRESETS = {
     "default": dict(
         replicas=3,
+        threads=1,  # three replicas share the machine's cores
         tenants=16,
         system_words=400,
-        requests=160,
+        requests=120,
         rate=0.5,
         max_tokens=8,
         reps=1,
@@ -72,6 +73,7 @@ PRESETS = {
     ),
     "quick": dict(
         replicas=2,
+        threads=1,
         tenants=3,
         system_words=60,
         requests=6,
