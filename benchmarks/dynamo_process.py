@@ -30,6 +30,10 @@ class DynamoStartError(TieredKVError):
     """A worker or the router exited, or the router never saw every worker."""
 
 
+class DynamoRouteError(TieredKVError):
+    """The router answered a request with an error."""
+
+
 def require_dynamo() -> Path:
     """The router venv's python, or DynamoMissingError saying how to make it."""
     python = ROUTER_VENV / "bin" / "python"
@@ -109,7 +113,7 @@ class DynamoRouter:
         reply = json.loads(await reader.readline())
         writer.close()
         if "error" in reply:
-            raise DynamoStartError(f"the router answered {request['op']}: {reply['error']}")
+            raise DynamoRouteError(f"the router answered {request['op']}: {reply['error']}")
         return reply
 
     async def route(self, token_ids: list[int], request_id: str) -> tuple[int, int]:

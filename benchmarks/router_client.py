@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from benchmarks.dynamo_process import DynamoRouter
+from benchmarks.dynamo_process import DynamoRouteError, DynamoRouter
 from benchmarks.router_workload import TenantRequest
 from tieredkv.bench.client import parse_usage
 from tieredkv.bench.records import RequestRecord
@@ -67,11 +67,15 @@ class Sender:
         if isinstance(self.entry, DynamoRouter):
             token_ids = self.tokenizer.encode(request.prompt)  # as the replica encodes the text
             request_id = f"r{rep}-{request.index}"
-            replica, row["routed_pages"] = await self.entry.route(token_ids, request_id)
-            row["replica"] = replica
-            url = self.urls[replica] + "/v1/completions"
-            await stream_completion(self.http, url, {**body, "prompt": token_ids}, record)
-            await self.entry.done(request_id)
+            try:
+                replica, row["routed_pages"] = await self.entry.route(token_ids, request_id)
+            except (DynamoRouteError, OSError) as error:  # the request fails, the run goes on
+                record.error = f"routing: {error}"
+            else:
+                row["replica"] = replica
+                url = self.urls[replica] + "/v1/completions"
+                await stream_completion(self.http, url, {**body, "prompt": token_ids}, record)
+                await self.entry.done(request_id)
         else:
             url = self.entry + "/v1/completions"
             await stream_completion(self.http, url, {**body, "prompt": request.prompt}, record)
