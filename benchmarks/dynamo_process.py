@@ -15,7 +15,9 @@ from pathlib import Path
 from tieredkv.bench.managed import free_port
 from tieredkv.errors import TieredKVError
 
-ROUTER_VENV = Path(os.environ.get("ROUTER_VENV", "/tmp/router-venv"))
+ROUTER_VENV = Path(
+    os.environ.get("ROUTER_VENV", Path(__file__).resolve().parent.parent / ".venv-router")
+)
 SCRIPT = Path(__file__).resolve().parent / "dynamo_router.py"
 READY_S = 60.0
 STOP_TIMEOUT_S = 10.0

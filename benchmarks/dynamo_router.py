@@ -1,9 +1,9 @@
 """NVIDIA Dynamo's KV-aware router (PyPI `ai-dynamo-runtime`) over tieredkv replicas that publish
 KV events, run in the router's own virtual environment (benchmarks/dynamo_router.sh makes it):
 
-    /tmp/router-venv/bin/python benchmarks/dynamo_router.py worker --kv-events tcp://H:P \
+    .venv-router/bin/python benchmarks/dynamo_router.py worker --kv-events tcp://H:P \
         --page-size N
-    /tmp/router-venv/bin/python benchmarks/dynamo_router.py router --port P --page-size N
+    .venv-router/bin/python benchmarks/dynamo_router.py router --port P --page-size N
 
 Dynamo runs without etcd or NATS: discovery through files (`DYN_FILE_KV`, one directory the
 workers and the router share), requests over TCP and events over ZMQ. A `worker` is the Dynamo

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # NVIDIA Dynamo's KV-aware router for benchmarks/router_compare.py, in a venv of its own.
 #
-#   benchmarks/dynamo_router.sh install     # the venv (default /tmp/router-venv)
+#   benchmarks/dynamo_router.sh install     # the venv (default .venv-router in the repository)
 #   benchmarks/dynamo_router.sh check       # prints the runtime's version, or fails
 #
 # Only `ai-dynamo-runtime` (the Rust runtime, router and indexer with their Python bindings) is
@@ -17,7 +17,7 @@
 set -euo pipefail
 
 DYNAMO_VERSION=${DYNAMO_VERSION:-1.6.1}
-ROUTER_VENV=${ROUTER_VENV:-/tmp/router-venv}
+ROUTER_VENV=${ROUTER_VENV:-"$(cd "$(dirname "$0")/.." && pwd)/.venv-router"}
 if [[ -z "${ROUTER_PYTHON:-}" ]]; then
     ROUTER_PYTHON=$(command -v python3.11 || command -v python3)
 fi
