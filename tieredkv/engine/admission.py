@@ -13,7 +13,11 @@ frees them. Decode pages are not reserved; a device that fills during decode sti
 Prefixes being computed (`lpm` only). A waiting request whose prompt shares more with a request
 still prefilling than the cache holds would compute the same pages beside it; it waits instead
 until those pages are in the tree (the running request inserts its full pages after every
-step), at most `defer_limit_s` in all, and its wait counts in its aging as any wait does.
+step), or until that request leaves the batch (preempted or ended); its wait counts in its aging
+as any wait does. The wait has no time bound of its own: computing the prefix a second time
+beside the first would take the same prefill budget the first needs, so under a deep queue it
+delays both, and the first's prefill is bounded by the prefill order's aging
+(`queue_order`). A request preempted mid-prefill holds nobody: it is no longer admitted.
 Prompts are compared by chained hashes of their full pages (within one namespace), so the
 shared length is found by a binary search, not a token-by-token scan.
 """

@@ -21,7 +21,7 @@ each admission the waiting requests are matched again, `REMATCH_MAX_WAITING` at 
 match costs ~10 µs; the engine reports the time it spends here as `scheduler_seconds_total`).
 Admission stops at the first request the device has no room for, its whole prompt counted
 (`admission.DeviceRoom`); under `lpm` a request that shares a prefix with one still computing
-it waits for it, bounded, and is passed over meanwhile (`admission.prefix_being_computed`).
+it waits for that prefill, and is passed over meanwhile (`admission.prefix_being_computed`).
 """
 
 from __future__ import annotations
@@ -107,9 +107,6 @@ class Scheduler:
         self.clock = clock
         self.order = QueueOrder(config.schedule_policy)
         self.page_size = pages.page_size
-        # a request waits for a prefix being computed at most as long as aging takes to lift
-        # a cold request above any match
-        self.defer_limit_s = config.max_model_len / self.order.aging_tokens_per_second
         self._rematch_cursor = 0
         self._waiting: list[Request] = []
         self._promoting: list[Request] = []
@@ -271,15 +268,14 @@ class Scheduler:
 
     def _waits_for_shared_prefix(self, request: Request, now: float) -> bool:
         """lpm: True while an admitted request is computing a prefix `request` shares beyond
-        its cached match (bounded: `defer_limit_s` of such waits in all)."""
+        its cached match. No time bound: the wait ends with that prefill, which the prefill
+        order's aging bounds, or when that request leaves the batch (preempted, ended)."""
         if self.order.policy is not SchedulePolicy.LPM or not self.pages.reuse:
             return False
         was_waiting = request.deferred_at is not None
         if was_waiting:
             request.deferred_s += now - request.deferred_at
             request.deferred_at = None
-        if request.deferred_s >= self.defer_limit_s:
-            return False
         admitted = [*self._running, *self._promoting]
         if prefix_being_computed(request, admitted, self.page_size) is None:
             return False
