@@ -115,3 +115,13 @@ class DeviceRoom:
     def take(self, request: Request) -> None:
         """Count the admitted `request` in."""
         self.free_pages -= self.need(request)
+
+    def keep(self, request: Request, shared_tokens: int) -> bool:
+        """Keep room for the waiting `request`, which waits for `shared_tokens` of its prompt
+        to be computed by an admitted request (whose pages are counted already): the pages
+        beyond them. False (nothing kept): they do not fit in what is left."""
+        pages = max(0, prompt_pages(request, self.page_size) - shared_tokens // self.page_size)
+        if pages > self.free_pages:
+            return False
+        self.free_pages -= pages
+        return True

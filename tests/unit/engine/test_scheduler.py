@@ -317,6 +317,25 @@ def test_a_wait_for_a_shared_prefix_lasts_while_the_prefix_is_computed() -> None
     assert sibling.cached_tokens == 40  # the whole template came from the tree
 
 
+def test_a_request_waiting_for_a_shared_prefix_keeps_its_place() -> None:
+    """Passed over while first computes the template, the sibling keeps its sequence: a
+    later request is not admitted into it, and the sibling runs as soon as the template is
+    in the tree, ahead of the later one."""
+    rig = make_rig(max_num_seqs=2, max_batch_tokens=16)
+    template = prompt(40, 100)
+    first = rig.request("first", [*template, 1])
+    rig.step()
+    sibling = rig.request("sibling", [*template, 2])
+    later = rig.request("later", prompt(8, 500))
+    while first.kv_len < len(first.spec.prompt_ids):
+        rig.step()
+        assert sibling.status is RequestStatus.WAITING
+        assert later.status is RequestStatus.WAITING  # the second sequence is the sibling's
+    rig.step()
+    assert sibling.status is RequestStatus.RUNNING and sibling.cached_tokens == 40
+    assert later.status is RequestStatus.WAITING
+
+
 def test_a_wait_for_a_shared_prefix_ends_when_its_request_is_preempted() -> None:
     """A request preempted mid-prefill holds nobody: the sibling is admitted with the pages
     the preempted one put into the tree, and computes the rest itself."""
