@@ -13,7 +13,11 @@ frees them. Decode pages are not reserved; a device that fills during decode sti
 Prefixes being computed (`lpm` only). A waiting request whose prompt shares more with a request
 still prefilling than the cache holds would compute the same pages beside it; it waits instead
 until those pages are in the tree (the running request inserts its full pages after every
-step), at most `defer_limit_s` in all, and its wait counts in its aging as any wait does.
+step), or until that request leaves the batch (preempted or ended); its wait counts in its aging
+as any wait does. The wait has no time bound of its own: computing the prefix a second time
+beside the first would take the same prefill budget the first needs, so under a deep queue it
+delays both, and the first's prefill is bounded by the prefill order's aging
+(`queue_order`). A request preempted mid-prefill holds nobody: it is no longer admitted.
 Prompts are compared by chained hashes of their full pages (within one namespace), so the
 shared length is found by a binary search, not a token-by-token scan.
 """
@@ -111,3 +115,13 @@ class DeviceRoom:
     def take(self, request: Request) -> None:
         """Count the admitted `request` in."""
         self.free_pages -= self.need(request)
+
+    def keep(self, request: Request, shared_tokens: int) -> bool:
+        """Keep room for the waiting `request`, which waits for `shared_tokens` of its prompt
+        to be computed by an admitted request (whose pages are counted already): the pages
+        beyond them. False (nothing kept): they do not fit in what is left."""
+        pages = max(0, prompt_pages(request, self.page_size) - shared_tokens // self.page_size)
+        if pages > self.free_pages:
+            return False
+        self.free_pages -= pages
+        return True

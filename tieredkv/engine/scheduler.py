@@ -21,7 +21,10 @@ each admission the waiting requests are matched again, `REMATCH_MAX_WAITING` at 
 match costs ~10 µs; the engine reports the time it spends here as `scheduler_seconds_total`).
 Admission stops at the first request the device has no room for, its whole prompt counted
 (`admission.DeviceRoom`); under `lpm` a request that shares a prefix with one still computing
-it waits for it, bounded, and is passed over meanwhile (`admission.prefix_being_computed`).
+it waits for that prefill (`admission.prefix_being_computed`) and is passed over meanwhile, its
+place kept: the requests after it are admitted only into the sequences and device room left
+once its own are counted (a sequence, the pages of its prompt beyond the shared prefix), so
+when the prefix is in the tree it is not left behind those admitted in its place.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 
 from tieredkv.cache.cache_handle import WarmHold
 from tieredkv.config import EngineConfig, SchedulePolicy
-from tieredkv.engine.admission import DeviceRoom, prefix_being_computed
+from tieredkv.engine.admission import DeviceRoom, prefix_being_computed, shared_prompt_tokens
 from tieredkv.engine.metrics import EngineRecorder
 from tieredkv.engine.protocol import FinishReason, QueueFullError
 from tieredkv.engine.queue_order import QueueOrder
@@ -107,9 +110,6 @@ class Scheduler:
         self.clock = clock
         self.order = QueueOrder(config.schedule_policy)
         self.page_size = pages.page_size
-        # a request waits for a prefix being computed at most as long as aging takes to lift
-        # a cold request above any match
-        self.defer_limit_s = config.max_model_len / self.order.aging_tokens_per_second
         self._rematch_cursor = 0
         self._waiting: list[Request] = []
         self._promoting: list[Request] = []
@@ -231,12 +231,17 @@ class Scheduler:
         now = self.clock()
         self._rematch_waiting()
         room = DeviceRoom(self.pages.device_pages, self._running, self._promoting, self.page_size)
+        kept = 0  # sequences kept for requests waiting for a prefix being computed
         for request in self.order.ordered(self._waiting, now):
             if budget.seqs <= 0 or budget.tokens <= 0:
                 break
-            if len(self._running) + len(self._promoting) >= self.config.max_num_seqs:
+            if len(self._running) + len(self._promoting) + kept >= self.config.max_num_seqs:
                 break  # --max-num-seqs caps the sequences held, not only those forwarded
-            if self._waits_for_shared_prefix(request, now):
+            source = self._waits_for_shared_prefix(request, now)
+            if source is not None:  # passed over, its place kept: a sequence, its own pages
+                if not room.keep(request, shared_prompt_tokens(request, source, self.page_size)):
+                    break
+                kept += 1
                 continue
             if (self._running or self._promoting) and not room.fits(request):
                 break  # its prompt does not fit beside the admitted ones: they finish first
@@ -269,24 +274,25 @@ class Scheduler:
         for request in waiting:
             self.pages.on_arrival(request)
 
-    def _waits_for_shared_prefix(self, request: Request, now: float) -> bool:
-        """lpm: True while an admitted request is computing a prefix `request` shares beyond
-        its cached match (bounded: `defer_limit_s` of such waits in all)."""
+    def _waits_for_shared_prefix(self, request: Request, now: float) -> Request | None:
+        """lpm: the admitted request computing a prefix `request` shares beyond its cached
+        match, which `request` waits for; None: it waits for nobody. No time bound: the wait
+        ends with that prefill, which the prefill order's aging bounds, or when that request
+        leaves the batch (preempted, ended)."""
         if self.order.policy is not SchedulePolicy.LPM or not self.pages.reuse:
-            return False
+            return None
         was_waiting = request.deferred_at is not None
         if was_waiting:
             request.deferred_s += now - request.deferred_at
             request.deferred_at = None
-        if request.deferred_s >= self.defer_limit_s:
-            return False
         admitted = [*self._running, *self._promoting]
-        if prefix_being_computed(request, admitted, self.page_size) is None:
-            return False
+        source = prefix_being_computed(request, admitted, self.page_size)
+        if source is None:
+            return None
         if not was_waiting and request.deferred_s == 0.0:
             self.recorder.on_deferred_admission()  # its first such wait
         request.deferred_at = now
-        return True
+        return source
 
     def _start_running(self, request: Request) -> None:
         request.status = RequestStatus.RUNNING
