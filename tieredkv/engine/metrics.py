@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.metrics import EVICTION_ACTIONS, CacheCounters
+from tieredkv.cache.retention import RetentionFigures
 from tieredkv.cache.tier import Tier
 from tieredkv.engine.protocol import FinishReason
 from tieredkv.engine.request import Request
@@ -133,6 +134,13 @@ class EngineMetrics:
             "Seconds of those steps in the scheduler and cache bookkeeping: transfers applied, "
             "queue order, admission, page reservation, computed pages inserted.",
         )
+        self.retained_pages = self._gauge(
+            "retained_pages", 'Pages of prompts retained 24 h ("24h"), per tier with a copy.', tiers
+        )
+        self.retention_evicted = self._counter(
+            "retention_evicted_total",
+            "Retained prompts that lost their guarantee to --retention-budget (LRU first).",
+        )
 
     # -- events ------------------------------------------------------------------------------------
 
@@ -218,6 +226,11 @@ class EngineMetrics:
         for tier, tokens in hit_tokens.items():
             self.cache_hit_tokens.set_total(tokens, tier=tier.label)
 
+    def set_retention(self, figures: RetentionFigures) -> None:
+        for tier, pages in figures.pages_by_tier.items():
+            self.retained_pages.set(pages, tier=tier.label)
+        self.retention_evicted.set_total(figures.evicted_total)
+
     # -- called by the server ----------------------------------------------------------------------
 
     def render(self) -> str:
@@ -273,6 +286,7 @@ class StepFigures:
     tier_capacity_bytes: Mapping[Tier, int]
     disk_page_errors: Mapping[DiskErrorReason, int]
     remote_page_errors: Mapping[str, int]
+    retention: RetentionFigures | None = None
 
 
 class EngineRecorder:
@@ -330,3 +344,5 @@ class EngineRecorder:
             figures.cache_counters, figures.disk_page_errors, figures.remote_page_errors
         )
         self.metrics.set_hit_tokens(self.hit_tokens)
+        if figures.retention is not None:
+            self.metrics.set_retention(figures.retention)
