@@ -78,7 +78,7 @@ class Retention:
         self._pages_by_namespace: dict[str, int] = {}
         self.evicted_total = 0  # prefixes that lost their guarantee to the budget
         self.expired_total = 0  # prefixes whose 24 hours ran out
-        self._figures = RetentionFigures(dict.fromkeys(Tier, 0), 0)
+        self._pages_by_tier = dict.fromkeys(Tier, 0)
         self._figures_at: float | None = None
 
     @property
@@ -138,9 +138,9 @@ class Retention:
     def figures(self, now: float) -> RetentionFigures:
         """The metrics' figures, the pages counted again at most every `FIGURES_PERIOD_S`."""
         if self._figures_at is None or now - self._figures_at >= FIGURES_PERIOD_S:
-            self._figures = RetentionFigures(self.retained_pages(), self.evicted_total)
+            self._pages_by_tier = self.retained_pages()
             self._figures_at = now
-        return self._figures
+        return RetentionFigures(self._pages_by_tier, self.evicted_total)
 
     def __len__(self) -> int:
         return len(self._prefixes)
