@@ -131,3 +131,37 @@ def test_bad_prompt_cache_fields_are_400s(server) -> None:
         prompt_cache_retention=None,
     )
     assert accepted.usage.completion_tokens == 1
+
+
+def turns(server: ServerProcess, salt: str, **fields: str) -> dict[str, int]:
+    """Two turns sharing a history with a flood between them; the second's tokens by tier."""
+    history = [
+        {"role": "system", "content": "Notes for this group. " + document(11, 200)},
+        {"role": "user", "content": "Summarise the notes."},
+    ]
+    sdk, extra = client(server), {"cache_salt": salt}
+    first = sdk.chat.completions.create(
+        model=MODEL, messages=history, max_tokens=4, temperature=0, extra_body=extra, **fields
+    )
+    flood(server, 3, seed=120)
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And in one word?"},
+    ]
+    second = sdk.chat.completions.create(
+        model=MODEL, messages=history, max_tokens=1, temperature=0, extra_body=extra, **fields
+    )
+    return second.usage.prompt_tokens_details.model_extra["cached_tokens_by_tier"]
+
+
+def test_a_prompt_cache_key_keeps_its_group_warm_as_a_session(tmp_path: Path) -> None:
+    # plain LRU across namespaces, so only the key's hold keeps the first group's pages on host
+    args = [*TINY, "--disk-cache-dir", str(tmp_path / "kv"), "--namespace-share", "1"]
+    server = ServerProcess(args, tmp_path / "key.log")
+    try:
+        warm = turns(server, "keyed", prompt_cache_key="notes-group")
+        assert warm["disk"] == 0 and warm["device"] + warm["host"] > 0, warm
+        cold = turns(server, "unkeyed")  # the same turns, no key: pushed out of memory
+        assert cold["device"] + cold["host"] == 0, cold
+    finally:
+        server.stop()
