@@ -16,6 +16,7 @@ import pytest
 
 from tests.integration.server_process import ServerProcess
 from tests.integration.test_server_e2e import document
+from tests.router_process import RouterProcess, require_router
 
 MODEL = "SmolLM2-135M-Instruct"
 # fp32 pages of 16 tokens (737,280 B): device 91 pages, host 45, disk about 60, so a flood of
@@ -165,3 +166,32 @@ def test_a_prompt_cache_key_keeps_its_group_warm_as_a_session(tmp_path: Path) ->
         assert cold["device"] + cold["host"] == 0, cold
     finally:
         server.stop()
+
+
+def test_sglang_router_keeps_a_key_on_one_replica_through_its_header(tmp_path: Path) -> None:
+    """The operations guide's recipe: sglang-router's `manual` policy reads no body field, so
+    the client sends its prompt_cache_key as X-SMG-Routing-Key too."""
+    require_router()
+    small = ["--dtype", "float32", "--max-model-len", "512", "--device-cache-size", "64MiB"]
+    replicas = [ServerProcess(small, tmp_path / f"replica-{i}.log") for i in range(2)]
+    router = RouterProcess([r.base_url for r in replicas], tmp_path / "router.log", "manual")
+    try:
+        router.wait_for({r.base_url for r in replicas})
+        sdk = openai.OpenAI(base_url=router.base_url + "/v1", api_key="unused", max_retries=0)
+        for key in ("group-a", "group-b", "group-c"):
+            before = [metric(r, "tieredkv_prompt_tokens_total") for r in replicas]
+            for turn in range(3):
+                sdk.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": f"Turn {turn} of {key}."}],
+                    max_tokens=1,
+                    prompt_cache_key=key,
+                    extra_headers={"X-SMG-Routing-Key": key},
+                )
+            after = [metric(r, "tieredkv_prompt_tokens_total") for r in replicas]
+            grown = [a > b for a, b in zip(after, before, strict=True)]
+            assert grown.count(True) == 1, (key, grown)  # every turn on the same replica
+    finally:
+        router.stop()
+        for replica in replicas:
+            replica.stop()

@@ -24,8 +24,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tieredkv.cache.index.match_results import PathEnd
 from tieredkv.cache.index.radix_index import RadixIndex
-from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.tier import Tier
@@ -52,7 +52,7 @@ class RetentionFigures:
 @dataclass
 class RetainedPrefix:
     namespace: str
-    node: RadixNode
+    node: PathEnd
     num_pages: int
     last_use: float
 
@@ -124,16 +124,7 @@ class Retention:
 
     def retained_pages(self) -> dict[Tier, int]:
         """Pages of retained prefixes per tier (a page shared by two prefixes counts once)."""
-        counts = dict.fromkeys(Tier, 0)
-        seen: set[int] = set()
-        for prefix in self._prefixes.values():
-            for node in prefix.node.path():
-                if id(node) in seen:
-                    continue
-                seen.add(id(node))
-                for tier in node.residence.copies:
-                    counts[tier] += node.num_pages
-        return counts
+        return self.residency.pages_by_tier(prefix.node for prefix in self._prefixes.values())
 
     def figures(self, now: float) -> RetentionFigures:
         """The metrics' figures, the pages counted again at most every `FIGURES_PERIOD_S`."""

@@ -17,7 +17,7 @@ this layer alone reads it. Starting transfers and applying their outcomes is
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
 
@@ -148,6 +148,20 @@ class Residency:
             assert record.retain_count >= 0, f"retain count below zero on {path_node}"
             if record.retain_count == (1 if delta > 0 else 0):
                 self.refresh(path_node)
+
+    @staticmethod
+    def pages_by_tier(ends: Iterable[RadixNode]) -> dict[Tier, int]:
+        """The pages of the paths to `ends` per tier holding a copy (a node shared by two paths
+        counts once)."""
+        counts = dict.fromkeys(Tier, 0)
+        seen: set[int] = set()
+        for end in ends:
+            for node in end.path():
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    for tier in node.residence.copies:
+                        counts[tier] += node.num_pages
+        return counts
 
     @contextmanager
     def pinned(self, node: RadixNode) -> Iterator[None]:
