@@ -6,7 +6,8 @@ every node above it, count one retention more (`Residency.retain`), and eviction
 such a node's lowest local copy (`eviction`: its disk copy, or its host copy when the cache
 has no disk tier). Its faster copies come and go as any other's. When the prefix is retained
 its path is copied down to host and disk (where enabled), so the guarantee holds on the
-lowest local tier and never on the device alone.
+lowest local tier and never on the device alone. Only a failed write or a corrupt disk record
+loses a retained copy; the node stays in the tree, empty, until the prefix is released.
 
 The budget (`--retention-budget`, in pages) is shared equally among the namespaces holding
 retained prefixes: when retaining a prefix would take its namespace over its share, or all
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 RETENTION_S = 24 * 3600.0  # "24h": reusable for a day after its last use
 FIGURES_PERIOD_S = 1.0  # the pages per tier are counted at most this often (a walk of paths)
+LOCAL_TIERS = (Tier.DEVICE, Tier.HOST, Tier.DISK)
 LOCAL_LOWER_TIERS = (Tier.HOST, Tier.DISK)
 
 RetainedKey = tuple[str, tuple[int, ...]]  # (namespace, the full pages' token ids)
@@ -99,7 +101,7 @@ class Retention:
             self._prefixes.move_to_end(key)
             return True
         node = self.index.full_path(full, namespace)
-        if node is None:
+        if node is None or not self.residency.path_held_in(node, LOCAL_TIERS):
             return False
         self._make_room(namespace, num_pages)
         self.residency.retain(node, +1)
@@ -118,6 +120,10 @@ class Retention:
                 return
             self._release(key)
             self.expired_total += 1
+
+    def get(self, namespace: str, token_ids: Sequence[int]) -> RetainedPrefix | None:
+        """The retained prefix of these full pages' tokens, if retained."""
+        return self._prefixes.get((namespace, tuple(token_ids)))
 
     def pages_in(self, namespace: str) -> int:
         return self._pages_by_namespace.get(namespace, 0)
@@ -164,6 +170,7 @@ class Retention:
     def _release(self, key: RetainedKey) -> int:
         prefix = self._prefixes.pop(key)
         self.residency.retain(prefix.node, -1)
+        self.residency.remove_if_empty(prefix.node)  # its copy lost (a corrupt disk record)
         left = self.pages_in(prefix.namespace) - prefix.num_pages
         if left:
             self._pages_by_namespace[prefix.namespace] = left
