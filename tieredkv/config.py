@@ -264,3 +264,40 @@ class ServerConfig:
         """Every accepted key and its grant (empty: no key is required)."""
         single = {} if self.api_key is None else {self.api_key: KeyGrant(None, admin=True)}
         return {**self.api_keys, **single}
+
+
+KV_EVENTS_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+@dataclass(frozen=True)
+class KvEventsConfig:
+    """The KV events publisher (`tieredkv.kv_events`): a ZMQ PUB socket at `endpoint` (bound
+    when its host is a wildcard, `*` or `::`, or it is ipc/inproc; else connected), a ROUTER
+    answering replays at `replay_endpoint` (bound; None: no replay), messages under `topic`. At most
+    `max_queue_events` events wait for the publisher thread (more are dropped and counted), the
+    last `buffer_batches` batches are kept for replay, and up to `hwm` messages wait per
+    subscriber in ZMQ (a slower one loses messages, which a replay recovers)."""
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+    max_queue_events: int = 100_000
+    buffer_batches: int = 10_000
+    hwm: int = 100_000
+    flush_interval_s: float = 0.01  # how long an event waits at most to go out in a batch
+
+    def __post_init__(self) -> None:
+        for name in ("endpoint", "replay_endpoint"):
+            value = getattr(self, name)
+            if value is not None and not value.startswith(KV_EVENTS_SCHEMES):
+                raise ConfigError(
+                    f"KvEventsConfig.{name} must start with tcp://, ipc:// or inproc://, "
+                    f"got {value!r}"
+                )
+        for name in ("max_queue_events", "buffer_batches", "hwm"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"KvEventsConfig.{name} must be > 0, got {getattr(self, name)}")
+        if not self.flush_interval_s > 0:
+            raise ConfigError(
+                f"KvEventsConfig.flush_interval_s must be > 0, got {self.flush_interval_s}"
+            )

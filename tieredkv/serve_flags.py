@@ -41,6 +41,8 @@ FLAG_OF_FIELD = {
     "ServerConfig.max_request_bytes": "--max-request-bytes",
     "ServerConfig.max_connections": "--max-connections",
     "ServerConfig.api_key": "--api-key",
+    "KvEventsConfig.endpoint": "--kv-events-endpoint",
+    "KvEventsConfig.replay_endpoint": "--kv-events-replay-endpoint",
 }
 _FIELD_PATTERN = re.compile("|".join(re.escape(name) for name in FLAG_OF_FIELD))
 

@@ -12,6 +12,7 @@ from tieredkv.cache.remote.password import password_from_env_or_file
 from tieredkv.config import (
     CacheConfig,
     EngineConfig,
+    KvEventsConfig,
     SchedulePolicy,
     ServerConfig,
     WritePolicy,
@@ -32,6 +33,7 @@ class ServeSettings:
     cache: CacheConfig
     engine: EngineConfig
     pin_file: Path | None = None
+    kv_events: KvEventsConfig | None = None  # None: no KV events published
 
 
 def serve_settings(args: argparse.Namespace) -> ServeSettings:
@@ -88,5 +90,25 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
         **engine_fields,
     )
     return ServeSettings(
-        args.model, args.served_model_name, args.max_model_len, server, cache, engine, args.pin_file
+        args.model,
+        args.served_model_name,
+        args.max_model_len,
+        server,
+        cache,
+        engine,
+        args.pin_file,
+        kv_events=_kv_events(args),
+    )
+
+
+def _kv_events(args: argparse.Namespace) -> KvEventsConfig | None:
+    if args.kv_events_endpoint is None:
+        if args.kv_events_replay_endpoint is not None:
+            raise ConfigError(
+                "--kv-events-replay-endpoint needs --kv-events-endpoint (it replays what that "
+                "socket published)"
+            )
+        return None
+    return KvEventsConfig(
+        args.kv_events_endpoint, args.kv_events_replay_endpoint, args.kv_events_topic
     )

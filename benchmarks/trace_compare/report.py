@@ -29,6 +29,7 @@ FIGURES = (
     ("others_cores", "other processes meanwhile (cores)", ".2f", 1.0, None),
 )
 REUSE_TARGET = 0.98  # of the trace's own maximum
+LOAD_NAMES = {"near": "near saturation", "half": "half load", "overload": "overload"}
 
 
 def reuse_share(run: dict) -> float | None:
@@ -68,6 +69,17 @@ def reuse_row(result: dict, load: str) -> list[str]:
     return ["reused prompt tokens, % of trace max", *cells, "-", f"≥ 98%{met}"]
 
 
+def peer_share(result: dict, load: str) -> str:
+    """The load's uncached prompt tokens/s as a share of vLLM's cold prefill rate, measured in
+    the same runs (what sets near saturation), or "" without vLLM runs."""
+    cold = spread([r.get("cold_prefill_s") for r in runs_of(result, load, "vllm")])
+    tokens = result["settings"].get("cold_probe_tokens")
+    if not cold["n"] or not tokens or not cold["median"]:
+        return ""
+    share = result["settings"]["loads"][load]["uncached_prompt_tokens_per_s"] * cold["median"]
+    return f", {share / tokens:.0%} of vLLM's cold prefill rate in these runs"
+
+
 def load_table(result: dict, load: str) -> list[str]:
     rows = [figure_row(result, load, figure) for figure in FIGURES]
     rows.append(reuse_row(result, load))
@@ -76,12 +88,13 @@ def load_table(result: dict, load: str) -> list[str]:
     demand = (
         f"{settings['uncached_prompt_tokens_per_s']:.0f} uncached prompt and "
         f"{settings['output_tokens_per_s']:.0f} output tokens/s over {settings['replay_s']:.0f} s"
+        f"{peer_share(result, load)}"
         if "replay_s" in settings
         else "demand not recorded"
     )
     return [
-        f"**{load}**: trace time compressed {settings['time_compression']:g}× ({demand}); "
-        "median (min-max) of repeats:",
+        f"**{LOAD_NAMES.get(load, load)}**: trace time compressed "
+        f"{settings['time_compression']:g}× ({demand}); median (min-max) of repeats:",
         "",
         markdown_table(header, rows),
         "",

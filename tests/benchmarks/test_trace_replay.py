@@ -140,13 +140,13 @@ def test_client_command_replays_the_trace_at_the_given_speed() -> None:
     assert "ttft:2000" in command
 
 
-def test_loads_are_shares_of_the_saturation_compression() -> None:
-    args = trace_replay.parse_args(["--compression", "30", "--loads", "half,saturation"])
-    assert args.loads == {"half": 15.0, "saturation": 30.0}
+def test_loads_are_shares_of_the_near_saturation_compression() -> None:
+    args = trace_replay.parse_args(["--compression", "30", "--loads", "half,near,overload"])
+    assert args.loads == {"half": 15.0, "near": 30.0, "overload": 36.0}
     meta = {"span_s": 300.0, "uncached_prompt_tokens": 6000, "output_tokens": 900}
     loads = trace_replay.load_settings(args.loads, meta)
-    assert loads["saturation"]["replay_s"] == 10.0 and loads["half"]["replay_s"] == 20.0
-    assert loads["saturation"]["uncached_prompt_tokens_per_s"] == 600.0
+    assert loads["near"]["replay_s"] == 10.0 and loads["half"]["replay_s"] == 20.0
+    assert loads["near"]["uncached_prompt_tokens_per_s"] == 600.0
     assert loads["half"]["output_tokens_per_s"] == 45.0
 
 
@@ -154,13 +154,14 @@ def run_record(server: str, ttft_p50_s: float, hit_tokens: int) -> dict:
     return {
         "kind": "run",
         "server": server,
-        "load": "saturation",
+        "load": "near",
         "repeat": 0,
         "ttft_p50_s": ttft_p50_s,
         "ttft_p90_s": 2 * ttft_p50_s,
         "hit_tokens": hit_tokens,
         "trace_max_hit_tokens": 1000,
         "failed": 0,
+        "cold_prefill_s": 2.048,
     }
 
 
@@ -176,7 +177,7 @@ def handmade_result() -> dict:
         "settings": {
             "trace": meta,
             "loads": {
-                "saturation": {
+                "near": {
                     "time_compression": 24.0,
                     "replay_s": 145.0,
                     "uncached_prompt_tokens_per_s": 625.5,
@@ -184,6 +185,7 @@ def handmade_result() -> dict:
                 }
             },
             "goodput_slo_ms": replay.GOODPUT_SLO_MS,
+            "cold_probe_tokens": 2048,
             "hash_seed": "0",
             "repeats": 2,
             "tieredkv": {"args": ["--device-cache-size", "1GiB"]},
@@ -195,7 +197,7 @@ def handmade_result() -> dict:
             run_record("tieredkv", 0.6, 1000),
             run_record("vllm", 1.0, 400),
             run_record("vllm", 1.0, 420),
-            {"kind": "request", "server": "vllm", "load": "saturation", "ttft_s": 1.0},
+            {"kind": "request", "server": "vllm", "load": "near", "ttft_s": 1.0},
         ],
     }
 
@@ -208,7 +210,8 @@ def test_report_shows_medians_ratios_and_targets() -> None:
     assert "0.500×" in ttft and "≤ 0.8× (met)" in ttft
     reuse = next(line for line in lines if line.startswith("| reused prompt tokens"))
     assert "99.5 (99.0-100.0)" in reuse and "(met)" in reuse
-    assert "compressed 24× (626 uncached prompt and 48 output tokens/s over 145 s)" in text
+    assert "**near saturation**: trace time compressed 24× (626 uncached prompt and 48" in text
+    assert "over 145 s, 63% of vLLM's cold prefill rate in these runs)" in text
     assert "trace_replay/x" in text
     assert render_markdown([]).endswith("No results yet.\n")
 

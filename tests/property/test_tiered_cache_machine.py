@@ -25,6 +25,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from tests.support.page_view import PageView
 from tests.support.tiny_cache import expected_pages, make_cache, tiny_layout
 from tieredkv.cache.index.match_results import MatchResult
 from tieredkv.cache.index.page_key import page_key
@@ -104,9 +105,10 @@ class TieredCacheMachine(RuleBasedStateMachine):
 
     def _open(self) -> None:
         device_pages, host_pages, disk_pages, policy, share = self.sizes
+        self.page_view = PageView()  # what a consumer of the cache's page events believes
         self.cache, self.executor = make_cache(
             LAYOUT, device_pages, host_pages, disk_pages, self.directory, policy,
-            namespace_share=share, retention_pages=4,
+            namespace_share=share, page_listener=self.page_view, retention_pages=4,
         )  # fmt: skip
         self.held: list[Held] = []
         self.running: list[Running] = []
@@ -169,6 +171,11 @@ class TieredCacheMachine(RuleBasedStateMachine):
         if hasattr(self, "cache"):
             result = self.cache.check_integrity()
             assert result.ok, result.problems
+
+    @invariant()
+    def page_events_tell_what_each_tier_holds(self) -> None:
+        if hasattr(self, "cache"):
+            assert self.page_view.matches(self.cache)
 
     @invariant()
     def locked_paths_keep_their_copies(self) -> None:

@@ -15,6 +15,7 @@ from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.format import SUPERBLOCK_BYTES, align_up, header_bytes_for
 from tieredkv.cache.index.page_key import chain_keys, namespace_root_key
 from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.page_listener import PageListener
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig, WritePolicy
 
@@ -46,6 +47,7 @@ def make_cache(
     disk_io: DiskIOBackend | None = None,
     executor: ManualTransferExecutor | None = None,
     namespace_share: float | None = None,
+    page_listener: PageListener | None = None,
     retention_pages: int | None = None,
 ) -> tuple[TieredCache, ManualTransferExecutor]:
     """A cache whose transfers run only when the test completes their tickets."""
@@ -70,6 +72,7 @@ def make_cache(
         disk_io=disk_io,
         memory_executor=executor,
         disk_executor=executor,
+        page_listener=page_listener,
     )
     return cache, executor
 

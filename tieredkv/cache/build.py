@@ -20,6 +20,7 @@ from tieredkv.cache.index.radix_index import RadixIndex
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.page_listener import PageListener
 from tieredkv.cache.pins import Pinning, PinRegistry
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
@@ -28,6 +29,7 @@ from tieredkv.cache.remote.remote_tier import RemoteTier
 from tieredkv.cache.remote.store import RemoteStore
 from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.residency.node_transfers import NodeTransfers
+from tieredkv.cache.residency.page_events import PageEvents
 from tieredkv.cache.residency.promotion import Promoter
 from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.residency.residency import Residency
@@ -57,6 +59,7 @@ def build_cache(
     memory_executor: TransferExecutor | None = None,
     disk_executor: TransferExecutor | None = None,
     clock: Callable[[], float] = time.monotonic,
+    page_listener: PageListener | None = None,
 ) -> TieredCache:
     """The tiered cache for `config` (see docs/architecture.md).
 
@@ -64,6 +67,8 @@ def build_cache(
     every namespace's key chain. With `config.disk_enabled`, the disk store is opened (its
     directory locked; DiskStoreError if it cannot be) and its records are indexed again, so
     their prefixes match in the disk tier. Executors and the clock can be replaced (tests).
+    `page_listener` hears of every page landing in or leaving a local tier (`page_listener`):
+    first that none is held, then the disk's rebuilt pages.
     """
     device = torch.device(device)
     disk = _open_disk(config, layout, fingerprint, disk_io)
@@ -83,6 +88,9 @@ def build_cache(
         clock,
     )
     residency = Residency(tree, pools, counters, namespace_share=config.namespace_share)
+    if page_listener is not None:  # first of all: forget what an earlier process here held
+        page_listener.all_cleared()
+        residency.events = PageEvents(tree, page_listener)
     transfers = NodeTransfers(residency, transfer_jobs, transfer_queue, clock)
     index = RadixIndex(tree, fingerprint, config.enable_prefix_reuse, residency)
     write_through = config.write_policy is WritePolicy.WRITE_THROUGH

@@ -187,7 +187,11 @@ class TieredCache:
         only in the namespaces `within` accepts; returns the number of pages dropped."""
         names = self.tree.names
         roots = None if within is None else [self.tree.roots[k] for k in names if within(names[k])]
-        return self.demoter.flush(roots)
+        dropped = self.demoter.flush(roots)
+        events = self.residency.events
+        if events is not None and within is None and not self.tree.roots:
+            events.cleared()  # after each page's removal: the cache holds nothing now
+        return dropped
 
     def pin(self, token_ids: Sequence[int], namespace: str = DEFAULT_NAMESPACE) -> Pin | None:
         """Keep the full pages of `token_ids` at least on host (and on disk); None when they are

@@ -26,6 +26,7 @@ import torch
 
 from tieredkv.cache.build import build_cache
 from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.page_listener import PageListener
 from tieredkv.cache.pins import PinError
 from tieredkv.cache.tier import Tier
 from tieredkv.config import CacheConfig, EngineConfig
@@ -85,16 +86,19 @@ class AsyncEngine(EngineClient):
         *,
         device: torch.device | str = "cpu",
         clock: Callable[[], float] = time.monotonic,
+        page_listener: PageListener | None = None,
     ) -> AsyncEngine:
-        """Build the cache (rebuilding the disk index), the runner and the engine, warm the
-        model up and start the step thread."""
+        """Build the cache (rebuilding the disk index; `page_listener` hears of its pages),
+        the runner and the engine, warm the model up and start the step thread."""
         dtype = loaded.weights["model.embed_tokens.weight"].dtype
         layout = PageLayout.for_model(loaded.config, cache_config.page_size, dtype)
         in_ram = torch.device(device).type == "cpu"
         cache_config, workspace_bytes = carve_workspace(cache_config, engine_config, layout, in_ram)
         check_device_capacity(cache_config, layout, engine_config.max_model_len)
         fingerprint = model_fingerprint(loaded, layout)
-        cache = build_cache(cache_config, layout, fingerprint, device, clock=clock)
+        cache = build_cache(
+            cache_config, layout, fingerprint, device, clock=clock, page_listener=page_listener
+        )
         runner = ModelRunner(
             loaded.config,
             loaded.weights,

@@ -134,12 +134,17 @@ class EngineMetrics:
             "Seconds of those steps in the scheduler and cache bookkeeping: transfers applied, "
             "queue order, admission, page reservation, computed pages inserted.",
         )
+        self.kv_events_published = self._counter(
+            "kv_events_published_total", "KV events sent on --kv-events-endpoint, in batches."
+        )
+        self.kv_events_dropped = self._counter(
+            "kv_events_dropped_total", "KV events lost unsent: the publisher's queue was full."
+        )
         self.retained_pages = self._gauge(
             "retained_pages", 'Pages of prompts retained 24 h ("24h"), per tier with a copy.', tiers
         )
         self.retention_evicted = self._counter(
-            "retention_evicted_total",
-            "Retained prompts that lost their guarantee to --retention-budget (LRU first).",
+            "retention_evicted_total", "Retained prompts released by --retention-budget, LRU first."
         )
 
     # -- events ------------------------------------------------------------------------------------
@@ -225,11 +230,6 @@ class EngineMetrics:
         """Prompt tokens reused, by tier, as requests report them at their first admission."""
         for tier, tokens in hit_tokens.items():
             self.cache_hit_tokens.set_total(tokens, tier=tier.label)
-
-    def set_retention(self, figures: RetentionFigures) -> None:
-        for tier, pages in figures.pages_by_tier.items():
-            self.retained_pages.set(pages, tier=tier.label)
-        self.retention_evicted.set_total(figures.evicted_total)
 
     # -- called by the server ----------------------------------------------------------------------
 
@@ -344,5 +344,7 @@ class EngineRecorder:
             figures.cache_counters, figures.disk_page_errors, figures.remote_page_errors
         )
         self.metrics.set_hit_tokens(self.hit_tokens)
-        if figures.retention is not None:
-            self.metrics.set_retention(figures.retention)
+        if figures.retention is not None:  # the retained prompts' pages and releases
+            for tier, pages in figures.retention.pages_by_tier.items():
+                self.metrics.retained_pages.set(pages, tier=tier.label)
+            self.metrics.retention_evicted.set_total(figures.retention.evicted_total)

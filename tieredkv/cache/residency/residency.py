@@ -26,6 +26,7 @@ from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, copy_may_leave
 from tieredkv.cache.residency.fair_share import Claim, FairTierHeap, tier_heap
+from tieredkv.cache.residency.page_events import PageEvents
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.transfer_queue import PartState, TransferPart
@@ -55,6 +56,7 @@ class Residency:
             for tier in Tier
         }
         self._commits: list[Commit] = []  # since the last `take_commits`
+        self.events: PageEvents | None = None  # told of every copy committed or freed
 
     # --- what is where ---------------------------------------------------------------------
 
@@ -112,15 +114,21 @@ class Residency:
         if Tier.DEVICE in record.inflight or not record.may_commit(Tier.DEVICE):
             return False
         record.set_copy(Tier.DEVICE, pages)
+        if self.events is not None:
+            self.events.stored(node, Tier.DEVICE)
         self.refresh(node.parent)
         self.commit_waiting_children(node)
         return True
 
     def new_device_copy(self, node: RadixNode, pages: list[int]) -> None:
         node.residence.set_copy(Tier.DEVICE, pages)
+        if self.events is not None:
+            self.events.stored(node, Tier.DEVICE)
 
     def found_copy(self, node: RadixNode, tier: Tier, pages: list[int]) -> None:
         node.residence.set_copy(tier, pages)
+        if self.events is not None:
+            self.events.stored(node, tier)
 
     def released(self, node: RadixNode) -> None:
         self.refresh(node)
@@ -183,6 +191,8 @@ class Residency:
             return  # the parent's copy commits first and then commits this one
         record.pop_inflight(dst)
         record.set_copy(dst, part.dst_pages)
+        if self.events is not None:
+            self.events.stored(node, dst)
         self._commits.append((node, dst))
         if part.ticket.frees_source:
             self._finish_demotion(node, part.src_tier)
@@ -213,6 +223,8 @@ class Residency:
             return
         self.counters.on_eviction(src, node.num_pages, demoted=True)
         self.pools.free(src, record.pop_copy(src))
+        if self.events is not None:
+            self.events.removed(node, src)
         self.refresh(node.parent)
 
     def doom(self, part: TransferPart[RadixNode]) -> None:
@@ -229,6 +241,8 @@ class Residency:
         pages freed only when those reads finish. `count_as`: demoted, dropped, or None."""
         record = node.residence
         pages = record.pop_copy(tier)
+        if self.events is not None:
+            self.events.removed(node, tier)
         readers = [part for part in record.inflight.values() if part.src_tier == tier]
         live = [part.ticket for part in readers if part.state is PartState.COPYING]
         for part in readers:

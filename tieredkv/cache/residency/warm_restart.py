@@ -51,7 +51,7 @@ def rebuild_from_disk(tree: RadixTree, disk: DiskStore, residency: Residency) ->
         parent, parent_key = stack.pop()
         for slot, record in children.pop(parent_key, []):
             node = tree.attach(parent, token_bytes(record.tokens), [record.key])
-            node.residence.set_copy(Tier.DISK, [slot])
+            residency.found_copy(node, Tier.DISK, [slot])
             attached.append(node)
             stack.append((node, record.key))
     unreached = [slot for group in children.values() for slot, _ in group]  # key cycles
