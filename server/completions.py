@@ -23,6 +23,7 @@ from .generation_inputs import (
     completion_prompt_ids,
     resolve_namespace,
     sampling_params,
+    session_key,
 )
 from .logprobs_format import TokenTexts
 from .request_body import read_request
@@ -146,9 +147,15 @@ class CompletionHandler:
             text_of=TokenTexts(self.tokenizer) if reported else None,
             echo=choices.echo,
         )
-        session = request.headers.get(SESSION_HEADER) or body.user
+        session = session_key(request.headers.get(SESSION_HEADER), body)
         generation = GenerationRequest(
-            formatter.request_id, tuple(prompt_ids), sampling, namespace, arrival, session
+            formatter.request_id,
+            tuple(prompt_ids),
+            sampling,
+            namespace,
+            arrival,
+            session,
+            retain=body.prompt_cache_retention == "24h",
         )
         outputs = self.engine.generate(generation)
         first = await unless_disconnected(request, first_output(outputs))

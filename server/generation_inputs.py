@@ -20,6 +20,7 @@ from .schemas import ChatCompletionRequest, CompletionRequest, PinRequest, Sampl
 log = logging.getLogger(__name__)
 
 MAX_NAMESPACE_BYTES = 256
+MAX_PROMPT_CACHE_KEY_BYTES = 256  # OpenAI's limit
 MAX_STOPS = 4  # OpenAI's limit
 MAX_STOP_CHARS = 256  # text is held back while it could still start a stop string
 MAX_STOP_TOKEN_IDS = 64
@@ -79,6 +80,17 @@ def logit_bias(req: SamplingFields, vocab_size: int) -> tuple[tuple[int, float],
             raise bad_request(f"logit_bias values are in [-100, 100], got {bias}", "logit_bias")
         pairs.append((token, float(bias)))
     return tuple(pairs)
+
+
+def session_key(header: str | None, req: SamplingFields) -> str | None:
+    """What keeps its pages warm (`tieredkv.engine.sessions`): the X-Session-ID header, else
+    `prompt_cache_key` (a group of requests sharing a prefix), else `user`; 400 when
+    `prompt_cache_key` is over 256 UTF-8 bytes."""
+    key = req.prompt_cache_key
+    if key is not None and len(key.encode("utf-8")) > MAX_PROMPT_CACHE_KEY_BYTES:
+        message = f"prompt_cache_key is over {MAX_PROMPT_CACHE_KEY_BYTES} UTF-8 bytes"
+        raise bad_request(message, "prompt_cache_key")
+    return header or key or req.user
 
 
 def tenant_namespace(tenant: str, salt: str | None = None) -> str:

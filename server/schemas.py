@@ -74,6 +74,16 @@ class SamplingFields(_Request):
         description="KV cache namespace (1..256 UTF-8 bytes); or the X-Cache-Namespace header",
     )
     user: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = Field(
+        None,
+        description='"24h": the prompt\'s pages stay reusable 24 h after their last use, on the '
+        'lowest local tier, within --retention-budget; "in_memory" or absent: the LRU tiers',
+    )
+    prompt_cache_key: str | None = Field(
+        None,
+        description="Groups requests sharing a prefix (1..256 UTF-8 bytes): the group's latest "
+        "pages are kept warm as a session's, unless X-Session-ID names one",
+    )
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -164,6 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="host bytes each namespace may pin (default: a quarter of the host tier)",
     )
     add(
+        "--retention-budget",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help='bytes of prompts sent with prompt_cache_retention "24h" held on the lowest local '
+        "tier, shared equally among namespaces (default: a quarter of disk, else of host; 0: off)",
+    )
+    add(
         "--namespace-share",
         type=_namespace_share,
         default=None,

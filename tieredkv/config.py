@@ -139,6 +139,9 @@ class CacheConfig:
     remote_budget_scale: float = 1.0
     # pinned prefixes: pages each namespace may pin on host (None: a quarter of the host tier)
     pin_budget_bytes: int | None = None
+    # retained prefixes ("24h"): pages held on the lowest local tier, shared equally among the
+    # namespaces holding some (None: a quarter of the disk tier, or of host without one)
+    retention_budget_bytes: int | None = None
     # fair tenants: the fraction of the device and host tiers each namespace may hold before
     # its pages leave first when the tier makes room (None: an equal part among the namespaces
     # holding pages there; 1.0: plain LRU across namespaces)
@@ -160,6 +163,9 @@ class CacheConfig:
         share = self.namespace_share
         if share is not None and not 0 < share <= 1:
             raise ConfigError(f"CacheConfig.namespace_share must be in (0, 1], got {share}")
+        budget = self.retention_budget_bytes
+        if budget is not None and budget < 0:
+            raise ConfigError(f"CacheConfig.retention_budget_bytes must be >= 0, got {budget}")
         for name in ("device_cache_bytes", "host_cache_bytes", "disk_cache_bytes"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"CacheConfig.{name} must be >= 0, got {getattr(self, name)}")

@@ -30,6 +30,7 @@ FLAG_OF_FIELD = {
     "CacheConfig.remote_budget_scale": "--remote-budget-scale",
     "CacheConfig.namespace_share": "--namespace-share",
     "CacheConfig.pin_budget_bytes": "--pin-budget",
+    "CacheConfig.retention_budget_bytes": "--retention-budget",
     "EngineConfig.max_model_len": "--max-model-len",
     "EngineConfig.max_batch_tokens": "--max-batch-tokens",
     "EngineConfig.max_num_seqs": "--max-num-seqs",

@@ -72,6 +72,7 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
         remote_compression=args.remote_compression,
         remote_budget_scale=args.remote_budget_scale,
         pin_budget_bytes=args.pin_budget,
+        retention_budget_bytes=args.retention_budget,
         namespace_share=args.namespace_share,
         remote_password=(
             password_from_env_or_file(args.remote_password_file) if args.remote_cache_url else None

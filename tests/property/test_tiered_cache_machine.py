@@ -33,6 +33,7 @@ from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.token_run import PackedTokens
 from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.residency.promotion import PromotionTicket
+from tieredkv.cache.retention import RETENTION_S
 from tieredkv.cache.tier import Tier
 from tieredkv.config import WritePolicy
 
@@ -107,10 +108,13 @@ class TieredCacheMachine(RuleBasedStateMachine):
         self.page_view = PageView()  # what a consumer of the cache's page events believes
         self.cache, self.executor = make_cache(
             LAYOUT, device_pages, host_pages, disk_pages, self.directory, policy,
-            namespace_share=share, page_listener=self.page_view,
+            namespace_share=share, page_listener=self.page_view, retention_pages=4,
         )  # fmt: skip
         self.held: list[Held] = []
         self.running: list[Running] = []
+        # retained prefixes -> per page, the page id of its lowest local copy once seen
+        self.retained: dict[tuple[str, tuple[int, ...]], list[int | None]] = {}
+        self.now = 0.0
         if not hasattr(self, "inserted"):
             self.inserted: list[tuple[str, list[int]]] = []
 
@@ -185,6 +189,23 @@ class TieredCacheMachine(RuleBasedStateMachine):
                     if tier is Tier.DISK and corrupt:
                         continue
                     assert after.get(tier) == page, f"locked page {index} lost {tier.label}"
+
+    @invariant()
+    def retained_prefixes_keep_their_lowest_copy(self) -> None:
+        """Once a retained page has a copy in the lowest local tier, that copy stays (a corrupt
+        disk record drops it, and the disk copies below it)."""
+        lowest = Tier.DISK if self.cache.tier_enabled(Tier.DISK) else Tier.HOST
+        for (namespace, tokens), seen in getattr(self, "retained", {}).items():
+            prefix = self.cache.retention.get(namespace, tokens)
+            assert prefix is not None
+            now = [copies.get(lowest) for copies in _snapshot(prefix.node)]
+            seen.extend([None] * (len(now) - len(seen)))
+            corrupt = False
+            for index, page in enumerate(now):
+                corrupt = corrupt or (lowest is Tier.DISK and seen[index] in self.corrupted)
+                if seen[index] is not None and not corrupt:
+                    assert page == seen[index], f"retained page {index} lost its {lowest.label}"
+                seen[index] = page
 
     # --- requests --------------------------------------------------------------------------
 
@@ -321,6 +342,25 @@ class TieredCacheMachine(RuleBasedStateMachine):
             return  # the request waits for its promotion first
         self.held.remove(held)
         self.cache.unlock(held.node)
+
+    @precondition(lambda self: self.inserted)
+    @rule(data=st.data(), expire=st.integers(0, 7))
+    def retain_inserted(self, data: st.DataObject, expire: int) -> None:
+        """Retain a prompt inserted before (a budget of 4 pages: older ones lose their
+        guarantee), or rarely let every retention run out."""
+        if expire == 0:
+            self.now += RETENTION_S
+            self.cache.retention.expire(self.now)
+        else:
+            namespace, tokens = data.draw(st.sampled_from(self.inserted))
+            self.now += 1.0
+            if self.cache.retention.retain(tokens, namespace, self.now):
+                self.retained.setdefault((namespace, tuple(tokens)), [])
+        self.retained = {
+            (namespace, tokens): seen
+            for (namespace, tokens), seen in self.retained.items()
+            if self.cache.retention.get(namespace, tokens) is not None
+        }
 
     @rule(tier=st.sampled_from(list(Tier)), num_pages=st.integers(1, 6), flush=st.integers(0, 15))
     def evict(self, tier: Tier, num_pages: int, flush: int) -> None:

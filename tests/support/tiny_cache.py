@@ -48,6 +48,7 @@ def make_cache(
     executor: ManualTransferExecutor | None = None,
     namespace_share: float | None = None,
     page_listener: PageListener | None = None,
+    retention_pages: int | None = None,
 ) -> tuple[TieredCache, ManualTransferExecutor]:
     """A cache whose transfers run only when the test completes their tickets."""
     executor = executor or ManualTransferExecutor()
@@ -59,6 +60,9 @@ def make_cache(
         disk_cache_bytes=disk_bytes_for(layout, disk_pages),
         write_policy=write_policy,
         namespace_share=namespace_share,
+        retention_budget_bytes=(
+            None if retention_pages is None else retention_pages * layout.page_bytes
+        ),
     )
     cache = build_cache(
         config,

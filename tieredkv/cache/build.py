@@ -34,6 +34,7 @@ from tieredkv.cache.residency.promotion import Promoter
 from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.residency.warm_restart import rebuild_from_disk
+from tieredkv.cache.retention import Retention
 from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.cache.transfer.executors import (
@@ -118,7 +119,18 @@ def build_cache(
         demoter=demoter,
         promoter=promoter,
         pinning=Pinning(pins, index, residency, demoter, pools, config.host_enabled),
+        retention=Retention(
+            _retention_budget(config) // layout.page_bytes, index, residency, demoter, pools
+        ),
     )
+
+
+def _retention_budget(config: CacheConfig) -> int:
+    """`--retention-budget`, by default a quarter of the lowest local tier below the device."""
+    if config.retention_budget_bytes is not None:
+        return config.retention_budget_bytes
+    lowest = config.disk_cache_bytes if config.disk_enabled else config.host_cache_bytes
+    return lowest // 4
 
 
 def _open_disk(

@@ -35,6 +35,7 @@ from tieredkv.cache.residency.integrity import IntegrityResult, check_integrity
 from tieredkv.cache.residency.node_transfers import NodeTransfers
 from tieredkv.cache.residency.promotion import Promoter, PromotionTicket
 from tieredkv.cache.residency.residency import Residency
+from tieredkv.cache.retention import Retention
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.transfer_jobs import TransferJobs
@@ -62,6 +63,7 @@ class TieredCache:
     demoter: Demoter
     promoter: Promoter
     pinning: Pinning
+    retention: Retention
 
     @property
     def page_size(self) -> int:

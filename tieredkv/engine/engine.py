@@ -90,6 +90,7 @@ class Engine:
         """One step; False when there was nothing to forward."""
         self._drain_inbox()
         self.sessions.expire(self.clock())
+        self.cache.retention.expire(self.clock())
         started = time.perf_counter()
         self._end_aborted(self.scheduler.apply_transfers())
         plan = self.scheduler.schedule()
@@ -283,6 +284,7 @@ class Engine:
             tier_capacity_bytes={tier: cache.tier_capacity_bytes(tier) for tier in Tier},
             disk_page_errors=cache.disk_page_errors(),
             remote_page_errors=cache.remote_page_errors(),
+            retention=cache.retention.figures(self.clock()),
         )
 
     def _finish(
@@ -304,6 +306,8 @@ class Engine:
         if hold is not None:
             session = f"{request.spec.namespace}\0{request.spec.session}"  # per namespace
             self.sessions.keep(session, hold, self.clock())
+        if kept and (spec := request.spec).retain:
+            self.cache.retention.retain(spec.prompt_ids, spec.namespace, self.clock())
         self.runner.release(request.seq_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason

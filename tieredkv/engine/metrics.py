@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.metrics import EVICTION_ACTIONS, CacheCounters
+from tieredkv.cache.retention import RetentionFigures
 from tieredkv.cache.tier import Tier
 from tieredkv.engine.protocol import FinishReason
 from tieredkv.engine.request import Request
@@ -138,6 +139,12 @@ class EngineMetrics:
         )
         self.kv_events_dropped = self._counter(
             "kv_events_dropped_total", "KV events lost unsent: the publisher's queue was full."
+        )
+        self.retained_pages = self._gauge(
+            "retained_pages", 'Pages of prompts retained 24 h ("24h"), per tier with a copy.', tiers
+        )
+        self.retention_evicted = self._counter(
+            "retention_evicted_total", "Retained prompts released by --retention-budget, LRU first."
         )
 
     # -- events ------------------------------------------------------------------------------------
@@ -279,6 +286,7 @@ class StepFigures:
     tier_capacity_bytes: Mapping[Tier, int]
     disk_page_errors: Mapping[DiskErrorReason, int]
     remote_page_errors: Mapping[str, int]
+    retention: RetentionFigures | None = None
 
 
 class EngineRecorder:
@@ -336,3 +344,7 @@ class EngineRecorder:
             figures.cache_counters, figures.disk_page_errors, figures.remote_page_errors
         )
         self.metrics.set_hit_tokens(self.hit_tokens)
+        if figures.retention is not None:  # the retained prompts' pages and releases
+            for tier, pages in figures.retention.pages_by_tier.items():
+                self.metrics.retained_pages.set(pages, tier=tier.label)
+            self.metrics.retention_evicted.set_total(figures.retention.evicted_total)

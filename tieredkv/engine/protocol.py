@@ -34,6 +34,7 @@ class GenerationRequest:
     namespace: str = DEFAULT_NAMESPACE
     arrival_time: float = 0.0  # the engine clock's time when the server received it
     session: str | None = None  # the conversation it continues (kept warm: `sessions`)
+    retain: bool = False  # prompt_cache_retention "24h": its prompt's pages are retained
 
 
 @dataclass(frozen=True)

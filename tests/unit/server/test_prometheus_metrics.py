@@ -46,6 +46,8 @@ EXTENSIONS = {
     "tieredkv_scheduler_seconds_total": ("counter", ()),
     "tieredkv_kv_events_published_total": ("counter", ()),
     "tieredkv_kv_events_dropped_total": ("counter", ()),
+    "tieredkv_retained_pages": ("gauge", ("tier",)),
+    "tieredkv_retention_evicted_total": ("counter", ()),
 }
 DECLARED = CONTRACT | EXTENSIONS
 

@@ -155,13 +155,16 @@ class Demoter:
 
     def copy_path(self, node: RadixNode, tiers: list[Tier]) -> Tier | None:
         """Start copying each node of the path to `node` (parents first) to each of `tiers`
-        where it has no copy and none on its way (a pin's). Returns the first tier found with
-        no room (the copies started stay), None when all started."""
+        where it has no copy and none on its way, from a faster copy (a pin's, a retained
+        prefix's). Returns the first tier found with no room (the copies started stay), None
+        when all started."""
         for path_node in node.path():
             record = path_node.residence
             for tier in tiers:
                 if tier in record.copies or tier in record.inflight:
                     continue
+                if not any(t < tier for t in record.copies):
+                    continue  # nothing faster to copy from
                 if not self.copy_down(path_node, tier, frees_source=False):
                     return tier
         return None

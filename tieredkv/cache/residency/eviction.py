@@ -1,7 +1,8 @@
 """Which copies may leave a tier, and in what order: one lazy LRU heap per tier.
 
 A copy in tier T is evictable when its node is unlocked, has nothing in flight, is not a pinned
-prefix's copy on host or disk (`tieredkv.cache.pins`), and removing
+prefix's copy on host or disk (`tieredkv.cache.pins`), is not a retained prefix's lowest local
+copy (`tieredkv.cache.retention`: its disk copy, or its host copy when it has none), and removing
 the copy keeps the closure invariants (`copy_may_leave`):
   - T = disk: no child has a disk copy (disk copies are closed under "parent of");
   - the node keeps a faster copy (this one is a clean lower copy): always;
@@ -30,6 +31,10 @@ from tieredkv.cache.tier import Tier
 Priority = tuple[int, int]
 PINNED_TIERS = (Tier.HOST, Tier.DISK)  # where a pinned node's copies never leave
 _MIN_COMPACT_LEN = 1024
+
+
+def _lowest_local(record: Residence, tier: Tier) -> bool:
+    return tier is Tier.DISK or (tier is Tier.HOST and Tier.DISK not in record.copies)
 
 
 def copy_may_leave(record: Residence, tier: Tier) -> bool:
@@ -72,6 +77,8 @@ class LruEvictionPolicy:
             return False
         if record.pin_count and tier in PINNED_TIERS:
             return False  # a pinned prefix stays on host (and on disk, to outlive a restart)
+        if record.retain_count and _lowest_local(record, tier):
+            return False  # a retained prefix keeps one local copy: disk, or host without it
         return copy_may_move_down(record, tier)
 
     @staticmethod

@@ -111,8 +111,8 @@ def _check_residence(node: RadixNode, problems: list[str]) -> None:
             problems.append(f"{node}: in the {tier.label} closure, its parent is not")
     if record.has_disk_copy() and not parent.residence.has_disk_copy():
         problems.append(f"{node}: has a disk copy, its parent has none")
-    if record.empty() and not node.lock_count:
-        problems.append(f"{node}: holds nothing and is not locked")
+    if record.empty() and not (node.lock_count or record.retain_count):
+        problems.append(f"{node}: holds nothing and is neither locked nor retained")
     ranks, on_disk = [0] * (NO_COPY + 1), 0
     for child in node.children.values():
         rank, child_on_disk = child.residence.rank()

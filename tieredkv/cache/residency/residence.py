@@ -2,7 +2,8 @@
 
 Per tier, the page ids of the node's copy there (`copies`) and the transfer in flight towards a
 tier (`inflight`, a `TransferPart`; `presence()` sums both up per tier), how many pinned
-prefixes run through the node (`pin_count`), and its heap entry versions (`stamps`, see
+prefixes run through the node (`pin_count`), how many retained prefixes (`retain_count`,
+`tieredkv.cache.retention`), and its heap entry versions (`stamps`, see
 `eviction`). Copies and transfers change only through `set_copy`/`pop_copy`/`set_inflight`/
 `pop_inflight`, which keep the parent's per-rank child counts (`child_ranks`,
 `children_on_disk`), so evictability checks are O(1) whatever the fan-out, and the namespace's
@@ -41,6 +42,7 @@ class Residence:
         "inflight",
         "node",
         "pin_count",
+        "retain_count",
         "stamps",
         "usage",
     )
@@ -50,6 +52,7 @@ class Residence:
         self.copies: dict[Tier, list[int]] = {}  # committed copies: page ids per tier
         self.inflight: dict[Tier, TransferPart[RadixNode]] = {}  # on their way, by destination
         self.pin_count = 0  # pinned prefixes through the node: its host and disk copies stay
+        self.retain_count = 0  # retained prefixes through it: its lowest local copy stays
         self.stamps = [0] * len(Tier)  # per-tier heap entry versions (lazy deletion)
         # the namespace's committed pages per tier: the root's list, shared by all its records
         # (a split or a merge moves pages between two nodes of one namespace: no change)
@@ -85,6 +88,7 @@ class Residence:
         self.copies = {tier: pages[num_pages:] for tier, pages in self.copies.items()}
         record.inflight = {t: part.split_head(num_pages, head) for t, part in self.inflight.items()}
         record.pin_count = self.pin_count
+        record.retain_count = self.retain_count
         rank, on_disk = self.rank()
         record.child_ranks[rank] = 1
         record.children_on_disk = int(on_disk)
@@ -94,6 +98,7 @@ class Residence:
         return (
             self.copies.keys() == child.copies.keys()
             and self.pin_count == child.pin_count
+            and self.retain_count == child.retain_count
             and not (self.inflight or child.inflight)
         )
 

@@ -17,7 +17,7 @@ this layer alone reads it. Starting transfers and applying their outcomes is
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
 
@@ -147,6 +147,30 @@ class Residency:
             if record.pin_count == (1 if delta > 0 else 0):
                 self.refresh(path_node)
 
+    def retain(self, node: RadixNode, delta: int) -> None:
+        """Retain (+1) or release (-1) the prefix that ends at `node` (see
+        `tieredkv.cache.retention`): as `pin`, on the retain counts."""
+        for path_node in node.path():
+            record = path_node.residence
+            record.retain_count += delta
+            assert record.retain_count >= 0, f"retain count below zero on {path_node}"
+            if record.retain_count == (1 if delta > 0 else 0):
+                self.refresh(path_node)
+
+    @staticmethod
+    def pages_by_tier(ends: Iterable[RadixNode]) -> dict[Tier, int]:
+        """The pages of the paths to `ends` per tier holding a copy (a node shared by two paths
+        counts once)."""
+        counts = dict.fromkeys(Tier, 0)
+        seen: set[int] = set()
+        for end in ends:
+            for node in end.path():
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    for tier in node.residence.copies:
+                        counts[tier] += node.num_pages
+        return counts
+
     @contextmanager
     def pinned(self, node: RadixNode) -> Iterator[None]:
         """Keep `node`'s path out of eviction while room is made for its own transfer."""
@@ -258,7 +282,8 @@ class Residency:
         removed = False
         while node.attached and node.parent is not None:
             record = node.residence
-            if not record.empty() or record.pin_count or node.children or node.lock_count:
+            held = record.pin_count or record.retain_count
+            if not record.empty() or held or node.children or node.lock_count:
                 break
             parent = node.parent
             self.tree.remove(node)
