@@ -6,9 +6,10 @@ concurrent prompts of `--prompt-tokens` distinct random token ids each (`/v1/com
 (`TreeMemory`) while they run. The limit is the weights (the model file's tensor shapes at the
 served dtype, computed from its safetensors header) plus the configured device and host tiers,
 plus 10%. Beside it: the tree's idle resident memory after start-up (Python, torch, the
-weights and the packed copies the matrix products read; the tiers as far as prefaulted) and
-the attention workspaces' budget and their highest resident bytes seen in `/health` during the
-run, so that a miss names its cause.
+weights as the matrix products read them; the tiers as far as prefaulted), the attention
+workspaces' budget and their highest resident bytes seen in `/health` during the run, and
+where the memory sat, idle and at the peak, by kind of mapping (`memory_breakdown`), so that a
+miss names its cause.
 
     python -m benchmarks.memory_probe [--device-cache-size 1GiB --host-cache-size 1GiB]
         [--requests 16 --prompt-tokens 5000 --max-tokens 16] [--out DIR]
@@ -220,8 +221,8 @@ def render_markdown(results: list[dict]) -> str:
         "`python -m benchmarks.memory_probe`: concurrent prompts of distinct random tokens; the "
         "peak resident memory of the server's processes against the weights (the model file's "
         "tensors at the served dtype) plus the configured device and host tiers plus 10%. Idle: "
-        "after start-up, before any request (Python, torch, the weights and their packed "
-        "copies, the tiers as far as written or prefaulted). The workspaces are "
+        "after start-up, before any request (Python, torch, the weights as the products read "
+        "them, the tiers as far as written or prefaulted). The workspaces are "
         "carved out of the device tier; their column is their budget and the most `/health` "
         "showed resident. GiB throughout.\n",
         "| run | prompts | tiers (device + host) | weights | limit | idle RSS | peak RSS | "
