@@ -6,9 +6,10 @@ concurrent prompts of `--prompt-tokens` distinct random token ids each (`/v1/com
 (`TreeMemory`) while they run. The limit is the weights (the model file's tensor shapes at the
 served dtype, computed from its safetensors header) plus the configured device and host tiers,
 plus 10%. Beside it: the tree's idle resident memory after start-up (Python, torch, the
-weights and the packed copies the matrix products read; the tiers as far as prefaulted) and
-the attention workspaces' budget and their highest resident bytes seen in `/health` during the
-run, so that a miss names its cause.
+weights as the matrix products read them; the tiers as far as prefaulted), the attention
+workspaces' budget and their highest resident bytes seen in `/health` during the run, and
+where the memory sat, idle and at the peak, by kind of mapping (`memory_breakdown`), so that a
+miss names its cause.
 
     python -m benchmarks.memory_probe [--device-cache-size 1GiB --host-cache-size 1GiB]
         [--requests 16 --prompt-tokens 5000 --max-tokens 16] [--out DIR]
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.memory_breakdown import KINDS, MemorySampler, tree_breakdown
 from benchmarks.vllm_compare.peers import TreeMemory
 from tieredkv.bench.managed import ManagedServer
 from tieredkv.bench.records import fmt
@@ -137,8 +139,10 @@ def probe(args: argparse.Namespace, work_dir: Path) -> tuple[dict, list[dict]]:
         pid = server.process.pid
         with TreeMemory(pid) as idle:
             time.sleep(IDLE_SAMPLE_S)
+        idle_breakdown = tree_breakdown(pid)
         health = httpx.get(server.base_url + "/health", timeout=30).json()
-        with TreeMemory(pid) as loaded, WorkspaceWatch(server.base_url) as watch:
+        watch, sampler = WorkspaceWatch(server.base_url), MemorySampler(pid)
+        with TreeMemory(pid) as loaded, watch, sampler:
             records = asyncio.run(send_all(server.base_url, args))
     weights = weights_bytes(args.model, args.dtype)
     tiers = parse_size(args.device_cache_size) + parse_size(args.host_cache_size)
@@ -154,6 +158,8 @@ def probe(args: argparse.Namespace, work_dir: Path) -> tuple[dict, list[dict]]:
         "capacity": health["capacity"]["memory_bytes"],
         "workspace_budget_bytes": (health.get("workspace") or {}).get("budget_bytes", 0),
         "workspace_peak_resident_bytes": watch.peak_resident_bytes,
+        "idle_breakdown_bytes": idle_breakdown,
+        "breakdown_bytes": sampler.peak,
         "met": peak <= limit,
     }
     return summary, records
@@ -182,6 +188,32 @@ def _gib(value: int) -> str:
     return fmt(value / GIB, ".2f")
 
 
+def _breakdown_table(results: list[dict]) -> list[str]:
+    """Where the resident memory sat, idle and at the sampled peak (`memory_breakdown`'s kinds:
+    heap = tensors and Python objects, shared anonymous = the host tier, anonymous = the
+    workspace and other mappings of their own)."""
+    rows = [r for r in results if "breakdown_bytes" in r["summary"]]
+    if not rows:
+        return []
+    kinds = " | ".join(kind.replace("_", " ") for kind in KINDS)
+    parts = [
+        "\nResident memory by kind of mapping (`benchmarks/memory_breakdown.py`), idle / at the "
+        "sampled peak: heap = the allocator's heap (weights, device tier, activations, Python "
+        "objects), shared anonymous = the host tier, anonymous = the attention workspace and "
+        "other mappings of their own. GiB.\n",
+        f"| run | {kinds} |",
+        "| --- |" + " --- |" * len(KINDS),
+    ]
+    for result in rows:
+        s = result["summary"]
+        cells = [
+            f"{_gib(s['idle_breakdown_bytes'].get(kind, 0))} / {_gib(s['breakdown_bytes'][kind])}"
+            for kind in KINDS
+        ]
+        parts.append(f"| `{result['dir']}` | " + " | ".join(cells) + " |")
+    return parts
+
+
 def render_markdown(results: list[dict]) -> str:
     """The memory section: one row a run, peak RSS beside the limit it is judged by."""
     parts = [
@@ -189,8 +221,8 @@ def render_markdown(results: list[dict]) -> str:
         "`python -m benchmarks.memory_probe`: concurrent prompts of distinct random tokens; the "
         "peak resident memory of the server's processes against the weights (the model file's "
         "tensors at the served dtype) plus the configured device and host tiers plus 10%. Idle: "
-        "after start-up, before any request (Python, torch, the weights and their packed "
-        "copies, the tiers as far as written or prefaulted). The workspaces are "
+        "after start-up, before any request (Python, torch, the weights as the products read "
+        "them, the tiers as far as written or prefaulted). The workspaces are "
         "carved out of the device tier; their column is their budget and the most `/health` "
         "showed resident. GiB throughout.\n",
         "| run | prompts | tiers (device + host) | weights | limit | idle RSS | peak RSS | "
@@ -210,6 +242,7 @@ def render_markdown(results: list[dict]) -> str:
             f"| {fmt(s['peak_rss_bytes'] / s['limit_bytes'], '.2f')} | {workspace} | "
             f"{'yes' if s['met'] else 'no'} |"
         )
+    parts += _breakdown_table(results)
     machines = sorted({machine_line(result) for result in results})
     parts.append("\nMachine: " + "; ".join(machines) + ".")
     return "\n".join(parts) + "\n"

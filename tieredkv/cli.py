@@ -55,6 +55,7 @@ def _load_and_serve(
     from tieredkv.engine.async_engine import AsyncEngine
     from tieredkv.engine.metrics import EngineMetrics
     from tieredkv.model.loader import load_model, resolve_dtype
+    from tieredkv.preload import release_free_memory
     from tieredkv.server.app import create_app
     from tieredkv.server.runner import serve
 
@@ -82,6 +83,8 @@ def _load_and_serve(
     engine = AsyncEngine.start(
         loaded, settings.cache, engine_config, metrics, device=device, page_listener=publisher
     )
+    loaded.weights.clear()  # the model holds each weight once, laid out for its products
+    release_free_memory()
     name = settings.served_model_name or loaded.name
     app = create_app(
         engine,

@@ -22,6 +22,7 @@ page faults in its forward. The process then keeps the memory its largest step u
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from pathlib import Path
@@ -60,3 +61,15 @@ def reexec_with_preload() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, sys.orig_argv, env)
+
+
+def release_free_memory() -> None:
+    """Hand the allocator's free memory back to the kernel: tcmalloc's where it is preloaded
+    (which otherwise keeps every freed page, see TCMALLOC_RELEASE_RATE), else glibc's
+    (`malloc_trim`). For the end of start-up, whose loading frees more than a step uses."""
+    process = ctypes.CDLL(None)
+    release = getattr(process, "MallocExtension_ReleaseFreeMemory", None)
+    if release is not None:
+        release()
+    elif (trim := getattr(process, "malloc_trim", None)) is not None:
+        trim(0)

@@ -50,3 +50,25 @@ def test_the_section_shows_peak_against_the_limit_and_the_workspace() -> None:
         "0.50 / 0.25",
         "no",
     ]
+
+
+def test_the_breakdown_table_shows_each_kind_idle_and_at_peak() -> None:
+    kinds = {"heap": GIB, "shared_anonymous": GIB // 2, "anonymous": GIB // 4}
+    kinds |= {"libraries": GIB // 8, "files": 0}
+    summary = {
+        "weights_bytes": GIB // 4,
+        "limit_bytes": int(2.5 * GIB),
+        "idle_rss_bytes": GIB,
+        "peak_rss_bytes": 2 * GIB,
+        "workspace_budget_bytes": 0,
+        "workspace_peak_resident_bytes": 0,
+        "idle_breakdown_bytes": {kind: size // 2 for kind, size in kinds.items()},
+        "breakdown_bytes": kinds,
+        "met": True,
+    }
+    settings = {"requests": 1, "prompt_tokens": 5, "device_cache_size": "1", "host_cache_size": "1"}
+    machine = {"cpu_model": "CPU", "cpu_flags": [], "cores": 2, "mem_total_gib": 8}
+    result = {"summary": summary, "settings": settings, "machine": machine, "dir": "probe/2"}
+    rows = [line for line in render_markdown([result]).splitlines() if "probe/2" in line]
+    cells = [cell.strip() for cell in rows[1].strip("|").split("|")]
+    assert cells[1:] == ["0.50 / 1.00", "0.25 / 0.50", "0.12 / 0.25", "0.06 / 0.12", "0.00 / 0.00"]

@@ -610,7 +610,7 @@ int tkv_linear_few_rows(int64_t rows, int64_t in_features, int64_t out_features,
     return 0;
 }
 
-/* y = bf16(x @ W.T + bias + residual) for up to PAIRED_ROWS bf16 rows, on a weight laid out by
+/* y = bf16(x @ W.T + bias + residual) for any number of bf16 rows, on a weight laid out by
  * output blocks of 16 and input pairs: packed[block][pair][16 outputs][2 inputs] (in_features
  * even, out_features a multiple of 16). One vdpbf16ps multiplies a broadcast input pair of a
  * row by a block's 16 outputs x 2 inputs and sums into 16 fp32 lanes, one per output, so the
@@ -618,8 +618,8 @@ int tkv_linear_few_rows(int64_t rows, int64_t in_features, int64_t out_features,
  * run in the same order whatever the other rows (rows go eight at a time over a block, which
  * stays in cache between them). bias (out) and residual (rows, out; row
  * stride residual_stride) are bf16 or NULL; out (rows, out) contiguous. Returns 0, or -1
- * without AVX512-BF16, for more rows or for shapes the layout does not cover. */
-#define PAIRED_ROWS 16
+ * without AVX512-BF16 or for shapes the layout does not cover. */
+#define PAIRED_TILE 8
 
 #if defined(__AVX512BF16__)
 static inline __attribute__((always_inline)) void paired_block(
@@ -638,39 +638,41 @@ int tkv_linear_paired(int64_t rows, int64_t in_features, int64_t out_features,
                       const uint16_t *bias, const uint16_t *residual, int64_t residual_stride,
                       uint16_t *out) {
 #if defined(__AVX512BF16__)
-    if (rows < 1 || rows > PAIRED_ROWS || in_features % 2 || out_features % 16) return -1;
+    if (rows < 1 || in_features % 2 || out_features % 16) return -1;
     if (x_stride % 2) return -1;
     const int64_t pairs = in_features / 2, blocks = out_features / 16;
-    const uint32_t *row_pairs[PAIRED_ROWS];
-    for (int64_t r = 0; r < rows; r++) row_pairs[r] = (const uint32_t *)(x + r * x_stride);
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
-        __m512 acc[PAIRED_ROWS];
         const uint16_t *weights = packed + b * pairs * 32;
-        for (int64_t r = 0; r < rows; r += 8) { /* a constant row count unrolls the loop */
-            const uint32_t *const *x8 = row_pairs + r;
-            switch (rows - r < 8 ? rows - r : 8) {
-            case 1: paired_block(1, pairs, x8, weights, acc + r); break;
-            case 2: paired_block(2, pairs, x8, weights, acc + r); break;
-            case 3: paired_block(3, pairs, x8, weights, acc + r); break;
-            case 4: paired_block(4, pairs, x8, weights, acc + r); break;
-            case 5: paired_block(5, pairs, x8, weights, acc + r); break;
-            case 6: paired_block(6, pairs, x8, weights, acc + r); break;
-            case 7: paired_block(7, pairs, x8, weights, acc + r); break;
-            default: paired_block(8, pairs, x8, weights, acc + r); break;
-            }
-        }
         __m512 extra = _mm512_setzero_ps();
         if (bias != NULL)
             extra = widen_bf16_bits(_mm256_loadu_si256((const __m256i *)(bias + b * 16)));
-        for (int64_t r = 0; r < rows; r++) {
-            __m512 y = _mm512_add_ps(acc[r], extra);
-            if (residual != NULL) {
-                const uint16_t *res = residual + r * residual_stride + b * 16;
-                y = _mm512_add_ps(y, widen_bf16_bits(_mm256_loadu_si256((const __m256i *)res)));
+        for (int64_t r0 = 0; r0 < rows; r0 += PAIRED_TILE) {
+            const int64_t tile = rows - r0 < PAIRED_TILE ? rows - r0 : PAIRED_TILE;
+            const uint32_t *x8[PAIRED_TILE];
+            __m512 acc[PAIRED_TILE];
+            for (int64_t r = 0; r < tile; r++)
+                x8[r] = (const uint32_t *)(x + (r0 + r) * x_stride);
+            switch (tile) { /* a constant row count unrolls the loop */
+            case 1: paired_block(1, pairs, x8, weights, acc); break;
+            case 2: paired_block(2, pairs, x8, weights, acc); break;
+            case 3: paired_block(3, pairs, x8, weights, acc); break;
+            case 4: paired_block(4, pairs, x8, weights, acc); break;
+            case 5: paired_block(5, pairs, x8, weights, acc); break;
+            case 6: paired_block(6, pairs, x8, weights, acc); break;
+            case 7: paired_block(7, pairs, x8, weights, acc); break;
+            default: paired_block(8, pairs, x8, weights, acc); break;
             }
-            _mm256_storeu_si256((__m256i *)(out + r * out_features + b * 16),
-                                (__m256i)_mm512_cvtneps_pbh(y));
+            for (int64_t r = 0; r < tile; r++) {
+                __m512 y = _mm512_add_ps(acc[r], extra);
+                if (residual != NULL) {
+                    const uint16_t *res = residual + (r0 + r) * residual_stride + b * 16;
+                    const __m256i bits = _mm256_loadu_si256((const __m256i *)res);
+                    y = _mm512_add_ps(y, widen_bf16_bits(bits));
+                }
+                _mm256_storeu_si256((__m256i *)(out + (r0 + r) * out_features + b * 16),
+                                    (__m256i)_mm512_cvtneps_pbh(y));
+            }
         }
     }
     return 0;

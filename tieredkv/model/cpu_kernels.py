@@ -39,7 +39,6 @@ SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=c11", "-shared", "-fPIC")
 SEQ_FIELDS = 6  # the per-sequence table's columns, as `cpu_kernels.c` numbers them
 FEW_ROWS = 8  # the most rows `linear_few_rows` multiplies (FEW_ROWS in `cpu_kernels.c`)
-PAIRED_ROWS = 16  # the most rows `linear_paired` multiplies (PAIRED_ROWS in `cpu_kernels.c`)
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -169,12 +168,12 @@ class CpuKernels:
         bias: torch.Tensor | None = None,
         residual: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
-        """bf16(x @ weight.T + bias + residual) for up to PAIRED_ROWS bf16 rows on `packed`, the
-        weight as `pair_weight` lays it out; fp32 sums rounded once. None where the kernel does
-        not run: more rows, a row not 4-byte aligned, or a CPU without AVX512-BF16."""
+        """bf16(x @ weight.T + bias + residual) for bf16 rows on `packed`, the weight as
+        `pair_weight` lays it out; fp32 sums rounded once. None where the kernel does not run:
+        a row not 4-byte aligned, or a CPU without AVX512-BF16."""
         rows, in_features = x.shape
         out_features = packed.shape[0] * 16
-        if rows > PAIRED_ROWS or x.stride(1) != 1 or x.data_ptr() % 4 or x.stride(0) % 2:
+        if x.stride(1) != 1 or x.data_ptr() % 4 or x.stride(0) % 2:
             return None
         assert x.dtype == packed.dtype == torch.bfloat16 and packed.shape[1] * 2 == in_features
         if residual is not None and (residual.stride(1) != 1 or residual.shape[0] != rows):

@@ -4,9 +4,11 @@
 for decode-shaped inputs (a few rows) that costs more than the product itself. On a CPU whose
 oneDNN runs bf16 (AMX or AVX512-BF16), `PackedLinear` lays each weight out once, at load, in
 oneDNN's blocked format and calls oneDNN directly; it also fuses a residual add into the product.
-On a CPU with AVX512-BF16 but without AMX, its few-row products (decode steps) run in C instead
-(`cpu_kernels.linear_paired`): oneDNN's overhead per call and its single-row kernel took twice
-the time of the C loop, which streams the weight once at memory speed.
+On a CPU with AVX512-BF16 but without AMX, its products run in C instead
+(`cpu_kernels.linear_paired`) on one copy of the weight: oneDNN's overhead per call and its
+single-row kernel took twice the time of the C loop for decode steps, which stream the weight
+once at memory speed; for prefill chunks the C loop runs within a few percent of oneDNN's
+many-row packing, which would be a second copy of every weight.
 On a CPU that only emulates bf16 (neither AMX nor AVX512-BF16), `WidenedLinear` multiplies a
 few rows in C and many in fp32, on an fp32 copy of the weight. Everything else (CUDA, fp32, a torch
 without oneDNN) uses `PlainLinear`. fp32 stays on `F.linear` on purpose: its outputs must match
@@ -20,7 +22,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from tieredkv.model.cpu_kernels import PAIRED_ROWS, CpuKernels, load_cpu_kernels, pair_weight
+from tieredkv.model.cpu_kernels import CpuKernels, load_cpu_kernels, pair_weight
 from tieredkv.model.dtype import bf16_is_emulated, cpu_flags
 
 log = logging.getLogger(__name__)
@@ -42,10 +44,13 @@ class PlainLinear:
 
 
 class PackedLinear:
-    """A bf16 CPU weight in oneDNN's layout, packed twice: for a few rows and for many rows
-    (one packing loses up to 3x on the other's shapes; the weights are small beside the KV).
-    With `kernels` (a CPU with AVX512-BF16, no AMX) the few-row packing is `pair_weight`'s,
-    for `CpuKernels.linear_paired`."""
+    """A bf16 CPU weight laid out once for the fastest product here, and held only that way.
+
+    With `kernels` (a CPU with AVX512-BF16, no AMX) the layout is `pair_weight`'s and every
+    product runs in `CpuKernels.linear_paired`, whatever the row count: one copy of the weight
+    serves decode and prefill. Otherwise (or for a shape `pair_weight` does not cover) the
+    weight is in oneDNN's blocked layout, packed twice: for a few rows and for many rows (one
+    packing loses up to 3x on the other's shapes)."""
 
     def __init__(
         self,
@@ -54,32 +59,48 @@ class PackedLinear:
         many_rows: bool = True,
         kernels: CpuKernels | None = None,
     ) -> None:
-        reorder = torch.ops.mkldnn._reorder_linear_weight
         self.bias = bias
-        self._kernels = kernels
         self._paired = pair_weight(weight) if kernels is not None and many_rows else None
+        self._kernels = kernels if self._paired is not None else None
         if self._paired is None:
-            self._kernels = None
+            reorder = torch.ops.mkldnn._reorder_linear_weight
             self._few = reorder(weight, 1)
-        self._many = reorder(weight, 2048) if many_rows else self._few
+            self._many = reorder(weight, 2048) if many_rows else self._few
+
+    @property
+    def gives_rows(self) -> bool:
+        """Whether `weight_rows` can read the weight's rows: the paired layout, not oneDNN's."""
+        return self._paired is not None
+
+    def weight_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` (T,) of the weight as given: (T, in), gathered from the paired layout."""
+        assert self._paired is not None, "oneDNN's layout gives no rows: check gives_rows"
+        rows = self._paired[ids // 16, :, ids % 16, :]  # (T, in / 2, 2)
+        return rows.reshape(ids.shape[0], -1)
 
     def _packed(self, x: torch.Tensor) -> torch.Tensor:
-        return self._few if x.shape[0] <= _DECODE_ROWS and self._paired is None else self._many
+        return self._few if x.shape[0] <= _DECODE_ROWS else self._many
 
-    def _few_rows(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor | None:
-        if self._kernels is None or x.shape[0] > PAIRED_ROWS:
-            return None
-        return self._kernels.linear_paired(x, self._paired, self.bias, residual)
+    def _paired_product(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        assert self._kernels is not None and self._paired is not None
+        if (out := self._kernels.linear_paired(x, self._paired, self.bias, residual)) is not None:
+            return out
+        # a row the kernel cannot read in place (unaligned or strided): fresh, aligned copies
+        x = x.clone(memory_format=torch.contiguous_format)
+        residual = None if residual is None else residual.contiguous()
+        out = self._kernels.linear_paired(x, self._paired, self.bias, residual)
+        assert out is not None, f"linear_paired refused contiguous rows {tuple(x.shape)}"
+        return out
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if (few := self._few_rows(x, None)) is not None:
-            return few
+        if self._kernels is not None:
+            return self._paired_product(x, None)
         return torch.ops.mkldnn._linear_pointwise(x, self._packed(x), self.bias, "none", [], "")
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual + self(x), the add fused into the product."""
-        if (few := self._few_rows(x, residual)) is not None:
-            return few
+        if self._kernels is not None:
+            return self._paired_product(x, residual)
         if self.bias is not None:
             return residual + self(x)
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self._packed(x), None, "add")

@@ -17,7 +17,7 @@ from tieredkv.config import ModelConfig
 from tieredkv.errors import ModelLoadError
 from tieredkv.model.attention import AttentionBackend
 from tieredkv.model.forward_batch import ForwardBatch
-from tieredkv.model.linear import Linear, make_linear, packed_linear_works
+from tieredkv.model.linear import Linear, PackedLinear, make_linear, packed_linear_works
 from tieredkv.model.pointwise import make_pointwise, rms_norm
 from tieredkv.model.rope import build_rope_cache
 
@@ -74,17 +74,27 @@ class LlamaModel:
         self.attention = attention
         self.device = torch.device(device)
         to_device = {name: tensor.to(self.device) for name, tensor in weights.items()}
-        self.embed = _take(to_device, "model.embed_tokens.weight")  # (vocab, hidden)
-        self.dtype = self.embed.dtype
+        embed = _take(to_device, "model.embed_tokens.weight")  # (vocab, hidden)
+        self.dtype = embed.dtype
         self.final_norm = _take(to_device, "model.norm.weight")
         packed = packed_linear_works(self.dtype, self.device)
-        head = to_device.get("lm_head.weight", self.embed)  # tied when absent
-        self.lm_head = make_linear(head, packed=packed)
+        head = to_device.get("lm_head.weight")  # tied to the embedding when absent
+        self.lm_head = make_linear(embed if head is None else head, packed=packed)
+        # tied: the embedding's rows are read from the head's copy where it can give them
+        tied_rows = head is None and isinstance(self.lm_head, PackedLinear)
+        self._embed = None if tied_rows and self.lm_head.gives_rows else embed
         self.layers = [_layer_weights(to_device, i, packed) for i in range(config.num_layers)]
         cos, sin = build_rope_cache(config, max_len, self.device)  # (max_len, head_dim) fp32
         self.cos, self.sin = cos.to(self.dtype), sin.to(self.dtype)
         self.max_len = max_len
         self.pointwise = make_pointwise(config, self.dtype, self.device)
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The embedding's rows (T, hidden) for token ids (T,)."""
+        if self._embed is not None:
+            return self._embed[token_ids]
+        assert isinstance(self.lm_head, PackedLinear), "a tied head in the paired layout"
+        return self.lm_head.weight_rows(token_ids)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -106,7 +116,7 @@ class LlamaModel:
         self.attention.begin_step(batch)
         cos = self.cos[batch.positions].unsqueeze(1)  # (T, 1, head_dim)
         sin = self.sin[batch.positions].unsqueeze(1)
-        x = self.embed[batch.token_ids]  # (T, hidden)
+        x = self.embed(batch.token_ids)  # (T, hidden)
         ops = self.pointwise.for_tokens(num_tokens)
         for layer, w in enumerate(self.layers):
             h = ops.rms_norm(x, w.input_norm, cfg.rms_norm_eps)
