@@ -140,21 +140,22 @@ class Residency:
         """Pin (+1) or unpin (-1) the prefix that ends at `node` (see `tieredkv.cache.pins`):
         the pin count of `node` and of its ancestors changes; a count crossing zero changes
         the node's evictability."""
-        for path_node in node.path():
-            record = path_node.residence
-            record.pin_count += delta
-            assert record.pin_count >= 0, f"pin count below zero on {path_node}"
-            if record.pin_count == (1 if delta > 0 else 0):
-                self.refresh(path_node)
+        self._count_along_path(node, delta, "pin_count")
 
     def retain(self, node: RadixNode, delta: int) -> None:
         """Retain (+1) or release (-1) the prefix that ends at `node` (see
         `tieredkv.cache.retention`): as `pin`, on the retain counts."""
+        self._count_along_path(node, delta, "retain_count")
+
+    def _count_along_path(self, node: RadixNode, delta: int, count: str) -> None:
+        """Add `delta` to the `count` of `node` and its ancestors; a count crossing zero
+        changes the node's evictability."""
         for path_node in node.path():
             record = path_node.residence
-            record.retain_count += delta
-            assert record.retain_count >= 0, f"retain count below zero on {path_node}"
-            if record.retain_count == (1 if delta > 0 else 0):
+            value = getattr(record, count) + delta
+            assert value >= 0, f"{count} below zero on {path_node}"
+            setattr(record, count, value)
+            if value == (1 if delta > 0 else 0):
                 self.refresh(path_node)
 
     @staticmethod
