@@ -57,6 +57,33 @@ def test_a_symlinked_store_file_is_a_one_line_start_up_error(
     assert not (tmp_path / "elsewhere").exists()
 
 
+def test_a_symlinked_disk_directory_is_a_one_line_start_up_error(
+    capsys: pytest.CaptureFixture[str], tiny_model: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "private"
+    target.mkdir(mode=0o700)
+    (tmp_path / "kv").symlink_to(target)
+    err = _serve_error(
+        capsys, tiny_model, "--disk-cache-dir", str(tmp_path / "kv"), "--disk-cache-size", "1M"
+    )
+    assert "is a symlink" in err and str(tmp_path / "kv") in err
+    assert list(target.iterdir()) == []
+
+
+def test_a_disk_directory_under_a_world_writable_parent_is_a_one_line_start_up_error(
+    capsys: pytest.CaptureFixture[str], tiny_model: Path, tmp_path: Path
+) -> None:
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    os.chmod(parent, 0o777)
+    (parent / "kv").mkdir(mode=0o700)
+    err = _serve_error(
+        capsys, tiny_model, "--disk-cache-dir", str(parent / "kv"), "--disk-cache-size", "1M"
+    )
+    assert f"under {parent}, which group or others may write" in err
+    assert list((parent / "kv").iterdir()) == []
+
+
 @pytest.fixture(scope="module")
 def client(tiny_model: Path) -> Iterator[httpx.Client]:
     model = load_model(tiny_model, dtype=torch.float32)

@@ -75,7 +75,11 @@ def superblock_for(layout: PageLayout, fingerprint: bytes, capacity_bytes: int) 
 def prepare_directory(directory: Path) -> None:
     """Create the directory (mode 0o700) if needed, refuse one that another user could write
     into (owned by someone else, or group- or world-writable: whoever can write there can plant
-    records), and log files that are not ours."""
+    records), a symlink (its target can be swapped), or one under a directory that others can
+    write without the sticky bit (they could rename ours away and put theirs in its place), and
+    log files that are not ours."""
+    _refuse_symlink(directory)
+    _refuse_open_parents(directory)
     try:
         if not directory.exists():
             directory.mkdir(mode=0o700, parents=True)
@@ -99,6 +103,41 @@ def prepare_directory(directory: Path) -> None:
             STORE_FILE + SET_ASIDE_INFIX
         ):
             logger.warning("disk cache directory %s: ignoring foreign file %r", directory, name)
+
+
+def _refuse_symlink(directory: Path) -> None:
+    """Checked with lstat: the link itself, never what it points to."""
+    try:
+        is_link = stat.S_ISLNK(os.lstat(directory).st_mode)
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise DiskStoreError(f"disk cache directory {directory}: {error}") from error
+    if is_link:
+        raise DiskStoreError(
+            f"disk cache directory {directory} is a symlink (to {os.readlink(directory)}); "
+            "give the real directory's path"
+        )
+
+
+def _refuse_open_parents(directory: Path) -> None:
+    """Every existing directory above `directory`, as written and with symlinks resolved, up to
+    /: none may be writable by group or others unless sticky (as /tmp is)."""
+    written = Path(os.path.abspath(directory)).parents
+    resolved = Path(os.path.realpath(directory.parent))
+    for parent in dict.fromkeys([resolved, *resolved.parents, *written]):
+        try:
+            mode = parent.stat().st_mode
+        except FileNotFoundError:
+            continue  # created below, 0o700 at the end of the chain
+        except OSError as error:
+            raise DiskStoreError(f"disk cache directory {directory}: {parent}: {error}") from error
+        if mode & 0o022 and not mode & stat.S_ISVTX:
+            raise DiskStoreError(
+                f"disk cache directory {directory} is under {parent}, which group or others may "
+                f"write (mode {stat.S_IMODE(mode):o}, not sticky); run `chmod go-w {parent}` or "
+                "use a directory under a private parent"
+            )
 
 
 def lock_directory(io: DiskIOBackend, directory: Path) -> int:

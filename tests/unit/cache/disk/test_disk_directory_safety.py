@@ -67,3 +67,56 @@ def test_a_lock_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DiskStoreError, match="lock"):
         open_store(directory)
     assert not target.exists()  # O_NOFOLLOW: nothing created through the link
+
+
+def test_a_symlinked_directory_is_refused_without_following_it(tmp_path: Path) -> None:
+    target = tmp_path / "private"
+    target.mkdir(mode=0o700)
+    link = tmp_path / "kv"
+    link.symlink_to(target)
+    with pytest.raises(DiskStoreError, match="is a symlink"):
+        open_store(link)
+    assert list(target.iterdir()) == []  # nothing was created through the link
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o757])
+def test_a_directory_under_a_parent_others_may_write_is_refused(tmp_path: Path, mode: int) -> None:
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    os.chmod(parent, mode)
+    directory = parent / "kv"
+    directory.mkdir(mode=0o700)
+    with pytest.raises(DiskStoreError, match=f"under {parent}, which group or others may write"):
+        open_store(directory)
+    assert not (directory / STORE_FILE).exists()
+    with pytest.raises(DiskStoreError, match=f"under {parent}"):
+        open_store(parent / "deeper" / "kv")  # refused before it is created
+    assert not (parent / "deeper").exists()
+
+
+def test_an_open_directory_higher_up_the_chain_is_refused(tmp_path: Path) -> None:
+    top = tmp_path / "open"
+    top.mkdir()
+    os.chmod(top, 0o777)
+    middle = top / "private"
+    middle.mkdir(mode=0o700)
+    with pytest.raises(DiskStoreError, match=f"under {top}"):
+        open_store(middle / "kv")
+
+
+def test_a_symlinked_parent_is_checked_where_it_points(tmp_path: Path) -> None:
+    open_parent = tmp_path / "open"
+    open_parent.mkdir()
+    os.chmod(open_parent, 0o777)
+    (tmp_path / "alias").symlink_to(open_parent)
+    with pytest.raises(DiskStoreError, match=f"under {open_parent}"):
+        open_store(tmp_path / "alias" / "kv")
+
+
+def test_a_sticky_world_writable_parent_is_accepted(tmp_path: Path) -> None:
+    parent = tmp_path / "like-tmp"
+    parent.mkdir()
+    os.chmod(parent, 0o1777)
+    store = open_store(parent / "kv")  # the owner alone may rename or remove kv in a sticky dir
+    store.close()
+    assert (parent / "kv" / STORE_FILE).is_file()
