@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from tieredkv.api_keys import read_api_keys_file, single_api_key
+from tieredkv.cache.remote.connection import check_url
 from tieredkv.cache.remote.password import password_from_env_or_file
 from tieredkv.config import (
     CacheConfig,
@@ -57,6 +58,8 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
         max_connections=args.max_connections,
         debug_endpoints=args.debug_endpoints,
     )
+    if args.remote_cache_url is not None:
+        check_url(args.remote_cache_url)  # before the password is read or anything logged
     cache_fields = (
         {} if args.write_policy is None else {"write_policy": WritePolicy(args.write_policy)}
     )

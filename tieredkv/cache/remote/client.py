@@ -1,6 +1,7 @@
 """`RemoteClient`: the store's Redis client and its health. Healthy while calls succeed,
 degraded from the first failure until a reconnection answers PING. Only the writer thread
-reconnects."""
+reconnects. The first failed connection of each cycle (start-up, or degraded until healthy
+again) is logged, with the URL redacted: a wrong password shows once, not at every attempt."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from tieredkv.cache.remote.connection import RemoteTimeouts, connection_errors, open_client
+from tieredkv.cache.remote.connection import (
+    CREDENTIALS_FIX,
+    RemoteTimeouts,
+    connection_errors,
+    open_client,
+    redacted_url,
+    redis_module,
+)
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +35,7 @@ class RemoteClient:
         self._healthy = threading.Event()
         self.on_degraded: Callable[[], None] = lambda: None  # wakes the writer to reconnect
         self.last_error = "not connected yet"
+        self._failure_logged = False  # in this reconnection cycle
 
     @property
     def healthy(self) -> bool:
@@ -47,15 +56,38 @@ class RemoteClient:
             client = open_client(self._url, self._password, self._timeouts)
         except connection_errors() as error:
             self.last_error = f"{type(error).__name__}: {error}"
-            log.debug("remote store: connecting to %s failed: %s", self._url, self.last_error)
+            self._log_failure(error)
             return False
         with self._lock:
             old, self._redis = self._redis, client
             self._healthy.set()
+            self._failure_logged = False
         if old is not None:
             _close_quietly(old)
         log.info("remote store: healthy")
         return True
+
+    def _log_failure(self, error: BaseException) -> None:
+        where = redacted_url(self._url)
+        if self._failure_logged:
+            log.debug("remote store: connecting to %s failed again: %s", where, self.last_error)
+            return
+        self._failure_logged = True
+        if isinstance(error, redis_module().AuthenticationError):
+            log.error(
+                "remote store: %s refused the password (%s); %s. Retrying in the background",
+                where,
+                self.last_error,
+                "check $TIEREDKV_REDIS_PASSWORD or --remote-password-file"
+                if self._password is not None
+                else f"it needs one: {CREDENTIALS_FIX}",
+            )
+        else:
+            log.warning(
+                "remote store: cannot connect to %s (%s); retrying in the background",
+                where,
+                self.last_error,
+            )
 
     def mark_degraded(self, error: BaseException | str) -> None:
         """A call failed or ran out of time: callers find nothing until a reconnection works."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, fields, replace
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from tieredkv.errors import ConfigError
 
@@ -65,16 +65,51 @@ class RemoteTimeouts:
 SOCKET_READ_BYTES = 1 << 20
 
 
+# A query parameter whose name holds one of these carries a credential (redis-py passes every
+# query parameter to the connection: `?password=`, `?ssl_password=`, ...)
+SECRET_QUERY_WORDS = ("pass", "secret", "token", "auth", "cred")
+CREDENTIALS_FIX = (
+    "put the password in $TIEREDKV_REDIS_PASSWORD or a file named by --remote-password-file "
+    "(mode 600): a URL shows in `ps` and in logs"
+)
+
+
 def check_url(url: str) -> None:
-    """Refuse a URL that is not redis:// or rediss://, or that carries a password."""
+    """Refuse a URL that is not redis:// or rediss://, or that carries a credential (a password
+    in its user info, or a password-like query parameter). The error never repeats the URL's
+    secret."""
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss") or not parts.hostname:
-        raise ConfigError(f"--remote-cache-url must be redis://HOST:PORT/DB, got {url!r}")
-    if parts.password is not None:
         raise ConfigError(
-            "--remote-cache-url must not carry a password; put it in $TIEREDKV_REDIS_PASSWORD "
-            "or a password file"
+            f"--remote-cache-url must be redis://HOST:PORT/DB, got {redacted_url(url)!r}"
         )
+    if parts.password is not None:
+        raise ConfigError(f"--remote-cache-url must not carry a password; {CREDENTIALS_FIX}")
+    secret = [name for name, _ in parse_qsl(parts.query, keep_blank_values=True) if _secret(name)]
+    if secret:
+        raise ConfigError(
+            f"--remote-cache-url must not carry credentials (query parameter {secret[0]!r}); "
+            f"{CREDENTIALS_FIX}"
+        )
+
+
+def redacted_url(url: str) -> str:
+    """`url` fit for a log line: no user info, and every query parameter's value hidden."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "<unparseable URL>"
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host if port is None else f"{host}:{port}"
+    query = "&".join(f"{name}=***" for name, _ in parse_qsl(parts.query, keep_blank_values=True))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def _secret(name: str) -> bool:
+    return any(word in name.lower() for word in SECRET_QUERY_WORDS)
 
 
 def redis_module() -> Any:
@@ -119,7 +154,8 @@ def open_client(url: str, password: str | None, timeouts: RemoteTimeouts) -> Any
     else:
         client = redis.Redis.from_url(url, **options)
         client.ping()
-    log.info("remote store: connected to %s (%s)", url, "cluster" if cluster else "single")
+    kind = "cluster" if cluster else "single"
+    log.info("remote store: connected to %s (%s)", redacted_url(url), kind)
     return client
 
 
