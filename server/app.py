@@ -14,12 +14,13 @@ from tieredkv import __version__
 from tieredkv.config import KeyGrant, ServerConfig
 from tieredkv.engine.protocol import EngineClient, EngineUnavailableError
 from tieredkv.model.tokenizer import ChatTokenizer
+from tieredkv.tenants import in_tenant
 
 from .auth import key_checker, require_admin
 from .completions import CompletionHandler
 from .connections import SendStallLimit
 from .errors import install_error_handlers
-from .generation_inputs import check_model, in_tenant
+from .generation_inputs import check_model
 from .openapi import body_spec, error_responses, install_openapi
 from .pins import PinHandler
 from .schemas import ChatCompletionRequest, CompletionRequest, PinRequest
@@ -130,6 +131,18 @@ def create_app(
     async def unpin(request: Request, caller: KeyGrant = authenticated) -> dict:
         _require_ready(engine)
         return await pins.unpin(request, caller)
+
+    @app.get("/v1/cache/pins", responses=error_responses(401, 403, 503))
+    async def list_pins(tenant: str | None = None, caller: KeyGrant = authenticated) -> dict:
+        """Every namespace's pins, or one tenant's (an admin key only)."""
+        _require_ready(engine)
+        return await pins.list_all(caller, tenant)
+
+    @app.delete("/v1/cache/pins/{pin_id}", responses=error_responses(401, 403, 404, 503))
+    async def remove_pin(pin_id: str, caller: KeyGrant = authenticated) -> dict:
+        """Release any namespace's pin by the id the listing gives (an admin key only)."""
+        _require_ready(engine)
+        return await pins.remove(caller, pin_id)
 
     install_worker_info(app, engine, model_name, max_model_len)
 

@@ -13,6 +13,7 @@ from tieredkv.engine.protocol import DEFAULT_NAMESPACE
 from tieredkv.errors import RequestError
 from tieredkv.model.sampler import SamplingParams
 from tieredkv.model.tokenizer import ChatTokenizer
+from tieredkv.tenants import tenant_namespace
 
 from .errors import APIError, bad_request
 from .schemas import ChatCompletionRequest, CompletionRequest, PinRequest, SamplingFields
@@ -91,18 +92,6 @@ def session_key(header: str | None, req: SamplingFields) -> str | None:
         message = f"prompt_cache_key is over {MAX_PROMPT_CACHE_KEY_BYTES} UTF-8 bytes"
         raise bad_request(message, "prompt_cache_key")
     return header or key or req.user
-
-
-def tenant_namespace(tenant: str, salt: str | None = None) -> str:
-    """A tenant's namespace, or one subdivision of it. No salt or header can name it (they
-    cannot hold NUL), so no request escapes into another tenant's namespace."""
-    return f"\0tenant\0{tenant}" if salt is None else f"\0tenant\0{tenant}\0{salt}"
-
-
-def in_tenant(namespace: str, tenant: str) -> bool:
-    """Is `namespace` the tenant's own or one of its subdivisions?"""
-    own = tenant_namespace(tenant)
-    return namespace == own or namespace.startswith(own + "\0")
 
 
 def resolve_namespace(cache_salt: str | None, header: str | None, tenant: str | None) -> str:

@@ -1,5 +1,7 @@
 """`POST /v1/cache/pin` and `DELETE /v1/cache/pin` (pinned prefixes, `tieredkv.cache.pins`),
-and the pins made at start: those an earlier run saved, then `--pin-file`'s.
+an admin's `GET /v1/cache/pins` and `DELETE /v1/cache/pins/{id}` over every namespace's pins,
+and the pins made at start: those an earlier run saved (less those of a tenant no key names any
+more), then `--pin-file`'s.
 
 A pin names a prompt (text or token ids, as `/v1/completions` takes it) or chat messages (the
 template applied without the generation prompt, so it is a prefix of every later turn), in a
@@ -10,8 +12,10 @@ with `"cache_salt"`; blank lines and lines starting with `#` are skipped.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +27,9 @@ from tieredkv.config import KeyGrant, ServerConfig
 from tieredkv.engine.protocol import EngineClient
 from tieredkv.errors import ConfigError
 from tieredkv.model.tokenizer import ChatTokenizer
+from tieredkv.tenants import split_namespace
 
+from .auth import require_admin
 from .errors import APIError, bad_request
 from .generation_inputs import (
     CONTEXT_LENGTH_EXCEEDED,
@@ -53,6 +59,27 @@ def pin_prompt_ids(req: PinRequest, tokenizer: ChatTokenizer, max_model_len: int
         message = f"the prompt has {len(ids)} tokens; this model's context is {max_model_len}"
         raise bad_request(message, "prompt", CONTEXT_LENGTH_EXCEEDED)
     return ids
+
+
+def pin_id(namespace: str, token_ids: tuple[int, ...]) -> str:
+    """A pin's name in the admin endpoints: a digest of its namespace and prompt, which shows
+    neither."""
+    digest = hashlib.sha256(namespace.encode("utf-8") + b"\0" + repr(token_ids).encode())
+    return "pin-" + digest.hexdigest()[:24]
+
+
+def pin_view(entry: dict) -> dict:
+    """One pin as an admin sees it: its namespace as the tenant and cache_salt that make it."""
+    tenant, salt = split_namespace(entry["namespace"])
+    return {
+        "object": "cache.pin",
+        "id": pin_id(entry["namespace"], entry["token_ids"]),
+        "tenant": tenant,
+        "cache_salt": salt or None,
+        "prompt_tokens": len(entry["token_ids"]),
+        "pinned_pages": entry["pinned_pages"],
+        "held": entry["held"],
+    }
 
 
 def read_pin_file(path: Path) -> list[PinRequest]:
@@ -104,9 +131,43 @@ class PinHandler:
             raise APIError(404, message, "invalid_request_error", "prompt", "pin_not_found")
         return {"object": "cache.pin", "unpinned": True}
 
+    async def list_all(self, grant: KeyGrant, tenant: str | None) -> dict:
+        """Every namespace's pins (admin only), or one tenant's."""
+        require_admin(grant, "/v1/cache/pins")
+        listing = await self.engine.list_pins()
+        views = [pin_view(entry) for entry in listing.pop("pins")]
+        if tenant is not None:
+            views = [view for view in views if view["tenant"] == tenant]
+        return {"object": "list", "data": views, **listing}
+
+    async def remove(self, grant: KeyGrant, wanted_id: str) -> dict:
+        """Release any namespace's pin by its id (admin only); 404 when there is none."""
+        require_admin(grant, "/v1/cache/pins")
+        for entry in (await self.engine.list_pins())["pins"]:
+            found = pin_id(entry["namespace"], entry["token_ids"]) == wanted_id
+            if found and await self.engine.unpin(entry["namespace"], entry["token_ids"]):
+                return {"object": "cache.pin", "id": wanted_id, "unpinned": True}
+        raise APIError(404, "no pin has this id", "invalid_request_error", "id", "pin_not_found")
+
+    async def _drop_keyless(self, saved: list[tuple[str, tuple[int, ...]]]) -> list:
+        """The saved pins whose tenant some key still names; the others are released (their
+        tenant's data has no owner left to serve it to) and logged."""
+        tenants = {grant.tenant for grant in self.config.grants.values()}
+        kept, dropped = [], Counter()
+        for namespace, ids in saved:
+            tenant, _ = split_namespace(namespace)
+            if tenant is None or tenant in tenants:
+                kept.append((namespace, ids))
+            elif await self.engine.unpin(namespace, ids):
+                dropped[tenant] += 1
+        for tenant, count in sorted(dropped.items()):
+            log.warning("dropped %d saved pins of tenant %r: no API key names it", count, tenant)
+        return kept
+
     async def pin_at_start(self, entries: list[PinRequest]) -> None:
-        """Pin again what an earlier run pinned, then the pin file's prompts (logged)."""
-        wanted = list(self.engine.pins_to_restore())
+        """Pin again what an earlier run pinned (but a tenant's that no key names any more),
+        then the pin file's prompts (logged)."""
+        wanted = await self._drop_keyless(list(self.engine.pins_to_restore()))
         for entry in entries:
             try:
                 namespace = resolve_namespace(entry.cache_salt, None, None)

@@ -161,7 +161,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=_size,
         default=None,
         metavar="SIZE",
-        help="host bytes each namespace may pin (default: a quarter of the host tier)",
+        help="host bytes each tenant may pin, all its namespaces (cache_salt values) together; "
+        "without API keys, each namespace (default: a quarter of the host tier)",
+    )
+    add(
+        "--pin-budget-total",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="host bytes all pins together may hold (default: half the host tier, or "
+        "--pin-budget when larger)",
     )
     add(
         "--retention-budget",

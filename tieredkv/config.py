@@ -137,8 +137,11 @@ class CacheConfig:
     # the remote tier's lookup and fetch budgets times this (`RemoteTimeouts`: 20 ms a lookup,
     # 50 ms + 5 ms/MiB a fetch): past its budget a call is a miss and the tier turns degraded
     remote_budget_scale: float = 1.0
-    # pinned prefixes: pages each namespace may pin on host (None: a quarter of the host tier)
+    # pinned prefixes: pages each tenant (all its namespaces together; without keys, each
+    # namespace) may pin on host (None: a quarter of the host tier), and all pins together
+    # (None: half the host tier, or pin_budget_bytes when larger)
     pin_budget_bytes: int | None = None
+    pin_budget_total_bytes: int | None = None
     # retained prefixes ("24h"): pages held on the lowest local tier, shared equally among the
     # namespaces holding some (None: a quarter of the disk tier, or of host without one)
     retention_budget_bytes: int | None = None
@@ -163,6 +166,10 @@ class CacheConfig:
         share = self.namespace_share
         if share is not None and not 0 < share <= 1:
             raise ConfigError(f"CacheConfig.namespace_share must be in (0, 1], got {share}")
+        for name in ("pin_budget_bytes", "pin_budget_total_bytes"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"CacheConfig.{name} must be >= 0, got {value}")
         budget = self.retention_budget_bytes
         if budget is not None and budget < 0:
             raise ConfigError(f"CacheConfig.retention_budget_bytes must be >= 0, got {budget}")

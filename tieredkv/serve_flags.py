@@ -30,6 +30,7 @@ FLAG_OF_FIELD = {
     "CacheConfig.remote_budget_scale": "--remote-budget-scale",
     "CacheConfig.namespace_share": "--namespace-share",
     "CacheConfig.pin_budget_bytes": "--pin-budget",
+    "CacheConfig.pin_budget_total_bytes": "--pin-budget-total",
     "CacheConfig.retention_budget_bytes": "--retention-budget",
     "EngineConfig.max_model_len": "--max-model-len",
     "EngineConfig.max_batch_tokens": "--max-batch-tokens",

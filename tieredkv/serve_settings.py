@@ -75,6 +75,7 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
         remote_compression=args.remote_compression,
         remote_budget_scale=args.remote_budget_scale,
         pin_budget_bytes=args.pin_budget,
+        pin_budget_total_bytes=args.pin_budget_total,
         retention_budget_bytes=args.retention_budget,
         namespace_share=args.namespace_share,
         remote_password=(

@@ -99,11 +99,11 @@ def build_cache(
     promoter = Promoter(residency, transfers, demoter, index, counters, clock)
     if disk is not None:
         rebuild_from_disk(tree, disk, residency)
-    budget = config.pin_budget_bytes
-    if budget is None:  # a quarter of the host tier
-        budget = config.host_cache_bytes // 4
+    budget, total = _pin_budgets(config)
     pins = PinRegistry(
-        budget // layout.page_bytes, config.disk_cache_dir if disk is not None else None
+        budget // layout.page_bytes,
+        total // layout.page_bytes,
+        config.disk_cache_dir if disk is not None else None,
     )
     return TieredCache(
         config,
@@ -123,6 +123,18 @@ def build_cache(
             _retention_budget(config) // layout.page_bytes, index, residency, demoter, pools
         ),
     )
+
+
+def _pin_budgets(config: CacheConfig) -> tuple[int, int]:
+    """`--pin-budget` (by default a quarter of the host tier) and `--pin-budget-total` (by
+    default half the host tier, or `--pin-budget` when larger), in bytes."""
+    budget = config.pin_budget_bytes
+    if budget is None:
+        budget = config.host_cache_bytes // 4
+    total = config.pin_budget_total_bytes
+    if total is None:
+        total = max(config.host_cache_bytes // 2, budget)
+    return budget, total
 
 
 def _retention_budget(config: CacheConfig) -> int:

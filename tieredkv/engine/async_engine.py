@@ -252,13 +252,15 @@ class AsyncEngine(EngineClient):
                 return {
                     "pinned_tokens": pin.num_pages * cache.page_size,
                     "pinned_pages": pin.num_pages,
-                    "namespace_pinned_pages": cache.pins.pages_in(namespace),
-                    "budget_pages": cache.pins.budget_pages,
+                    **cache.pins.usage(namespace),
                 }
         raise PinError("the prompt's pages left the cache before they could be pinned", "prompt")
 
     async def unpin(self, namespace: str, prompt_ids: tuple[int, ...]) -> bool:
         return await self._on_engine_thread(lambda: self.engine.cache.unpin(prompt_ids, namespace))
+
+    async def list_pins(self) -> dict:
+        return await self._on_engine_thread(self.engine.cache.pins.describe)
 
     def pins_to_restore(self) -> list[tuple[str, tuple[int, ...]]]:
         return [(pin.namespace, pin.token_ids) for pin in self.engine.cache.pins.waiting()]

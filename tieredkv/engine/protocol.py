@@ -97,12 +97,20 @@ class EngineClient(ABC):
     @abstractmethod
     async def pin(self, namespace: str, prompt_ids: tuple[int, ...]) -> dict:
         """Compute the prompt if need be and pin its full pages (at least on host from now
-        on): {"pinned_tokens", "pinned_pages", "namespace_pinned_pages", "budget_pages"}.
-        PinError (a RequestError) when it may not be pinned."""
+        on): {"pinned_tokens", "pinned_pages", "namespace_pinned_pages", "budget_pages",
+        "owner_pinned_pages", "total_pinned_pages", "total_budget_pages"} (the owner: the
+        namespace's tenant, all its namespaces together, `tieredkv.tenants`). PinError (a
+        RequestError) when it may not be pinned."""
 
     @abstractmethod
     async def unpin(self, namespace: str, prompt_ids: tuple[int, ...]) -> bool:
         """Release a pin; False when the prompt was not pinned in `namespace`."""
+
+    @abstractmethod
+    async def list_pins(self) -> dict:
+        """Every pin of every namespace: {"pins": [{"namespace", "token_ids", "pinned_pages",
+        "held"}], "budget_pages", "total_pinned_pages", "total_budget_pages"}; `held` is False
+        for a pin saved by an earlier run and not pinned again yet."""
 
     @abstractmethod
     def pins_to_restore(self) -> list[tuple[str, tuple[int, ...]]]:

@@ -2,6 +2,8 @@
 tiers, a pin needs its pages in the tree and a host tier, counts against its namespace's
 budget, is released by unpin, and is read back from pins.json after a restart."""
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from tests.support.tiny_cache import make_cache, tiny_layout
 from tests.unit.cache.cache_steps import compute, ok, settle
 from tieredkv.cache.pins import PinError
 from tieredkv.cache.tier import Tier
+from tieredkv.tenants import tenant_namespace
 
 LAYOUT = tiny_layout(page_size=4)
 PINNED = list(range(1000, 1009))  # 2 full pages and one token
@@ -95,3 +98,47 @@ def test_pins_are_saved_beside_the_disk_store_and_read_back(tmp_path: Path) -> N
     assert again.unpin(PINNED, "\0tenant\0acme")
     again.close()
     assert not (tmp_path / "pins.json").read_text().count("acme")
+
+
+def test_a_tenants_namespaces_share_its_budget_and_all_pins_share_a_total() -> None:
+    cache, executor = make_cache(LAYOUT, device_pages=32, host_pages=16)  # 4 each, 8 in all
+    salted = [tenant_namespace("acme", salt) for salt in ("s1", "s2", "s3")]
+    for namespace in salted:
+        compute(cache, PINNED, namespace=namespace)
+    assert cache.pin(PINNED, salted[0]).num_pages == 2
+    assert cache.pin(PINNED, salted[1]).num_pages == 2
+    with pytest.raises(PinError) as error:  # a third salt: still acme's budget
+        cache.pin(PINNED, salted[2])
+    assert error.value.code == "pin_budget_exceeded"
+    assert cache.pins.usage(salted[0])["owner_pinned_pages"] == 4
+    compute(cache, PINNED, namespace=tenant_namespace("bob"))
+    assert cache.pin(PINNED, tenant_namespace("bob")).num_pages == 2  # another tenant's own
+    three_pages = list(range(3000, 3012))
+    compute(cache, three_pages, namespace="shared")
+    with pytest.raises(PinError) as error:  # 6 pinned, 3 more: past the total of 8
+        cache.pin(three_pages, "shared")
+    assert error.value.code == "pin_total_budget_exceeded"
+    assert cache.pins.total_pages() == 6
+    assert cache.unpin(PINNED, salted[0])
+    assert cache.pin(PINNED, salted[2]).num_pages == 2  # room again in acme's budget
+    settle(cache, executor)
+    ok(cache)
+
+
+def test_pins_json_is_private_whatever_the_umask(tmp_path: Path) -> None:
+    (tmp_path / "pins.json").write_text("[]")
+    os.chmod(tmp_path / "pins.json", 0o644)  # a copy others may read, as it may be found
+    old_umask = os.umask(0)
+    try:
+        cache, executor = make_cache(
+            LAYOUT, device_pages=8, host_pages=16, disk_pages=64, disk_dir=tmp_path
+        )
+        assert stat.S_IMODE((tmp_path / "pins.json").stat().st_mode) == 0o600
+        compute(cache, PINNED, namespace=tenant_namespace("acme"))
+        assert cache.pin(PINNED, tenant_namespace("acme")) is not None
+        settle(cache, executor)
+        cache.close()
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE((tmp_path / "pins.json").stat().st_mode) == 0o600
+    assert "acme" in (tmp_path / "pins.json").read_text()

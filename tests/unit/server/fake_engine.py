@@ -108,6 +108,15 @@ class FakeEngine(EngineClient):
     async def unpin(self, namespace: str, prompt_ids: tuple[int, ...]) -> bool:
         return self.pins.pop((namespace, prompt_ids), None) is not None
 
+    async def list_pins(self) -> dict:
+        pins = [
+            {"namespace": namespace, "token_ids": ids, "pinned_pages": pages, "held": True}
+            for (namespace, ids), pages in self.pins.items()
+        ]
+        total = sum(self.pins.values())
+        return {"pins": pins, "budget_pages": 1000, "total_pinned_pages": total,
+                "total_budget_pages": 2000}  # fmt: skip
+
     def pins_to_restore(self) -> list[tuple[str, tuple[int, ...]]]:
         return []
 
