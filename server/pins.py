@@ -44,6 +44,7 @@ from .schemas import PinRequest
 log = logging.getLogger(__name__)
 
 NAMESPACE_HEADER = "X-Cache-Namespace"
+SavedPin = tuple[str, tuple[int, ...]]  # (namespace, prompt ids)
 
 
 def pin_prompt_ids(req: PinRequest, tokenizer: ChatTokenizer, max_model_len: int) -> list[int]:
@@ -149,11 +150,12 @@ class PinHandler:
                 return {"object": "cache.pin", "id": wanted_id, "unpinned": True}
         raise APIError(404, "no pin has this id", "invalid_request_error", "id", "pin_not_found")
 
-    async def _drop_keyless(self, saved: list[tuple[str, tuple[int, ...]]]) -> list:
+    async def _drop_keyless(self, saved: list[SavedPin]) -> list[SavedPin]:
         """The saved pins whose tenant some key still names; the others are released (their
         tenant's data has no owner left to serve it to) and logged."""
         tenants = {grant.tenant for grant in self.config.grants.values()}
-        kept, dropped = [], Counter()
+        kept: list[SavedPin] = []
+        dropped: Counter[str] = Counter()
         for namespace, ids in saved:
             tenant, _ = split_namespace(namespace)
             if tenant is None or tenant in tenants:
