@@ -86,6 +86,8 @@ class ModelConfig:
     # attends keys at positions p - W < j <= p, as transformers' `sliding_window`). Empty: every
     # layer full.
     layer_windows: tuple[int | None, ...] = ()
+    # Gemma: attention scores are scaled by 1/sqrt(this) instead of 1/sqrt(head_dim).
+    query_pre_attn_scalar: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -120,6 +122,11 @@ class ModelConfig:
     def window_of(self, layer: int) -> int | None:
         """Layer `layer`'s sliding window in tokens, or None for full attention."""
         return self.layer_windows[layer] if self.layer_windows else None
+
+    @property
+    def attention_scale(self) -> float:
+        """The softmax scale of attention scores: 1/sqrt(query_pre_attn_scalar or head_dim)."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def has_sliding_layers(self) -> bool:
