@@ -245,7 +245,8 @@ class WorkspaceAttention(AttentionBackend):
         keys[:, view.start :].copy_(k[view.lo : view.hi].transpose(0, 1))
         values[:, view.start :].copy_(v[view.lo : view.hi].transpose(0, 1))
         rows = q[view.lo : view.hi]
-        softmax = self.kernels.softmax_ if self.matmul and self.kernels else torch_softmax
+        matmul_kernels = self.kernels if self.matmul else None
+        softmax = matmul_kernels.softmax_ if matmul_kernels is not None else torch_softmax
         window = self.window_of(layer)
         if window is not None:
             scale = self.scale_for(q.shape[-1])
