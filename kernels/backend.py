@@ -25,8 +25,9 @@ _MIN_CAPABILITY = (8, 0)  # Ampere: bf16 tensor-core dots
 class KernelBackend:
     """The four kernels of one backend; each has the signature of its `reference` namesake.
 
-    paged_prefill_attention(q, k_pages, v_pages, page_table, query_start, kv_lens, scale) -> out
-    paged_decode_attention(q, k_pages, v_pages, page_table, kv_lens, scale) -> out
+    paged_prefill_attention(q, k_pages, v_pages, page_table, query_start, kv_lens, scale,
+                            window=None) -> out
+    paged_decode_attention(q, k_pages, v_pages, page_table, kv_lens, scale, window=None) -> out
     gather_pages(kv_pool, page_ids, out=None) -> staging
     scatter_pages(kv_pool, page_ids, staging) -> None
     """

@@ -101,6 +101,14 @@ def check_attention_args(
     )
 
 
+def check_window(window: int | None) -> None:
+    """A sliding window is a positive number of tokens, or None (full attention)."""
+    if window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ValueError(f"window: must be a positive number of tokens or None, got {window!r}")
+
+
 def check_page_copy_args(
     kv_pool: torch.Tensor,
     page_ids: torch.Tensor,

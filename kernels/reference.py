@@ -11,6 +11,7 @@ Attention positions (sequence i, q_len new tokens, kv_len tokens in its pages, p
   key positions      0 .......................... kv_len - 1
   query j sits at              kv_len - q_len + j   (0 <= j < q_len)
   query j attends    0 ...... kv_len - q_len + j    (causal, aligned bottom-right)
+  with a window W    p - W + 1 .. p, p = kv_len - q_len + j  (a sliding-window layer)
 
 The new tokens' K/V are already in the pages when attention runs. Query head h reads kv head
 h // (num_heads // num_kv_heads) (GQA). Scores and softmax are fp32; the output has q's dtype.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_attention_args, check_page_copy_args
+from .checks import check_attention_args, check_page_copy_args, check_window
 
 
 def gather_pages(
@@ -83,6 +84,7 @@ def paged_prefill_attention(
     query_start: torch.Tensor,
     kv_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole paged KV (prefix + new).
 
@@ -90,10 +92,12 @@ def paged_prefill_attention(
     k_pages, v_pages (num_pages, page_size, num_kv_heads, head_dim): one layer of the pool;
     page_table (batch, max_pages_per_seq): row i lists sequence i's pages in order (the tail past
     its last page is ignored); query_start (batch + 1,): cumulative offsets into q;
-    kv_lens (batch,): tokens of sequence i in the pages, prefix + new (>= its q_len).
+    kv_lens (batch,): tokens of sequence i in the pages, prefix + new (>= its q_len);
+    window: a sliding window of W tokens (the query at p sees keys p - W < j <= p), None: all.
     Returns (num_tokens, num_heads, head_dim) in q's dtype.
     """
     dims = check_attention_args(q, k_pages, v_pages, page_table, query_start, kv_lens)
+    check_window(window)
     starts = query_start.tolist()
     lens = kv_lens.tolist()
     if starts[0] != 0 or starts[-1] != q.shape[0]:
@@ -109,7 +113,9 @@ def paged_prefill_attention(
         if q_len == 0:
             continue
         keys, values = _sequence_kv(k_pages, v_pages, page_table[i], kv_len)
-        out[starts[i] : starts[i + 1]] = _attend(q[starts[i] : starts[i + 1]], keys, values, scale)
+        out[starts[i] : starts[i + 1]] = _attend(
+            q[starts[i] : starts[i + 1]], keys, values, scale, window
+        )
     return out
 
 
@@ -120,6 +126,7 @@ def paged_decode_attention(
     page_table: torch.Tensor,
     kv_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its whole paged KV (kv_lens[i] >= 1 tokens,
     the new token's K/V included): prefill with q_len = 1 for every sequence.
@@ -128,7 +135,9 @@ def paged_decode_attention(
     """
     check_attention_args(q, k_pages, v_pages, page_table, None, kv_lens)
     query_start = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    return paged_prefill_attention(q, k_pages, v_pages, page_table, query_start, kv_lens, scale)
+    return paged_prefill_attention(
+        q, k_pages, v_pages, page_table, query_start, kv_lens, scale, window
+    )
 
 
 def _sequence_kv(
@@ -144,18 +153,28 @@ def _sequence_kv(
 
 
 def _attend(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Bottom-right-aligned causal GQA attention of q_len queries over kv_len >= q_len keys."""
+    """Bottom-right-aligned causal GQA attention of q_len queries over kv_len >= q_len keys,
+    each query seeing the last `window` keys up to itself (None: all of them)."""
     q_len, num_heads, head_dim = q.shape
     kv_len, num_kv_heads, _ = keys.shape
     group = num_heads // num_kv_heads
+    # a window's keys before the first query's first one are never read (they may be gone)
+    first = 0 if window is None else max(0, kv_len - q_len - window + 1)
+    keys, values = keys[first:], values[first:]
     # Query heads h = kv * group + g share kv head kv: view them as (kv_heads, group).
     qg = q.float().reshape(q_len, num_kv_heads, group, head_dim)
-    scores = torch.einsum("qkgd,skd->kgqs", qg, keys.float()) * scale  # (kvh, group, q_len, kv_len)
+    scores = torch.einsum("qkgd,skd->kgqs", qg, keys.float()) * scale  # (kvh, group, q_len, keys)
     query_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)  # (q_len,)
-    key_pos = torch.arange(kv_len, device=q.device)  # (kv_len,)
-    allowed = key_pos[None, :] <= query_pos[:, None]  # (q_len, kv_len)
+    key_pos = torch.arange(first, kv_len, device=q.device)  # (kv_len - first,)
+    allowed = key_pos[None, :] <= query_pos[:, None]  # (q_len, kv_len - first)
+    if window is not None:
+        allowed &= key_pos[None, :] > query_pos[:, None] - window
     probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
     out = torch.einsum("kgqs,skd->qkgd", probs, values.float())  # (q_len, kvh, group, head_dim)
     return out.reshape(q_len, num_heads, head_dim).to(q.dtype)

@@ -6,10 +6,12 @@ of the sequence's keys, and writes a normalised partial output plus its log2-sum
 one program per (sequence, query head) merges the splits, weighting each by 2^(lse - max lse).
 
   split s covers keys  s * split_len .. min(kv_len, (s + 1) * split_len) - 1
-  an empty split (s * split_len >= kv_len) writes lse = -inf and weighs 0 in the merge
+  with a window of W tokens (SLIDING) a split starts at kv_len - W at the earliest
+  an empty split (s * split_len >= kv_len, or before the window) writes lse = -inf and weighs 0
 
 The split count comes from the page table's width, not from kv_lens, so launching never reads
-device values (no sync; safe for CUDA graphs). Split 0 always holds key 0 (kv_len >= 1).
+device values (no sync; safe for CUDA graphs). The split holding the last key is never empty
+(kv_len >= 1), so the merge's max is finite.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .checks import AttentionDims, check_attention_args
+from .checks import AttentionDims, check_attention_args, check_window
 from .triton_paged_kv import load_kv_block
 from .triton_support import (
     check_device,
@@ -34,12 +36,12 @@ _MIN_SPLIT_TOKENS = 256  # below this a split's fixed cost outweighs the paralle
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, page_table_ptr, kv_lens_ptr, part_out_ptr, part_lse_ptr,
-    qk_scale, split_len,
+    qk_scale, split_len, window,
     stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     stride_pt,
     HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, SLIDING: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -49,6 +51,8 @@ def _decode_split_kernel(
     kv_len = tl.load(kv_lens_ptr + seq).to(tl.int64)
     split_begin = split.to(tl.int64) * split_len
     split_end = tl.minimum(kv_len, split_begin + split_len)
+    if SLIDING:  # the new token sees keys kv_len - window .. kv_len - 1
+        split_begin = tl.maximum(split_begin, kv_len - window)
 
     offs_h = tl.arange(0, BLOCK_H)  # (BLOCK_H,) the group's heads, padded
     offs_d = tl.arange(0, BLOCK_D)
@@ -102,7 +106,7 @@ def _decode_merge_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     s_ok = offs_s < num_splits
     lse = tl.load(part_lse_ptr + row + offs_s, mask=s_ok, other=float("-inf"))  # (BLOCK_S,)
-    weight = tl.exp2(lse - tl.max(lse, 0))  # split 0 is never empty, so the max is finite
+    weight = tl.exp2(lse - tl.max(lse, 0))  # the last key's split is never empty: max finite
     parts = tl.load(
         part_out_ptr + (row + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
         mask=s_ok[:, None],
@@ -128,6 +132,7 @@ def paged_decode_attention(
     page_table: torch.Tensor,
     kv_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
     *,
     num_splits: int | None = None,
     block_n: int = 64,
@@ -140,6 +145,7 @@ def paged_decode_attention(
     >= 16.
     """
     dims = check_attention_args(q, k_pages, v_pages, page_table, None, kv_lens)
+    check_window(window)
     for name, tensor in (("q", q), ("k_pages", k_pages), ("v_pages", v_pages)):
         check_device(name, tensor)
     if block_n < 16 or block_n & (block_n - 1):
@@ -159,13 +165,14 @@ def paged_decode_attention(
     part_lse = torch.empty(part_shape, dtype=torch.float32, device=q.device)
     _decode_split_kernel[(dims.batch, dims.num_kv_heads, num_splits)](
         q, k_pages, v_pages, page_table, kv_lens, part_out, part_lse,
-        scale * _LOG2_E, split_len,
+        scale * _LOG2_E, split_len, window or 0,
         q.stride(0), q.stride(1), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
         v_pages.stride(0), v_pages.stride(1), v_pages.stride(2), page_table.stride(0),
         HEAD_DIM=dims.head_dim, PAGE_SIZE=dims.page_size, GROUP=dims.num_queries_per_kv,
         BLOCK_H=max(16, triton.next_power_of_2(dims.num_queries_per_kv)),
         BLOCK_N=block_n, BLOCK_D=block_d,
         DOT_FP32=dot_in_fp32(q.dtype), PRECISION=dot_precision(q.dtype),
+        SLIDING=window is not None,
     )  # fmt: skip
     _decode_merge_kernel[(dims.batch, dims.num_heads)](
         part_out, part_lse, out, num_splits, out.stride(0), out.stride(1),

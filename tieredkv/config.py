@@ -82,6 +82,12 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2: q/k/v projections carry a bias
     architecture: str = "llama"
+    # Per layer: None = full causal attention; W = a sliding window (the query at position p
+    # attends keys at positions p - W < j <= p, as transformers' `sliding_window`). Empty: every
+    # layer full.
+    layer_windows: tuple[int | None, ...] = ()
+    # Gemma: attention scores are scaled by 1/sqrt(this) instead of 1/sqrt(head_dim).
+    query_pre_attn_scalar: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -104,6 +110,27 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ConfigError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise ConfigError(
+                f"ModelConfig.layer_windows has {len(self.layer_windows)} entries for "
+                f"{self.num_layers} layers"
+            )
+        for window in self.layer_windows:
+            if window is not None and (not isinstance(window, int) or window <= 0):
+                raise ConfigError(f"ModelConfig.layer_windows: {window!r} is not a positive int")
+
+    def window_of(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window in tokens, or None for full attention."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    @property
+    def attention_scale(self) -> float:
+        """The softmax scale of attention scores: 1/sqrt(query_pre_attn_scalar or head_dim)."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def has_sliding_layers(self) -> bool:
+        return any(window is not None for window in self.layer_windows)
 
     @property
     def num_queries_per_kv(self) -> int:

@@ -91,8 +91,9 @@ def make_case(
     )
 
 
-def naive_attention(case: PagedCase, q_lens: list[int]) -> torch.Tensor:
-    """Dense per-sequence attention in float64: explicit mask, GQA by repeat_interleave."""
+def naive_attention(case: PagedCase, q_lens: list[int], window: int | None = None) -> torch.Tensor:
+    """Dense per-sequence attention in float64: explicit mask, GQA by repeat_interleave; with
+    a sliding `window`, query p sees keys p - window < j <= p."""
     num_heads = case.q.shape[1]
     outputs, start = [], 0
     for keys, values, q_len in zip(case.keys, case.values, q_lens, strict=True):
@@ -105,6 +106,8 @@ def naive_attention(case: PagedCase, q_lens: list[int]) -> torch.Tensor:
         # Query j is token kv_len - q_len + j: it sees keys up to that token.
         mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device)
         mask = mask.tril(diagonal=kv_len - q_len)
+        if window is not None:
+            mask = mask.triu(diagonal=kv_len - q_len - window + 1)
         scores = scores.masked_fill(~mask, float("-inf"))
         outputs.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), v))
         start += q_len

@@ -28,6 +28,7 @@ from tieredkv.cache.build import build_cache
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.page_listener import PageListener
 from tieredkv.cache.pins import PinError
+from tieredkv.cache.sliding_pages import held_by_layer_kind
 from tieredkv.cache.tier import Tier
 from tieredkv.config import CacheConfig, EngineConfig
 from tieredkv.engine.capacity import capacity_lines, capacity_summary
@@ -292,6 +293,7 @@ class AsyncEngine(EngineClient):
                 tiers[tier.label] = "healthy" if cache.tier_healthy(tier) else "degraded"
         # the capacity in effect: a disk store that could not be preallocated starts smaller
         capacity = {tier.label: cache.tier_capacity_bytes(tier) for tier in Tier}
+        used = cache.tier_used_bytes
         ready = self._ready and not self._stopping and not self._dead
         state = "dead" if self._dead else "stopping" if self._stopping else "running"
         return {
@@ -302,6 +304,7 @@ class AsyncEngine(EngineClient):
             "direct_io": cache.disk_direct_io(),  # None: no disk tier
             "capacity": self.capacity,
             "workspace": self._workspace_usage(),
+            "layer_kinds": held_by_layer_kind(self.engine.runner.config, cache.layout, used),
         }
 
     def _workspace_usage(self) -> dict | None:

@@ -2,8 +2,15 @@
 backend.
 
 Every backend writes a step's new K/V into the pool's pages (the tree reuses them later) and
-attends each new token to its sequence's whole KV: cached prefix + earlier chunks + itself,
-causal aligned bottom-right (query i of a chunk starting at `start` sees keys 0..start+i).
+attends each new token to its sequence's KV: cached prefix + earlier chunks + itself, causal
+aligned bottom-right (query i of a chunk starting at `start` sees keys 0..start+i). Each layer
+keeps the model's window and scale (`ModelConfig.window_of`, `attention_scale`):
+
+  full layer (window None)   the query at p sees keys 0 .. p
+  sliding layer (window W)   the query at p sees keys p - W + 1 .. p, and reads none before
+                             them: those of a sliding layer's pages may hold other KV by then
+  scores                     q.k * attention_scale (1/sqrt(head_dim) unless the model says
+                             otherwise: Gemma's query_pre_attn_scalar)
 
 - `WorkspaceAttention` (tieredkv.model.workspace_attention) is the CPU production path: each
   running sequence keeps a contiguous copy of its KV.
@@ -20,15 +27,30 @@ from collections.abc import Sequence
 import torch
 
 from tieredkv.cache.pools.device_pool import DevicePool
+from tieredkv.config import ModelConfig
 from tieredkv.model.forward_batch import ForwardBatch
 
 
 class AttentionBackend(ABC):
-    """Stores new K/V into the pool and attends; one instance per model runner."""
+    """Stores new K/V into the pool and attends; one instance per model runner. `config`: the
+    model's per-layer windows and scale (None: every layer full, scaled by 1/sqrt(head_dim))."""
 
-    def __init__(self, pool: DevicePool) -> None:
+    def __init__(self, pool: DevicePool, config: ModelConfig | None = None) -> None:
         self.pool = pool
         self.page_size = pool.layout.page_size
+        self.layer_windows = config.layer_windows if config is not None else ()
+        # None: 1/sqrt(head_dim) as each path computes it (SDPA's own default); a float only
+        # where the model scales otherwise, so the Llama family's arithmetic stays as it is
+        custom = config is not None and config.query_pre_attn_scalar is not None
+        self.scale: float | None = config.attention_scale if custom else None
+
+    def window_of(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window in tokens, or None (full attention)."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    def scale_for(self, head_dim: int) -> float:
+        """The attention scores' scale as a number."""
+        return 1.0 / math.sqrt(head_dim) if self.scale is None else self.scale
 
     @property
     def workspace_bytes(self) -> int:
@@ -68,8 +90,10 @@ class AttentionBackend(ABC):
 class PagedKernelAttention(AttentionBackend):
     """Attends to the pool's pages in place through a `tieredkv.kernels` backend."""
 
-    def __init__(self, pool: DevicePool, kernels: object) -> None:
-        super().__init__(pool)
+    def __init__(
+        self, pool: DevicePool, kernels: object, config: ModelConfig | None = None
+    ) -> None:
+        super().__init__(pool, config)
         self.kernels = kernels
         self._page_table: torch.Tensor | None = None
         self._kv_lens: torch.Tensor | None = None
@@ -88,11 +112,11 @@ class PagedKernelAttention(AttentionBackend):
     ) -> torch.Tensor:
         self.store_kv(layer, k, v, batch)
         k_pages, v_pages = self.pool.kv[layer, 0], self.pool.kv[layer, 1]
-        scale = 1.0 / math.sqrt(q.shape[-1])
+        scale, window = self.scale_for(q.shape[-1]), self.window_of(layer)
         if batch.is_decode_only:
             return self.kernels.paged_decode_attention(
-                q, k_pages, v_pages, self._page_table, self._kv_lens, scale
+                q, k_pages, v_pages, self._page_table, self._kv_lens, scale, window
             )
         return self.kernels.paged_prefill_attention(
-            q, k_pages, v_pages, self._page_table, batch.query_start, self._kv_lens, scale
+            q, k_pages, v_pages, self._page_table, batch.query_start, self._kv_lens, scale, window
         )

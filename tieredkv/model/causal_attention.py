@@ -21,7 +21,11 @@ def suffix_mask(n: int, kv_len: int, dtype: torch.dtype) -> torch.Tensor | None:
 
 
 def causal_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of the last n positions, query i at kv_len - n + i (bottom-right).
 
@@ -33,14 +37,14 @@ def causal_attention(
     built it once for all layers, see `suffix_mask`); a long one attends to the prefix and to
     itself separately, both unmasked or plainly causal, and merges the two by their log-sum-exp:
     a mask costs the kernel every masked block (2,048 queries after 6,144 keys, bf16: 79 ms a
-    layer masked, 49 split).
+    layer masked, 49 split). `scale`: the scores' (None: SDPA's 1/sqrt(head_dim)).
     Returns (n, heads, head_dim).
     """
     n = q.shape[0]
     kv_len = keys.shape[1]
     offset = kv_len - n
     if offset > 0 and _splits(n):
-        return _prefix_then_diagonal(q, keys, values, offset)
+        return _prefix_then_diagonal(q, keys, values, offset, scale)
     if mask is None:
         mask = suffix_mask(n, kv_len, q.dtype)
     out = F.scaled_dot_product_attention(
@@ -50,12 +54,13 @@ def causal_attention(
         attn_mask=mask,
         is_causal=offset == 0 and n > 1,
         enable_gqa=True,
+        scale=scale,
     )  # (1, heads, n, d)
     return out[0].transpose(0, 1)
 
 
 def _prefix_then_diagonal(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, offset: int
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, offset: int, scale: float | None
 ) -> torch.Tensor:
     """`causal_attention` after `offset` prefix keys, as two flash calls merged exactly.
 
@@ -70,7 +75,7 @@ def _prefix_then_diagonal(
     def part(start: int, end: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
         k = keys[:, None, start:end].expand(kv_heads, group, end - start, head_dim)
         v = values[:, None, start:end].expand(kv_heads, group, end - start, head_dim)
-        out, lse = _flash_with_lse(grouped, k, v, 0.0, causal)[:2]
+        out, lse = _flash_with_lse(grouped, k, v, 0.0, causal, scale=scale)[:2]
         return out.float(), lse  # (kv, group, n, d), (kv, group, n) fp32
 
     out_prefix, lse_prefix = part(0, offset, causal=False)

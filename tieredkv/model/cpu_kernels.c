@@ -276,7 +276,8 @@ static inline __m512 widen_bf16_vector(__m256bh packed) { return widen_bf16_bits
 #endif
 
 /* Store each sequence's new K/V at its last position in `layer`, then attend its queries over
- * all its positions: out[row, head, :] = softmax(scale * q . K) V, fp32 inside, bf16 out.
+ * its positions: out[row, head, :] = softmax(scale * q . K) V, fp32 inside, bf16 out. With a
+ * sliding `window` (> 0) only the last `window` positions, none before them read; 0: all.
  * q: (rows, heads, dim) with the given row and head strides (elements); k_new, v_new:
  * (rows, kv_heads, dim), head stride dim, each with its row stride; out: (rows, heads, dim) contiguous.
  * Returns 0, or -1 if a size is beyond the fixed limits or memory ran out. */
@@ -285,13 +286,14 @@ int tkv_decode_attention(int64_t num_seqs, const int64_t *table, int64_t layer,
                          const uint16_t *k_new, int64_t k_row_stride, const uint16_t *v_new,
                          int64_t v_row_stride,
                          int64_t heads, int64_t kv_heads, int64_t dim, float scale,
-                         uint16_t *out) {
+                         int64_t window, uint16_t *out) {
     const int64_t group = heads / kv_heads;
     if (group > MAX_GROUP || dim > MAX_DIM || group * kv_heads != heads) return -1;
     int64_t num_units = 0;
     for (int64_t b = 0; b < num_seqs; b++) {
         const int64_t *seq = table + b * SEQ_FIELDS;
-        num_units += kv_heads * ((seq[SEQ_LENGTH] + CHUNK - 1) / CHUNK);
+        const int64_t first = window > 0 && seq[SEQ_LENGTH] > window ? seq[SEQ_LENGTH] - window : 0;
+        num_units += kv_heads * ((seq[SEQ_LENGTH] - first + CHUNK - 1) / CHUNK);
     }
     Unit *units = malloc(sizeof(Unit) * (size_t)num_units);
     const int64_t partial_floats = group * (dim + 2); /* per unit: (max, sum, acc[dim]) x group */
@@ -305,6 +307,7 @@ int tkv_decode_attention(int64_t num_seqs, const int64_t *table, int64_t layer,
     for (int64_t b = 0; b < num_seqs; b++) {
         const int64_t *seq = table + b * SEQ_FIELDS;
         const int64_t length = seq[SEQ_LENGTH], last = length - 1;
+        const int64_t first = window > 0 && length > window ? length - window : 0;
         uint16_t *keys = (uint16_t *)(intptr_t)seq[SEQ_KEYS] + layer * seq[SEQ_LAYER_STRIDE];
         uint16_t *values = keys + seq[SEQ_VALUES_AT];
         for (int64_t h = 0; h < kv_heads; h++) {
@@ -312,7 +315,7 @@ int tkv_decode_attention(int64_t num_seqs, const int64_t *table, int64_t layer,
                    k_new + seq[SEQ_ROW] * k_row_stride + h * dim, sizeof(uint16_t) * dim);
             memcpy(values + h * seq[SEQ_HEAD_STRIDE] + last * dim,
                    v_new + seq[SEQ_ROW] * v_row_stride + h * dim, sizeof(uint16_t) * dim);
-            for (int64_t lo = 0; lo < length; lo += CHUNK) {
+            for (int64_t lo = first; lo < length; lo += CHUNK) {
                 units[u++] = (Unit){b, h, lo, lo + CHUNK < length ? lo + CHUNK : length};
             }
         }

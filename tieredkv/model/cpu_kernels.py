@@ -50,7 +50,7 @@ class CpuKernels:
         self._attention = library.tkv_decode_attention
         self._attention.restype = ctypes.c_int
         self._attention.argtypes = [_i64, _ptr, _i64, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64]
-        self._attention.argtypes += [_i64, _i64, _i64, _f32, _ptr]
+        self._attention.argtypes += [_i64, _i64, _i64, _f32, _i64, _ptr]
         self._rms_norm = library.tkv_rms_norm
         self._rms_norm.restype = None
         self._rms_norm.argtypes = [_i64, _i64, _ptr, _i64, _ptr, _f32, _ptr]
@@ -78,10 +78,14 @@ class CpuKernels:
         k: torch.Tensor,
         v: torch.Tensor,
         out: torch.Tensor,
+        window: int | None = None,
+        scale: float | None = None,
     ) -> None:
         """Store the new K/V of each sequence in `table` (see `decode_table`) and attend its
         query rows: q (T, heads, d) and k/v (T, kv_heads, d) with unit strides inside a head,
-        out (T, heads, d) contiguous; only the table's rows of `out` are written. All bf16."""
+        out (T, heads, d) contiguous; only the table's rows of `out` are written. All bf16.
+        `window`: a sliding layer's, the last `window` keys only (None: all); `scale`: the
+        scores' (None: 1/sqrt(d))."""
         heads, head_dim = q.shape[1], q.shape[2]
         assert q.dtype == k.dtype == v.dtype == out.dtype == torch.bfloat16
         assert q.stride(2) == k.stride(2) == v.stride(2) == 1
@@ -101,7 +105,8 @@ class CpuKernels:
             heads,
             k.shape[1],
             head_dim,
-            head_dim**-0.5,
+            head_dim**-0.5 if scale is None else scale,
+            window or 0,
             out.data_ptr(),
         )
         if status:

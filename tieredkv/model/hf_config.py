@@ -1,8 +1,8 @@
 """Read a Hugging Face `config.json` into a `ModelConfig`, refusing what we cannot serve exactly.
 
 A page's KV must depend only on its prefix, so anything whose keys/values depend on the
-sequence length (dynamic NTK and longrope RoPE, a sliding window shorter than the context) is
-refused here, before any weight is read.
+sequence length (dynamic NTK and longrope RoPE) is refused here, before any weight is read.
+Sliding windows become `ModelConfig.layer_windows`, layer by layer as transformers applies them.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def read_config_json(model_dir: Path) -> dict[str, Any]:
 def parse_model_config(raw: dict[str, Any], source: Path) -> ModelConfig:
     """Build a ModelConfig from a Hugging Face config dict read from `source` (for messages)."""
     architecture = _check_architecture(raw, source)
-    _check_sliding_window(raw, architecture, source)
+    windows = _sliding_windows(raw, architecture, source)
     if raw.get("hidden_act", "silu") != "silu":
         raise UnsupportedModelError(f"{source}: hidden_act {raw['hidden_act']!r} is not silu")
     if raw.get("mlp_bias"):
@@ -71,6 +71,7 @@ def parse_model_config(raw: dict[str, Any], source: Path) -> ModelConfig:
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=architecture == "qwen2",
             architecture=architecture,
+            layer_windows=windows,
         )
     except ConfigError as exc:
         raise ModelLoadError(f"{source}: {exc}") from exc
@@ -96,26 +97,55 @@ def _check_architecture(raw: dict[str, Any], source: Path) -> str:
     return str(model_type)
 
 
-def _check_sliding_window(raw: dict[str, Any], architecture: str, source: Path) -> None:
-    window = raw.get("sliding_window")
-    max_len = raw.get("max_position_embeddings")
-    if architecture == "llama" or not window or not isinstance(max_len, int) or window >= max_len:
-        return
-    if architecture == "qwen2":
-        # Qwen2 uses the window only when asked, and only from layer max_window_layers on.
-        layer_types = raw.get("layer_types")
-        active = bool(raw.get("use_sliding_window")) and (
-            "sliding_attention" in layer_types
-            if isinstance(layer_types, list)
-            else raw.get("max_window_layers", 0) < raw.get("num_hidden_layers", 0)
-        )
+# transformers' defaults where config.json leaves the field out
+_MISTRAL_WINDOW = 4096
+_QWEN2_WINDOW = 4096
+_QWEN2_MAX_WINDOW_LAYERS = 28
+
+
+def _sliding_windows(
+    raw: dict[str, Any], architecture: str, source: Path
+) -> tuple[int | None, ...]:
+    """Each layer's sliding window as transformers applies it (empty: every layer full).
+
+    Mistral: every layer, when `sliding_window` is set (absent: 4096, null: none). Qwen2: only
+    with `use_sliding_window`, on the layers `layer_types` marks "sliding_attention", or without
+    it from layer `max_window_layers` on. A window as long as `max_position_embeddings` never
+    hides a key: those layers stay full.
+    """
+    if architecture not in ("mistral", "qwen2"):
+        return ()
+    num_layers, max_len = raw.get("num_hidden_layers"), raw.get("max_position_embeddings")
+    if not isinstance(num_layers, int) or not isinstance(max_len, int):
+        return ()  # parse_model_config names the missing field
+    if architecture == "mistral":
+        window = raw.get("sliding_window", _MISTRAL_WINDOW)
+        sliding = [True] * num_layers
     else:
-        active = raw.get("use_sliding_window", True) is not False
-    if active:
-        raise UnsupportedModelError(
-            f"{source}: sliding_window={window} is shorter than max_position_embeddings="
-            f"{max_len}; a page's KV would depend on more than its prefix"
-        )
+        window = raw.get("sliding_window", _QWEN2_WINDOW) if raw.get("use_sliding_window") else None
+        sliding = _qwen2_sliding_layers(raw, num_layers, source)
+    if window is None:
+        return ()
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ModelLoadError(f"{source}: sliding_window must be a positive integer, got {window!r}")
+    if window >= max_len or not any(sliding):
+        return ()
+    return tuple(window if is_sliding else None for is_sliding in sliding)
+
+
+def _qwen2_sliding_layers(raw: dict[str, Any], num_layers: int, source: Path) -> list[bool]:
+    layer_types = raw.get("layer_types")
+    if layer_types is None:
+        first = raw.get("max_window_layers", _QWEN2_MAX_WINDOW_LAYERS)
+        return [layer >= first for layer in range(num_layers)]
+    known = ("full_attention", "sliding_attention")
+    if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+        raise ModelLoadError(f"{source}: layer_types must list {num_layers} layer types")
+    for kind in layer_types:
+        if kind not in known:
+            message = f"layer_types entry {kind!r} is not one of {known}"
+            raise UnsupportedModelError(f"{source}: {message}")
+    return [kind == "sliding_attention" for kind in layer_types]
 
 
 def _parse_rope(raw: dict[str, Any], max_len: int, source: Path) -> tuple[float, RopeScaling]:

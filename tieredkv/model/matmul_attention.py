@@ -33,19 +33,22 @@ def matmul_causal_attention(
     keys: torch.Tensor,
     values: torch.Tensor,
     softmax: Callable[[torch.Tensor], torch.Tensor] = torch_softmax,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of the last n positions, query i at kv_len - n + i (bottom-right).
 
     q (n, heads, d); keys/values (kv_heads, kv_len, d), each head's tokens contiguous (a
     head-major workspace's view); other strides work, at the cost of a copy. `softmax`: over
-    the last dim of contiguous bf16 scores, in place or not (`cpu_kernels` has one in C).
-    Returns (n, heads, d)."""
+    the last dim of contiguous bf16 scores, in place or not (`cpu_kernels` has one in C);
+    `scale`: the scores' (None: 1/sqrt(d)). Returns (n, heads, d)."""
     n, heads, head_dim = q.shape
     kv_heads, kv_len = keys.shape[0], keys.shape[1]
     group = heads // kv_heads
     offset = kv_len - n
     # kv heads are the batch; a kv head's query heads sit side by side in the rows
-    grouped = (q * (1.0 / math.sqrt(head_dim))).view(n, kv_heads, group, head_dim)
+    grouped = (q * (1.0 / math.sqrt(head_dim) if scale is None else scale)).view(
+        n, kv_heads, group, head_dim
+    )
     grouped = grouped.permute(1, 0, 2, 3).reshape(kv_heads, n * group, head_dim)
     if n <= BLOCK_QUERIES:  # a decode, or a short turn after a long history
         out = _one_block(grouped, keys, values, softmax, n)  # (kv_heads, n * group, d)
@@ -97,17 +100,23 @@ def _one_block(
 
 
 def matmul_decode_attention(
-    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Decodes of S arena slots at once: queries (S, heads, 1, d), keys/values (S, kv_heads,
     kv_len, d) and the additive mask (S, 1, 1, kv_len) that hides each slot's keys past its
-    end -> (S, heads, 1, d). The slots' keys are copied into one batch (the arena's slots lie
+    end (and, for a sliding layer, before its window) -> (S, heads, 1, d); `scale` as in
+    `matmul_causal_attention`. The slots' keys are copied into one batch (the arena's slots lie
     a whole slot apart): at eight 1k-token decodes one copy and two bmm a layer beat 48 small
     matmuls by several times."""
     slots, heads, _, head_dim = queries.shape
     kv_heads, kv_len = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
-    grouped = (queries * (1.0 / math.sqrt(head_dim))).view(slots * kv_heads, group, head_dim)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    grouped = (queries * scale).view(slots * kv_heads, group, head_dim)
     batch_keys = keys.reshape(slots * kv_heads, kv_len, head_dim)  # a copy
     scores = torch.bmm(grouped, batch_keys.transpose(1, 2)).view(slots, kv_heads, group, kv_len)
     probs = torch.softmax(scores.add_(mask), dim=-1).view(slots * kv_heads, group, kv_len)

@@ -31,23 +31,31 @@ def make_attention(
     max_seqs: int = 0,
     max_len: int = 0,
     workspace_bytes: int | None = None,
+    config: ModelConfig | None = None,
 ) -> AttentionBackend:
     """ "auto": Triton kernels on CUDA, the workspace path on CPU (an arena of `max_seqs`
     workspaces of `max_len` tokens; SDPA, or blocked matmuls for bf16 on a CPU with AVX512-BF16
     but without AMX; bf16 decodes on a CPU without AMX run in C where gcc built `cpu_kernels`).
     "reference": the torch reference kernels over pages in place (slow; for cross-checking).
-    `workspace_bytes`: the arena's resident budget (None: all its slots)."""
+    `workspace_bytes`: the arena's resident budget (None: all its slots). `config`: the model
+    whose per-layer windows and attention scale the backend keeps (None: full layers)."""
     if backend == "auto":
         backend = "triton" if pool.device.type == "cuda" else "workspace"
     if backend == "workspace":
         matmul = prefers_matmul_attention(pool.layout.dtype, pool.device)
         kernels = load_cpu_kernels() if prefers_c_decode(pool.layout.dtype, pool.device) else None
         return WorkspaceAttention(
-            pool, max_seqs, max_len, matmul=matmul, kernels=kernels, budget_bytes=workspace_bytes
+            pool,
+            max_seqs,
+            max_len,
+            matmul=matmul,
+            kernels=kernels,
+            budget_bytes=workspace_bytes,
+            config=config,
         )
     from tieredkv.kernels.backend import select_backend
 
-    return PagedKernelAttention(pool, select_backend(pool.device, prefer=backend))
+    return PagedKernelAttention(pool, select_backend(pool.device, prefer=backend), config)
 
 
 class ModelRunner:
@@ -69,7 +77,7 @@ class ModelRunner:
         self.page_size = pool.layout.page_size
         self.max_model_len = max_model_len
         self.attention = make_attention(
-            pool, attention_backend, max_seqs, max_model_len, workspace_bytes
+            pool, attention_backend, max_seqs, max_model_len, workspace_bytes, config
         )
         self.model = LlamaModel(config, weights, self.attention, max_model_len, pool.device)
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from tieredkv.cache.pools.device_pool import DevicePool
+from tieredkv.config import ModelConfig
 from tieredkv.model.attention import AttentionBackend
 from tieredkv.model.causal_attention import causal_attention, suffix_mask
 from tieredkv.model.cpu_kernels import CpuKernels, decode_table
@@ -27,6 +28,7 @@ from tieredkv.model.matmul_attention import (
     torch_softmax,
 )
 from tieredkv.model.promotion_fill import PromotionFills
+from tieredkv.model.window_attention import window_attention
 from tieredkv.model.workspace import SpareWorkspaces, Workspace, WorkspaceArena, fill_helper
 
 
@@ -46,7 +48,8 @@ class _ChunkViews:
 class _DecodeGroup:
     """A step's decodes whose workspaces are arena slots, attended in one call over the slot
     range [first, first + S): rows and positions of the new tokens, each one's slot - first,
-    and the additive mask (S, 1, 1, kv_len) that hides every slot's keys past its own end."""
+    and the additive mask (S, 1, 1, kv_len) that hides every slot's keys past its own end (per
+    sliding window W, one that also hides those before the last W)."""
 
     rows: torch.Tensor  # (B,) int64, the decodes' rows in the step
     slots: torch.Tensor  # (B,) int64, slot - first
@@ -55,6 +58,7 @@ class _DecodeGroup:
     num_slots: int
     kv_len: int
     mask: torch.Tensor
+    window_masks: dict[int, torch.Tensor]
 
 
 class WorkspaceAttention(AttentionBackend):
@@ -63,7 +67,9 @@ class WorkspaceAttention(AttentionBackend):
     matmuls (tieredkv.model.matmul_attention: bf16 on a CPU without AMX). A step's decodes in
     arena slots attend together, one call a layer (eight 1k-token decodes: one instead of
     eight); with `kernels` (tieredkv.model.cpu_kernels, bf16) every decode of the step, in a
-    slot or not, goes to one C call a layer that also stores its new K/V."""
+    slot or not, goes to one C call a layer that also stores its new K/V. A sliding layer
+    attends each chunk through `window_attention`, and its decodes through the same calls with
+    their windows (`config`: the model's windows and scale; None: full layers)."""
 
     def __init__(
         self,
@@ -73,8 +79,9 @@ class WorkspaceAttention(AttentionBackend):
         matmul: bool = False,
         kernels: CpuKernels | None = None,
         budget_bytes: int | None = None,
+        config: ModelConfig | None = None,
     ) -> None:
-        super().__init__(pool)
+        super().__init__(pool, config)
         self.matmul = matmul
         self.kernels = kernels
         self._workspaces: dict[int, Workspace] = {}
@@ -191,8 +198,16 @@ class WorkspaceAttention(AttentionBackend):
         ends = torch.ones(num_slots, dtype=torch.int64)  # a slot not in the group: key 0 only
         for chunk, slot in zip(chunks, slots, strict=True):
             ends[slot - first] = chunk.end
-        hidden = torch.arange(kv_len).unsqueeze(0) >= ends.unsqueeze(1)  # (S, kv_len)
+        key_pos = torch.arange(kv_len).unsqueeze(0)
+        hidden = key_pos >= ends.unsqueeze(1)  # (S, kv_len)
         mask = torch.zeros((num_slots, kv_len), dtype=self.pool.layout.dtype)
+        windows = {w for w in self.layer_windows if w is not None}
+        window_masks = {
+            w: mask.masked_fill(hidden | (key_pos < ends.unsqueeze(1) - w), float("-inf")).view(
+                num_slots, 1, 1, kv_len
+            )
+            for w in windows
+        }
         return _DecodeGroup(
             rows=torch.tensor([offsets[i] for i in grouped], dtype=torch.int64),
             slots=torch.tensor([slot - first for slot in slots], dtype=torch.int64),
@@ -201,6 +216,7 @@ class WorkspaceAttention(AttentionBackend):
             num_slots=num_slots,
             kv_len=kv_len,
             mask=mask.masked_fill_(hidden, float("-inf")).view(num_slots, 1, 1, kv_len),
+            window_masks=window_masks,
         )
 
     def attend(
@@ -213,7 +229,9 @@ class WorkspaceAttention(AttentionBackend):
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if table is not None:
             assert self.kernels is not None
-            self.kernels.decode_attention(table, layer, q, k, v, out)
+            self.kernels.decode_attention(
+                table, layer, q, k, v, out, self.window_of(layer), self.scale
+            )
         for view in self._step_views:
             out[view.lo : view.hi] = self._attend_chunk(view, layer, q, k, v)
         if self._decodes is not None:
@@ -227,10 +245,15 @@ class WorkspaceAttention(AttentionBackend):
         keys[:, view.start :].copy_(k[view.lo : view.hi].transpose(0, 1))
         values[:, view.start :].copy_(v[view.lo : view.hi].transpose(0, 1))
         rows = q[view.lo : view.hi]
+        matmul_kernels = self.kernels if self.matmul else None
+        softmax = matmul_kernels.softmax_ if matmul_kernels is not None else torch_softmax
+        window = self.window_of(layer)
+        if window is not None:
+            scale = self.scale_for(q.shape[-1])
+            return window_attention(rows, keys, values, window, scale, softmax)
         if self.matmul:
-            softmax = self.kernels.softmax_ if self.kernels is not None else torch_softmax
-            return matmul_causal_attention(rows, keys, values, softmax)
-        return causal_attention(rows, keys, values, view.mask)
+            return matmul_causal_attention(rows, keys, values, softmax, self.scale)
+        return causal_attention(rows, keys, values, view.mask, self.scale)
 
     def _attend_decodes(
         self,
@@ -249,9 +272,11 @@ class WorkspaceAttention(AttentionBackend):
         heads, head_dim = q.shape[1], q.shape[2]
         queries = q.new_zeros((group.num_slots, heads, 1, head_dim))
         queries.index_copy_(0, group.slots, q.index_select(0, group.rows).unsqueeze(2))
+        window = self.window_of(layer)
+        mask = group.mask if window is None else group.window_masks[window]
         if self.matmul:
             attended = matmul_decode_attention(
-                queries, keys[:, :, : group.kv_len], values[:, :, : group.kv_len], group.mask
+                queries, keys[:, :, : group.kv_len], values[:, :, : group.kv_len], mask, self.scale
             )
             out.index_copy_(0, group.rows, attended.index_select(0, group.slots).squeeze(2))
             return
@@ -259,8 +284,9 @@ class WorkspaceAttention(AttentionBackend):
             queries,
             keys[:, :, : group.kv_len],  # (S, kv_heads, kv_len, head_dim)
             values[:, :, : group.kv_len],
-            attn_mask=group.mask,
+            attn_mask=mask,
             enable_gqa=True,
+            scale=self.scale,
         )  # (S, heads, 1, head_dim)
         out.index_copy_(0, group.rows, attended.index_select(0, group.slots).squeeze(2))
 

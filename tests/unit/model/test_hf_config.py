@@ -113,19 +113,6 @@ def test_unsupported_architectures() -> None:
     _assert_refused(mislabelled, UnsupportedModelError, "MixtralForCausalLM")
 
 
-def test_sliding_windows_shorter_than_the_context_are_refused() -> None:
-    mistral = _llama(model_type="mistral", architectures=["MistralForCausalLM"])
-    _assert_refused({**mistral, "sliding_window": 256}, UnsupportedModelError, "sliding_window=256")
-    assert parse_model_config({**mistral, "sliding_window": 1024}, SOURCE)  # covers everything
-    qwen = _llama(model_type="qwen2", architectures=["Qwen2ForCausalLM"], sliding_window=256)
-    assert parse_model_config({**qwen, "use_sliding_window": False}, SOURCE)  # window unused
-    active = {**qwen, "use_sliding_window": True, "max_window_layers": 1}
-    _assert_refused(active, UnsupportedModelError, "sliding_window=256")
-    # transformers 5 writes layer_types; all full attention means the window is never used
-    full = {**active, "layer_types": ["full_attention", "full_attention"]}
-    assert parse_model_config(full, SOURCE)
-
-
 def test_other_refusals() -> None:
     _assert_refused(_llama(hidden_act="gelu"), UnsupportedModelError, "hidden_act 'gelu'")
     _assert_refused(_llama(mlp_bias=True), UnsupportedModelError, "mlp_bias")

@@ -77,10 +77,9 @@ def test_unsupported_architecture_in_a_directory(tmp_path: Path) -> None:
     assert "mixtral" in str(info.value)
 
 
-def test_sliding_window_mistral_is_refused(tmp_path: Path) -> None:
+def test_sliding_window_mistral_loads_with_its_window_on_every_layer(tmp_path: Path) -> None:
     model_dir = make_tiny_model_dir(tmp_path, "mistral", sliding_window=128)
-    with pytest.raises(UnsupportedModelError, match=r"sliding_window=128 is shorter than"):
-        load_model(model_dir)
+    assert load_model(model_dir).config.layer_windows == (128, 128)
 
 
 def test_truncated_safetensors(tmp_path: Path) -> None:
