@@ -9,6 +9,12 @@ its path is copied down to host and disk (where enabled), so the guarantee holds
 lowest local tier and never on the device alone. Only a failed write or a corrupt disk record
 loses a retained copy; the node stays in the tree, empty, until the prefix is released.
 
+With a remote tier, each retention (the first and every one after) also gives the prefix's
+pages `RETENTION_S` to live in Redis from that moment (`Demoter.keep_in_remote`): those not
+there are written, and every one gets that expiry, set by the store's writer thread. Nothing
+in Redis is deleted when a prefix is released (by the budget or on expiry): its pages' expiry
+bounds them. Redis's own eviction may still take them earlier (docs/operations.md).
+
 The budget (`--retention-budget`, in pages) is shared equally among the namespaces holding
 retained prefixes: when retaining a prefix would take its namespace over its share, or all
 of them over the budget, the least recently used retained prefix (of that namespace when it
@@ -99,6 +105,7 @@ class Retention:
         if (known := self._prefixes.get(key)) is not None:
             known.last_use = now
             self._prefixes.move_to_end(key)
+            self.demoter.keep_in_remote(known.node, RETENTION_S)  # its 24 hours there too
             return True
         node = self.index.full_path(full, namespace)
         if node is None or not self.residency.path_held_in(node, LOCAL_TIERS):
@@ -108,6 +115,7 @@ class Retention:
         tiers = [tier for tier in LOCAL_LOWER_TIERS if self.pools.enabled(tier)]
         if (full_tier := self.demoter.copy_path(node, tiers)) is not None:
             log.debug("the %s tier has no room to retain a prefix's copy", full_tier.label)
+        self.demoter.keep_in_remote(node, RETENTION_S)
         self._prefixes[key] = RetainedPrefix(namespace, node, num_pages, now)
         self._pages_by_namespace[namespace] = self.pages_in(namespace) + num_pages
         return True

@@ -12,5 +12,6 @@ self-describing value a page is stored as (pure; the codecs and checksum are `pa
 `keys` the Redis key names (a prefix and the page key's hex, so no name reveals a token);
 `password` where the password comes from (a file or the environment, never the command line).
 The store's counters live with the cache's (`cache.metrics`). Imports nothing from `disk`. The
-store's own eviction (`maxmemory`) bounds it; tieredkv never deletes.
+store's own eviction (`maxmemory`) bounds it; tieredkv never deletes: a retained prompt's pages
+carry an expiry instead (`writer`).
 """
