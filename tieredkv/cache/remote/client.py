@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tieredkv.cache.remote.connection import RemoteTimeouts, connection_errors, open_client
+from tieredkv.cache.remote.memory_policy import check_memory_policy
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,7 @@ class RemoteClient:
         self._healthy = threading.Event()
         self.on_degraded: Callable[[], None] = lambda: None  # wakes the writer to reconnect
         self.last_error = "not connected yet"
+        self.memory_policy: str | None = None  # Redis's maxmemory-policy, read at connection
 
     @property
     def healthy(self) -> bool:
@@ -49,6 +51,7 @@ class RemoteClient:
             self.last_error = f"{type(error).__name__}: {error}"
             log.debug("remote store: connecting to %s failed: %s", self._url, self.last_error)
             return False
+        self.memory_policy = check_memory_policy(client)
         with self._lock:
             old, self._redis = self._redis, client
             self._healthy.set()

@@ -77,9 +77,14 @@ class RemoteTier(PagePool):
         return {**counters.refused, "unavailable": counters.errors}
 
     def state(self) -> dict:
-        """The store's counters, health and last error."""
+        """The store's counters, health, last error and Redis's maxmemory-policy."""
         counters = dataclasses.asdict(self.store.counters())
-        return {**counters, "degraded": self.degraded, "last_error": self.store.last_error}
+        return {
+            **counters,
+            "degraded": self.degraded,
+            "last_error": self.store.last_error,
+            "memory_policy": self.store.memory_policy,
+        }
 
     def lookup(self, keys: list[bytes]) -> int:
         """How many leading `keys` the store holds (one round trip; 0 while degraded)."""

@@ -136,6 +136,11 @@ class RemoteStore:
         """Why the store last failed (for /health and logs)."""
         return self._client.last_error
 
+    @property
+    def memory_policy(self) -> str | None:
+        """Redis's maxmemory-policy as read at the last connection (None: unknown)."""
+        return self._client.memory_policy
+
     def wait_healthy(self, timeout_s: float) -> bool:
         return self._client.wait_healthy(timeout_s)
 

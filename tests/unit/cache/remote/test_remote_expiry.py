@@ -1,15 +1,18 @@
 """Retained pages' expiry in a real Redis: the store sets it on the pages it holds and writes
 those it does not hold with it, retaining again restarts it, other pages carry none; in the
-cache, retaining a prompt gives its pages 24 hours in Redis, written there if missing."""
+cache, retaining a prompt gives its pages 24 hours in Redis, written there if missing. Redis's
+maxmemory-policy is read at connection, and one that would evict retained pages alone (or
+nothing) is warned of."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.redis_servers import RedisServer
+from tests.redis_servers import RedisServer, require_redis
 from tests.support.tiny_cache import FINGERPRINT, fill_device_pages, tiny_layout
 from tests.unit.cache.cache_steps import ok
 from tests.unit.cache.remote.conftest import make_pages
@@ -175,3 +178,25 @@ def test_a_retained_prompt_redis_lost_is_written_again(redis_server: RedisServer
     assert cache.retention.retain(retained, "default", now=1.0)
     settled(cache)
     assert in_a_day(names_expiring(redis_server)) == 4
+
+
+@pytest.mark.parametrize(
+    ("policy", "warned"),
+    [("allkeys-lru", False), ("volatile-lru", True), ("volatile-ttl", True), ("noeviction", True)],
+)
+def test_the_memory_policy_is_read_and_a_bad_one_warned_of(
+    tmp_path, policy: str, warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    require_redis()
+    limits = ("--maxmemory", "64mb", "--maxmemory-policy", policy)
+    server = RedisServer(tmp_path / "redis", extra_args=limits).start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="tieredkv.cache.remote.memory_policy"):
+            store = RemoteStore(server.url, FINGERPRINT, 16, 1024)
+        try:
+            assert store.wait_healthy(10) and store.memory_policy == policy
+        finally:
+            store.close()
+    finally:
+        server.stop()
+    assert any(policy in record.getMessage() for record in caplog.records) == warned
