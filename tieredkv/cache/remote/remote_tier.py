@@ -108,6 +108,11 @@ class RemoteTier(PagePool):
         (queued for the store's writer thread)."""
         self.store.retain(keys, ttl_s)
 
+    def take_lost(self) -> set[bytes]:
+        """Keys of retained pages the store no longer held when their expiry was set (to be
+        written again); each reported once."""
+        return self.store.take_lost()
+
     def read_pages(
         self, slots: list[int], records: list[PageRecord], out: torch.Tensor
     ) -> list[bool]:

@@ -198,6 +198,10 @@ class RemoteStore:
         once."""
         self._writer.retain(keys, ttl_s)
 
+    def take_lost(self) -> set[bytes]:
+        """Retained pages' keys the store was found not to hold since the last call."""
+        return self._writer.take_lost()
+
     def flush_writes(self, timeout_s: float) -> bool:
         """Wait until every queued page is written or dropped and every queued expiry set
         (tests, shutdown)."""

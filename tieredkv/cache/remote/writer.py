@@ -72,6 +72,7 @@ class RemoteWriter:
         self._expiry_at: OrderedDict[bytes, float] = OrderedDict()
         self._to_expire: dict[bytes, None] = {}
         self._expiring: set[bytes] = set()  # keys of the expiry batch in flight
+        self._lost: set[bytes] = set()  # retained keys an expiry found absent, not queued
         self._stop = False
         self._cond = threading.Condition()
         client.on_degraded = self._wake
@@ -125,6 +126,13 @@ class RemoteWriter:
             while len(self._to_expire) > RETAINED_KEYS:  # a long outage: the oldest go
                 del self._to_expire[next(iter(self._to_expire))]
             self._cond.notify_all()
+
+    def take_lost(self) -> set[bytes]:
+        """The retained keys found absent from the store when their expiry was set (evicted,
+        or a restarted store) and not queued for writing since the last call."""
+        with self._cond:
+            lost, self._lost = self._lost, set()
+        return lost
 
     def remember(self, keys: Iterable[bytes]) -> None:
         with self._cond:
@@ -199,7 +207,7 @@ class RemoteWriter:
 
     def _set_expiries(self, keys: list[bytes]) -> None:
         """PEXPIRE the retained keys the store holds; a key it does not hold is forgotten, to
-        be written (with its expiry) when put again."""
+        be written (with its expiry) when put again, and reported lost (`take_lost`)."""
         expiries = self._expiries_ms(keys)
         due = [(key, ms) for key, ms in zip(keys, expiries, strict=True) if ms is not None]
         try:
@@ -213,7 +221,11 @@ class RemoteWriter:
             self._counters.on_batch_failed(0)
             self._client.mark_degraded(error)
             return
-        self.forget(key for (key, _), held in zip(due, found, strict=True) if not held)
+        absent = [key for (key, _), held in zip(due, found, strict=True) if not held]
+        self.forget(absent)
+        with self._cond:  # to be written again by whoever holds their pages
+            if len(self._lost) < RETAINED_KEYS:
+                self._lost.update(key for key in absent if key not in self._queued)
         self._counters.on_expiries_set(sum(bool(held) for held in found))
 
     def _write(self, batch: list[RemotePage]) -> None:

@@ -200,3 +200,20 @@ def test_the_memory_policy_is_read_and_a_bad_one_warned_of(
     finally:
         server.stop()
     assert any(policy in record.getMessage() for record in caplog.records) == warned
+
+
+def test_a_retained_prompt_redis_lost_while_indexed_is_written_again(
+    redis_server: RedisServer, cache
+) -> None:
+    retained = list(range(900, 917))  # 4 full pages
+    computed(cache, retained)
+    assert cache.retention.retain(retained, "default", now=0.0)
+    settled(cache)
+    redis_server.cli("FLUSHALL")  # Redis restarted empty: this replica still indexes them
+    assert cache.retention.figures(now=5.0).pages_by_tier[Tier.REMOTE] == 4
+    assert cache.retention.retain(retained, "default", now=6.0)  # the expiries find none
+    settled(cache)
+    assert names_expiring(redis_server) == {}
+    cache.retention.expire(now=7.0)  # the engine's step: the lost pages are written again
+    settled(cache)
+    assert in_a_day(names_expiring(redis_server)) == 4
