@@ -13,9 +13,9 @@ With a remote tier, each retention (the first and every one after) also gives th
 pages `RETENTION_S` to live in Redis from that moment (`Demoter.keep_in_remote`): those not
 there are written, and every one gets that expiry, set by the store's writer thread; a page
 Redis was found to have lost while this replica indexed it there is forgotten and written
-again at the next step (`expire`). Nothing
-in Redis is deleted when a prefix is released (by the budget or on expiry): its pages' expiry
-bounds them. Redis's own eviction may still take them earlier (docs/operations.md).
+again at the next step (`expire`). Nothing in Redis is deleted when a prefix is released (by
+the budget or on expiry): its pages' expiry bounds them. Redis's own eviction may still take
+them earlier (docs/operations.md).
 
 The budget (`--retention-budget`, in pages) is shared equally among the namespaces holding
 retained prefixes: when retaining a prefix would take its namespace over its share, or all
