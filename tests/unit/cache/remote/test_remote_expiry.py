@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from tests.support.tiny_cache import FINGERPRINT, fill_device_pages, tiny_layout
 from tests.unit.cache.cache_steps import ok
 from tests.unit.cache.remote.conftest import make_pages
 from tieredkv.cache.build import build_cache
+from tieredkv.cache.remote.connection import RemoteTimeouts, open_client
 from tieredkv.cache.remote.keys import KEY_PREFIX, redis_key
 from tieredkv.cache.remote.store import RemoteStore
 from tieredkv.cache.retention import RETENTION_S
@@ -30,19 +32,36 @@ FLUSH_S = 30.0
 LAYOUT = tiny_layout(4)
 
 
-def pttl(redis_server: RedisServer, key: bytes) -> int:
+@pytest.fixture(params=["single", "cluster"])
+def redis_url(request: pytest.FixtureRequest) -> str:
+    if request.param == "single":
+        return request.getfixturevalue("redis_server").url
+    cluster = request.getfixturevalue("redis_cluster")
+    cluster.flush()  # one cluster serves the module's tests
+    return cluster.url
+
+
+@pytest.fixture
+def plain(redis_url: str) -> Iterator[Any]:
+    """A client of the test's Redis, single or cluster, for looking at the keys."""
+    client = open_client(redis_url, None, RemoteTimeouts())
+    yield client
+    client.close()
+
+
+def pttl(client: Any, key: bytes) -> int:
     """The key's expiry in ms: -1 without one, -2 when the key is absent."""
-    return int(redis_server.cli("PTTL", redis_key(key)))
+    return int(client.pttl(redis_key(key)))
 
 
-def expires_in(redis_server: RedisServer, key: bytes, ttl_s: float) -> bool:
-    return ttl_s * 1e3 - SLACK_MS < pttl(redis_server, key) <= ttl_s * 1e3
+def expires_in(client: Any, key: bytes, ttl_s: float) -> bool:
+    return ttl_s * 1e3 - SLACK_MS < pttl(client, key) <= ttl_s * 1e3
 
 
 def test_retained_pages_expire_whether_written_before_or_after(
-    redis_server: RedisServer, open_store: Callable[..., RemoteStore]
+    redis_url: str, plain: Any, open_store: Callable[..., RemoteStore]
 ) -> None:
-    store = open_store(redis_server.url)
+    store = open_store(redis_url)
     assert store.wait_healthy(10)
     pages = make_pages(7, seed=3)
     keys = [page.key for page in pages]
@@ -51,17 +70,17 @@ def test_retained_pages_expire_whether_written_before_or_after(
     store.retain(keys[:5], TTL_S)  # three written already, two not yet
     store.put(pages[3:6])
     assert store.flush_writes(FLUSH_S)
-    assert all(expires_in(redis_server, key, TTL_S) for key in keys[:5])
-    assert pttl(redis_server, keys[5]) == -1  # written, never retained: no expiry
-    assert pttl(redis_server, keys[6]) == -2  # never written
+    assert all(expires_in(plain, key, TTL_S) for key in keys[:5])
+    assert pttl(plain, keys[5]) == -1  # written, never retained: no expiry
+    assert pttl(plain, keys[6]) == -2  # never written
     assert store.counters().expiries_set >= 5  # a page written with it may be PEXPIREd too
     assert store.counters().writes == 6
 
 
 def test_retaining_again_restarts_the_expiry_and_other_replicas_keep_it(
-    redis_server: RedisServer, open_store: Callable[..., RemoteStore]
+    redis_url: str, plain: Any, open_store: Callable[..., RemoteStore]
 ) -> None:
-    first, second = open_store(redis_server.url), open_store(redis_server.url)
+    first, second = open_store(redis_url), open_store(redis_url)
     assert first.wait_healthy(10) and second.wait_healthy(10)
     pages = make_pages(4, seed=4)
     keys = [page.key for page in pages]
@@ -69,30 +88,32 @@ def test_retaining_again_restarts_the_expiry_and_other_replicas_keep_it(
     first.retain(keys, TTL_S)
     assert first.flush_writes(FLUSH_S)
     for key in keys:
-        redis_server.cli("PEXPIRE", redis_key(key), "60000")  # as if 23 hours had passed
+        plain.pexpire(redis_key(key), 60_000)  # as if 23 hours had passed
     second.put(pages)  # another replica computes the same pages: they stay as they are
     assert second.flush_writes(FLUSH_S)
-    assert all(0 < pttl(redis_server, key) <= 60_000 for key in keys)
+    assert all(0 < pttl(plain, key) <= 60_000 for key in keys)
     second.retain(keys, TTL_S)  # retained again, on any replica
     assert second.flush_writes(FLUSH_S)
-    assert all(expires_in(redis_server, key, TTL_S) for key in keys)
+    assert all(expires_in(plain, key, TTL_S) for key in keys)
 
 
 def test_a_retained_page_the_store_lost_is_written_again_with_its_expiry(
-    redis_server: RedisServer, open_store: Callable[..., RemoteStore]
+    redis_url: str, plain: Any, open_store: Callable[..., RemoteStore]
 ) -> None:
-    store = open_store(redis_server.url)
+    store = open_store(redis_url)
     assert store.wait_healthy(10)
     pages = make_pages(2, seed=5)
     store.put(pages)
     assert store.flush_writes(FLUSH_S)
-    redis_server.cli("DEL", redis_key(pages[0].key))  # evicted by Redis
+    plain.delete(redis_key(pages[0].key))  # evicted by Redis
     store.retain([page.key for page in pages], TTL_S)
     assert store.flush_writes(FLUSH_S)
-    assert pttl(redis_server, pages[0].key) == -2
+    assert pttl(plain, pages[0].key) == -2
+    assert store.take_lost() == {pages[0].key}  # reported once, for the cache to write again
+    assert store.take_lost() == set()
     store.put(pages)  # known absent now: written again, with its expiry
     assert store.flush_writes(FLUSH_S)
-    assert all(expires_in(redis_server, page.key, TTL_S) for page in pages)
+    assert all(expires_in(plain, page.key, TTL_S) for page in pages)
 
 
 @pytest.fixture
