@@ -69,6 +69,7 @@ class RemoteCounters:
     errors: int = 0  # calls or write batches that failed or ran out of time
     bytes_in: int = 0  # value bytes read from the store
     bytes_out: int = 0  # value bytes written to the store
+    expiries_set: int = 0  # retained pages given (or refreshed) their expiry in the store
 
 
 class CounterBox:
@@ -116,6 +117,10 @@ class CounterBox:
             errors=1 if num_refused else 0,
             bytes_out=num_bytes,
         )
+
+    def on_expiries_set(self, num_pages: int) -> None:
+        """Retained pages whose expiry the store set: written with it, or PEXPIREd."""
+        self._add(expiries_set=num_pages)
 
     def snapshot(self) -> RemoteCounters:
         with self._lock:

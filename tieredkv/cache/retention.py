@@ -9,6 +9,14 @@ its path is copied down to host and disk (where enabled), so the guarantee holds
 lowest local tier and never on the device alone. Only a failed write or a corrupt disk record
 loses a retained copy; the node stays in the tree, empty, until the prefix is released.
 
+With a remote tier, each retention (the first and every one after) also gives the prefix's
+pages `RETENTION_S` to live in Redis from that moment (`Demoter.keep_in_remote`): those not
+there are written, and every one gets that expiry, set by the store's writer thread; a page
+Redis was found to have lost while this replica indexed it there is forgotten and written
+again at the next step (`expire`). Nothing in Redis is deleted when a prefix is released (by
+the budget or on expiry): its pages' expiry bounds them. Redis's own eviction may still take
+them earlier (docs/operations.md).
+
 The budget (`--retention-budget`, in pages) is shared equally among the namespaces holding
 retained prefixes: when retaining a prefix would take its namespace over its share, or all
 of them over the budget, the least recently used retained prefix (of that namespace when it
@@ -99,6 +107,7 @@ class Retention:
         if (known := self._prefixes.get(key)) is not None:
             known.last_use = now
             self._prefixes.move_to_end(key)
+            self.demoter.keep_in_remote(known.node, RETENTION_S)  # its 24 hours there too
             return True
         node = self.index.full_path(full, namespace)
         if node is None or not self.residency.path_held_in(node, LOCAL_TIERS):
@@ -108,18 +117,33 @@ class Retention:
         tiers = [tier for tier in LOCAL_LOWER_TIERS if self.pools.enabled(tier)]
         if (full_tier := self.demoter.copy_path(node, tiers)) is not None:
             log.debug("the %s tier has no room to retain a prefix's copy", full_tier.label)
+        self.demoter.keep_in_remote(node, RETENTION_S)
         self._prefixes[key] = RetainedPrefix(namespace, node, num_pages, now)
         self._pages_by_namespace[namespace] = self.pages_in(namespace) + num_pages
         return True
 
     def expire(self, now: float) -> None:
-        """Release the prefixes unused for `RETENTION_S` (once a step: the oldest first)."""
+        """Release the prefixes unused for `RETENTION_S` (once a step: the oldest first); write
+        again the retained pages the remote store was found to have lost."""
+        self._rewrite_lost(now)
         while self._prefixes:
             key, prefix = next(iter(self._prefixes.items()))
             if now - prefix.last_use < RETENTION_S:
                 return
             self._release(key)
             self.expired_total += 1
+
+    def _rewrite_lost(self, now: float) -> None:
+        """The pages a retention found gone from Redis (evicted, or a restarted Redis) while
+        this replica indexes them there: forget those remote copies and write them again,
+        with what is left of their prefix's 24 hours."""
+        remote = self.pools.remote
+        if remote is None or not (lost := remote.take_lost()):
+            return
+        for prefix in self._prefixes.values():
+            if self.demoter.forget_remote(prefix.node, lost):
+                left_s = RETENTION_S - (now - prefix.last_use)
+                self.demoter.keep_in_remote(prefix.node, left_s)
 
     def get(self, namespace: str, token_ids: Sequence[int]) -> RetainedPrefix | None:
         """The retained prefix of these full pages' tokens, if retained."""

@@ -11,6 +11,9 @@ reconnection with backoff); `client` the Redis client and its health (`RemoteCli
 self-describing value a page is stored as (pure; the codecs and checksum are `page_record`'s);
 `keys` the Redis key names (a prefix and the page key's hex, so no name reveals a token);
 `password` where the password comes from (a file or the environment, never the command line).
+`memory_policy` reads Redis's `maxmemory-policy` at each connection and warns when it does not
+suit the pages (what each policy evicts, retained pages included).
 The store's counters live with the cache's (`cache.metrics`). Imports nothing from `disk`. The
-store's own eviction (`maxmemory`) bounds it; tieredkv never deletes.
+store's own eviction (`maxmemory`) bounds it; tieredkv never deletes: a retained prompt's pages
+carry an expiry instead (`writer`).
 """

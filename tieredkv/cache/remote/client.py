@@ -18,6 +18,7 @@ from tieredkv.cache.remote.connection import (
     redacted_url,
     redis_module,
 )
+from tieredkv.cache.remote.memory_policy import check_memory_policy
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class RemoteClient:
         self.on_degraded: Callable[[], None] = lambda: None  # wakes the writer to reconnect
         self.last_error = "not connected yet"
         self._failure_logged = False  # in this reconnection cycle
+        self.memory_policy: str | None = None  # Redis's maxmemory-policy, read at connection
 
     @property
     def healthy(self) -> bool:
@@ -58,6 +60,7 @@ class RemoteClient:
             self.last_error = f"{type(error).__name__}: {error}"
             self._log_failure(error)
             return False
+        self.memory_policy = check_memory_policy(client)
         with self._lock:
             old, self._redis = self._redis, client
             self._healthy.set()

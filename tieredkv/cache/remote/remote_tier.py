@@ -4,7 +4,8 @@ The tree indexes remote pages like any other copy: a node's remote copy is a lis
 here virtual slots (nothing is allocated in Redis per slot; a page is named by its page key).
 The slots bound how many remote pages this replica indexes (`REMOTE_INDEX_PAGES`), not what the
 store holds: Redis's own `maxmemory` LRU bounds that, and tieredkv never deletes. Evicting a
-remote copy forgets it here; the value stays in Redis for the other replicas.
+remote copy forgets it here; the value stays in Redis for the other replicas. A retained
+prompt's pages (`retain`) carry an expiry there instead, refreshed each time it is retained.
 
 Transfer jobs move pages through `write_pages` (queued for the store's writer thread: never on a
 request's path) and `read_pages_into` (one pipelined fetch, each verified page handed to the
@@ -76,9 +77,14 @@ class RemoteTier(PagePool):
         return {**counters.refused, "unavailable": counters.errors}
 
     def state(self) -> dict:
-        """The store's counters, health and last error."""
+        """The store's counters, health, last error and Redis's maxmemory-policy."""
         counters = dataclasses.asdict(self.store.counters())
-        return {**counters, "degraded": self.degraded, "last_error": self.store.last_error}
+        return {
+            **counters,
+            "degraded": self.degraded,
+            "last_error": self.store.last_error,
+            "memory_policy": self.store.memory_policy,
+        }
 
     def lookup(self, keys: list[bytes]) -> int:
         """How many leading `keys` the store holds (one round trip; 0 while degraded)."""
@@ -96,6 +102,16 @@ class RemoteTier(PagePool):
                 for record, row in zip(records, rows, strict=True)
             ]
         )
+
+    def retain(self, keys: list[bytes], ttl_s: float) -> None:
+        """Give the pages of `keys` (a retained prompt's) `ttl_s` to live in the store from now
+        (queued for the store's writer thread)."""
+        self.store.retain(keys, ttl_s)
+
+    def take_lost(self) -> set[bytes]:
+        """Keys of retained pages the store no longer held when their expiry was set (to be
+        written again); each reported once."""
+        return self.store.take_lost()
 
     def read_pages(
         self, slots: list[int], records: list[PageRecord], out: torch.Tensor

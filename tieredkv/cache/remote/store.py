@@ -5,9 +5,10 @@ waits at most its budget (`RemoteTimeouts`); a failure or a late answer returns 
 found", counts an error and turns the store degraded. While degraded, calls return at once
 without touching the network, and the writer thread reconnects with exponential backoff.
 Nothing here raises on the network's account: a remote tier that fails costs hits, never a
-request. Writes (`put`) are queued and done by the writer thread (see `writer`), and each of
-its batches waits while a lookup or a fetch is in flight (`ReadPriority`): Redis serves one
-command at a time, and a request waits for the read, not for the write.
+request. Writes (`put`) and retained pages' expiries (`retain`) are queued and done by the
+writer thread (see `writer`), and each of its batches waits while a lookup or a fetch is in
+flight (`ReadPriority`): Redis serves one command at a time, and a request waits for the read,
+not for the write.
 
 A fetch from a single Redis reads the pipelined replies off redis-py's connection itself
 (`get_replies`): each value lands in one buffer the store keeps, is verified there and handed to
@@ -135,6 +136,11 @@ class RemoteStore:
         """Why the store last failed (for /health and logs)."""
         return self._client.last_error
 
+    @property
+    def memory_policy(self) -> str | None:
+        """Redis's maxmemory-policy as read at the last connection (None: unknown)."""
+        return self._client.memory_policy
+
     def wait_healthy(self, timeout_s: float) -> bool:
         return self._client.wait_healthy(timeout_s)
 
@@ -186,8 +192,19 @@ class RemoteStore:
             )
         self._writer.put(pages)
 
+    def retain(self, keys: Sequence[bytes], ttl_s: float) -> None:
+        """Queue an expiry `ttl_s` from now for the pages of `keys` (retained prompts'): set by
+        the writer thread on those the store holds and on those written later; returns at
+        once."""
+        self._writer.retain(keys, ttl_s)
+
+    def take_lost(self) -> set[bytes]:
+        """Retained pages' keys the store was found not to hold since the last call."""
+        return self._writer.take_lost()
+
     def flush_writes(self, timeout_s: float) -> bool:
-        """Wait until every queued page is written or dropped (tests, shutdown)."""
+        """Wait until every queued page is written or dropped and every queued expiry set
+        (tests, shutdown)."""
         return self._writer.flush(timeout_s)
 
     def close(self) -> None:

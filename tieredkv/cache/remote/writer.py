@@ -5,6 +5,13 @@ A batch is two pipelined round trips: EXISTS for every page, then SET NX for the
 only, so a page already in the store (written by this replica or another) costs a few bytes,
 not a page. Keys seen present are remembered (a bounded LRU set) and skipped at `put`.
 
+Retained pages (`retain`) carry an expiry in the store: the writer sets it with pipelined
+`PEXPIRE` on those the store holds, a retained page it writes goes with `SET NX PX`, and one it
+finds already written (by any replica) gets its `PEXPIRE` in the same round trip as the batch's
+`SET`s. Each key's expiry is remembered until it is due (a bounded map, the oldest first), so a
+page retained now and written later still expires on time. Other pages carry no expiry: the
+store's own eviction (`maxmemory-policy`) bounds them.
+
 Batches are small (`BATCH_PAGES`, ~3 MB of bf16 default-model KV) and each waits while this
 replica has a lookup or a fetch in flight (`ReadPriority`): Redis runs one command at a time, so
 a lookup sent behind a prompt's tens of MB of writes would wait for all of them and run past
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
@@ -28,6 +36,8 @@ from tieredkv.cache.remote.record import RemotePage, encode_value
 log = logging.getLogger(__name__)
 
 BATCH_PAGES = 8  # pages a batch: ~3 MB of bf16 default-model KV, ~3 ms of Redis's time
+EXPIRY_BATCH_KEYS = 256  # PEXPIREs a round trip: a few bytes each
+RETAINED_KEYS = 1 << 17  # retained keys remembered with their expiry (16 bytes and a float each)
 
 
 class RemoteWriter:
@@ -57,7 +67,12 @@ class RemoteWriter:
         self._known_limit = known_keys
         self._pending: deque[RemotePage] = deque()
         self._queued: set[bytes] = set()  # keys of pending and in-flight pages
-        self._in_flight = 0
+        # retained keys -> the monotonic time their expiry is due, soonest first; and the keys
+        # whose expiry is still to be set in the store (in the order retained)
+        self._expiry_at: OrderedDict[bytes, float] = OrderedDict()
+        self._to_expire: dict[bytes, None] = {}
+        self._expiring: set[bytes] = set()  # keys of the expiry batch in flight
+        self._lost: set[bytes] = set()  # retained keys an expiry found absent, not queued
         self._stop = False
         self._cond = threading.Condition()
         client.on_degraded = self._wake
@@ -69,11 +84,15 @@ class RemoteWriter:
         self._thread.start()
 
     def put(self, pages: Iterable[RemotePage]) -> None:
-        """Queue pages; never blocks on the network. Over the queue's bound, pages are dropped."""
+        """Queue pages; never blocks on the network. Over the queue's bound, pages are dropped.
+        A page known written is skipped, unless its expiry is still to be set: the store may
+        have lost it since."""
         skipped = dropped = 0
         with self._cond:
             for page in pages:
-                if page.key in self._known or page.key in self._queued:
+                expiry_due = page.key in self._to_expire or page.key in self._expiring
+                known = page.key in self._known and not expiry_due
+                if known or page.key in self._queued:
                     skipped += 1
                 elif len(self._pending) >= self._max_pending:
                     dropped += 1
@@ -84,10 +103,36 @@ class RemoteWriter:
         self._counters.on_put(skipped, dropped)
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait until every queued page is written or dropped; False on timeout."""
+        """Wait until every queued page is written or dropped and every queued expiry is set;
+        False on timeout."""
         with self._cond:
             # SYNC: tests and shutdown wait for the queue to drain
-            return self._cond.wait_for(lambda: not self._queued, timeout_s)
+            return self._cond.wait_for(self._idle, timeout_s)
+
+    def retain(self, keys: Iterable[bytes], ttl_s: float) -> None:
+        """Give the pages of `keys` an expiry `ttl_s` from now in the store, replacing any
+        earlier one: set on those it holds, and on those written later. Never blocks on the
+        network."""
+        with self._cond:
+            now = time.monotonic()
+            for key in keys:
+                self._expiry_at[key] = now + ttl_s
+                self._expiry_at.move_to_end(key)
+                self._to_expire[key] = None
+            while self._expiry_at and (
+                len(self._expiry_at) > RETAINED_KEYS or next(iter(self._expiry_at.values())) <= now
+            ):
+                self._expiry_at.popitem(last=False)  # due (or the oldest over the bound)
+            while len(self._to_expire) > RETAINED_KEYS:  # a long outage: the oldest go
+                del self._to_expire[next(iter(self._to_expire))]
+            self._cond.notify_all()
+
+    def take_lost(self) -> set[bytes]:
+        """The retained keys found absent from the store when their expiry was set (evicted,
+        or a restarted store) and not queued for writing since the last call."""
+        with self._cond:
+            lost, self._lost = self._lost, set()
+        return lost
 
     def remember(self, keys: Iterable[bytes]) -> None:
         with self._cond:
@@ -109,6 +154,16 @@ class RemoteWriter:
             self._cond.notify_all()
         self._thread.join(self._timeouts.io_s + self._timeouts.connect_s + 1.0)
 
+    def _idle(self) -> bool:
+        return not (self._queued or self._to_expire or self._expiring)
+
+    def _expiries_ms(self, keys: Iterable[bytes]) -> list[int | None]:
+        """Each key's expiry as milliseconds from now; None for a key not retained (or due)."""
+        now = time.monotonic()
+        with self._cond:
+            due = [self._expiry_at.get(key) for key in keys]
+        return [None if at is None or at <= now else max(1, int((at - now) * 1e3)) for at in due]
+
     def _wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
@@ -117,7 +172,11 @@ class RemoteWriter:
         backoff_s = self._timeouts.backoff_min_s
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stop or self._pending or not self._client.healthy)
+                self._cond.wait_for(
+                    lambda: (
+                        self._stop or self._pending or self._to_expire or not self._client.healthy
+                    )
+                )
                 if self._stop:
                     return
             if not self._client.healthy:
@@ -133,10 +192,41 @@ class RemoteWriter:
             with self._cond:
                 count = min(len(self._pending), self._batch_pages)
                 batch = [self._pending.popleft() for _ in range(count)]
-            self._write(batch)
+                expiring = [] if batch else list(self._to_expire)[:EXPIRY_BATCH_KEYS]
+                for key in expiring:
+                    del self._to_expire[key]
+                self._expiring = set(expiring)
+            if batch:
+                self._write(batch)
+            else:
+                self._set_expiries(expiring)
             with self._cond:
                 self._queued.difference_update(page.key for page in batch)
+                self._expiring.clear()
                 self._cond.notify_all()
+
+    def _set_expiries(self, keys: list[bytes]) -> None:
+        """PEXPIRE the retained keys the store holds; a key it does not hold is forgotten, to
+        be written (with its expiry) when put again, and reported lost (`take_lost`)."""
+        expiries = self._expiries_ms(keys)
+        due = [(key, ms) for key, ms in zip(keys, expiries, strict=True) if ms is not None]
+        try:
+            pipe = self._client.redis.pipeline(transaction=False)
+            for key, ms in due:
+                pipe.pexpire(redis_key(key), ms)
+            found = pipe.execute() if due else []
+        except connection_errors() as error:
+            with self._cond:  # set once the store is back
+                self._to_expire.update(dict.fromkeys(keys))
+            self._counters.on_batch_failed(0)
+            self._client.mark_degraded(error)
+            return
+        absent = [key for (key, _), held in zip(due, found, strict=True) if not held]
+        self.forget(absent)
+        with self._cond:  # to be written again by whoever holds their pages
+            if len(self._lost) < RETAINED_KEYS:
+                self._lost.update(key for key in absent if key not in self._queued)
+        self._counters.on_expiries_set(sum(bool(held) for held in found))
 
     def _write(self, batch: list[RemotePage]) -> None:
         names = [redis_key(page.key) for page in batch]
@@ -148,11 +238,16 @@ class RemoteWriter:
             present = pipe.execute()
             missing = [i for i, found in enumerate(present) if not found]
             values = [encode_value(batch[i], self._digest, self._codec) for i in missing]
+            expiries = self._expiries_ms(page.key for page in batch)
+            held = [i for i, found in enumerate(present) if found and expiries[i] is not None]
             self._read_priority.before_write()
             pipe = client.pipeline(transaction=False)
             for i, value in zip(missing, values, strict=True):
-                pipe.set(names[i], value, nx=True)
-            results = pipe.execute(raise_on_error=False) if missing else []
+                pipe.set(names[i], value, nx=True, px=expiries[i])
+            for i in held:  # retained, written already (by any replica): its expiry now
+                pipe.pexpire(names[i], expiries[i])
+            replies = pipe.execute(raise_on_error=False) if missing or held else []
+            results = replies[: len(missing)]
         except connection_errors() as error:
             self._counters.on_batch_failed(len(batch))
             self._client.mark_degraded(error)
@@ -164,7 +259,14 @@ class RemoteWriter:
         nbytes = sum(len(v) for v, r in zip(values, results, strict=True) if r is True)
         skipped = len(batch) - len(missing) + sum(r is None for r in results)
         self._counters.on_batch_written(written, skipped, len(failed), nbytes)
+        outcome = dict(zip(missing, results, strict=True))
+        retained = [i for i in missing if expiries[i] is not None]
+        refreshed = sum(r is True for r in replies[len(missing) :])
+        self._counters.on_expiries_set(sum(outcome[i] is True for i in retained) + refreshed)
+        lost_race = [batch[i].key for i in retained if outcome[i] is None]
+        if lost_race:  # another replica wrote it between EXISTS and SET: PEXPIRE it next
+            with self._cond:
+                self._to_expire.update(dict.fromkeys(lost_race))
         ok = [batch[i].key for i, found in enumerate(present) if found]
-        stored = zip(missing, results, strict=True)
-        ok += [batch[i].key for i, result in stored if not isinstance(result, Exception)]
+        ok += [batch[i].key for i, result in outcome.items() if not isinstance(result, Exception)]
         self.remember(ok)

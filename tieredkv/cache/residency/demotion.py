@@ -153,6 +153,44 @@ class Demoter:
             if missing and self.make_room(Tier.REMOTE, sum(n.num_pages for n in missing)):
                 self.transfers.start_copy(missing, Tier.REMOTE, frees_source=False)
 
+    def keep_in_remote(self, node: RadixNode, ttl_s: float) -> None:
+        """Give the path to `node` (a retained prefix) `ttl_s` to live in the remote store from
+        now: an expiry for its pages there (set by the store's writer thread), and a copy of
+        those with a device or host copy and no remote one, nor one on its way, written with
+        it. Pages whose only copy is on disk are not written from here."""
+        remote = self.pools.remote
+        if remote is None:
+            return
+        path = node.path()
+        remote.retain([key for n in path for key in self.residency.tree.page_keys(n)], ttl_s)
+        if not self.pools.healthy(Tier.REMOTE):
+            return  # the expiries wait for the store; the pages are written when next put
+        missing = [
+            n
+            for n in path
+            if Tier.REMOTE not in n.residence.copies
+            and Tier.REMOTE not in n.residence.inflight
+            and (Tier.DEVICE in n.residence.copies or Tier.HOST in n.residence.copies)
+        ]
+        if missing and self.make_room(Tier.REMOTE, sum(n.num_pages for n in missing)):
+            self.transfers.start_copy(missing, Tier.REMOTE, frees_source=False)
+
+    def forget_remote(self, node: RadixNode, keys: set[bytes]) -> bool:
+        """Drop the remote copies, on the path to `node`, of the nodes holding a page of `keys`
+        (pages the store no longer holds), unless locked or being read; True if any went."""
+        forgot = False
+        for path_node in node.path():
+            record = path_node.residence
+            if Tier.REMOTE not in record.copies or path_node.lock_count:
+                continue
+            if any(part.src_tier is Tier.REMOTE for part in record.inflight.values()):
+                continue
+            if keys.isdisjoint(self.residency.tree.page_keys(path_node)):
+                continue
+            self.residency.drop(path_node, Tier.REMOTE, count_as=None, closure=True)
+            forgot = True
+        return forgot
+
     def copy_path(self, node: RadixNode, tiers: list[Tier]) -> Tier | None:
         """Start copying each node of the path to `node` (parents first) to each of `tiers`
         where it has no copy and none on its way, from a faster copy (a pin's, a retained
