@@ -29,6 +29,7 @@ _LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 # transformers' defaults where a family's differ from Llama's
 _DEFAULT_HEAD_DIM = {"qwen3": 128, "gemma3_text": 256}
 _DEFAULT_TIED = {"gemma3_text": True}
+_DEFAULT_THETA = {"gemma3_text": 1_000_000.0}  # Gemma 3's global layers
 _DEFAULT_EPS = {"qwen2": 1e-6, "qwen3": 1e-6, "gemma3_text": 1e-6}
 
 
@@ -66,7 +67,7 @@ def parse_model_config(raw: dict[str, Any], source: Path) -> ModelConfig:
         hidden_size = _int(raw, "hidden_size", source)
         max_len = _int(raw, "max_position_embeddings", source)
         num_layers = _int(raw, "num_hidden_layers", source)
-        theta, scaling = _parse_rope(raw, max_len, source)
+        theta, scaling = _parse_rope(raw, max_len, source, _DEFAULT_THETA.get(architecture))
         return ModelConfig(
             vocab_size=_int(raw, "vocab_size", source),
             hidden_size=hidden_size,
@@ -143,7 +144,9 @@ def _check_sliding_window(raw: dict[str, Any], architecture: str, source: Path) 
         )
 
 
-def _parse_rope(raw: dict[str, Any], max_len: int, source: Path) -> tuple[float, RopeScaling]:
+def _parse_rope(
+    raw: dict[str, Any], max_len: int, source: Path, default_theta: float | None = None
+) -> tuple[float, RopeScaling]:
     """RoPE base and scaling from either the old (`rope_theta` + `rope_scaling`) or the
     transformers-5 (`rope_parameters`) spelling; Gemma 3's global layers' where it has one
     entry per layer kind."""
@@ -151,7 +154,7 @@ def _parse_rope(raw: dict[str, Any], max_len: int, source: Path) -> tuple[float,
     params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
     if isinstance(params.get("full_attention"), dict):
         field, params = f"{field}.full_attention", dict(params["full_attention"])
-    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    theta = float(params.get("rope_theta", raw.get("rope_theta", default_theta or 10000.0)))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind in _LENGTH_DEPENDENT_ROPE:
         raise UnsupportedModelError(

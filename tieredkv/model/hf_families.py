@@ -119,16 +119,16 @@ def gemma3_fields(raw: dict[str, Any], num_layers: int, source: Path) -> dict[st
             "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
             for i in range(num_layers)
         ]
-    window = raw.get("sliding_window", 4096)
-    windows = ()
-    if window is not None:
-        windows = _windows(kinds, _int_at_least("sliding_window", window, 1, source))
-    cap = raw.get("final_logit_softcapping")
+    # the sliding layers are also those that rotate by the local base: they need their window
+    window = _int_at_least("sliding_window", raw.get("sliding_window", 4096), 1, source)
+    cap = None
+    if raw.get("final_logit_softcapping") is not None:
+        cap = _positive_number(raw, "final_logit_softcapping", 0, source)
     return {
-        "layer_windows": windows,
+        "layer_windows": _windows(kinds, window),
         "rope_local_theta": _local_rope_theta(raw, source),
-        "query_pre_attn_scalar": float(raw.get("query_pre_attn_scalar", 256)),
-        "final_logit_softcapping": None if cap is None else float(cap),
+        "query_pre_attn_scalar": _positive_number(raw, "query_pre_attn_scalar", 256, source),
+        "final_logit_softcapping": cap,
     }
 
 
@@ -150,6 +150,13 @@ def _local_rope_theta(raw: dict[str, Any], source: Path) -> float:
 
 def _windows(kinds: list[str], window: int) -> tuple[int | None, ...]:
     return tuple(window if kind == "sliding_attention" else None for kind in kinds)
+
+
+def _positive_number(raw: dict[str, Any], key: str, default: float, source: Path) -> float:
+    value = raw.get(key, default)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ModelLoadError(f"{source}: field {key!r} must be a positive number, got {value!r}")
+    return float(value)
 
 
 def _int_at_least(key: str, value: Any, minimum: int, source: Path) -> int:

@@ -108,6 +108,7 @@ def test_gemma3_fields_in_the_older_spelling_and_defaults() -> None:
     assert config.head_dim == 256 and config.query_pre_attn_scalar == 256
     assert config.layer_windows == (4096,) * 5 + (None, 4096)
     assert config.rope_local_theta == 10_000.0 and config.final_logit_softcapping is None
+    assert config.rope_theta == 1_000_000.0 and config.tie_word_embeddings
 
 
 def refusal(raw: dict[str, Any], error: type[Exception] = UnsupportedModelError) -> str:
@@ -179,6 +180,9 @@ def test_gemma3_options_the_forward_pass_lacks_are_refused(
     [
         (gemma3(layer_types=["full_attention"]), "layer_types must list one entry per layer"),
         (gemma3(sliding_window=0), "'sliding_window' must be an integer >= 1"),
+        (gemma3(sliding_window=None), "'sliding_window' must be an integer >= 1, got None"),
+        (gemma3(query_pre_attn_scalar=None), "'query_pre_attn_scalar' must be a positive"),
+        (gemma3(final_logit_softcapping="30"), "'final_logit_softcapping' must be a positive"),
         (gemma3(sliding_window_pattern="6"), "'sliding_window_pattern'"),
         (qwen3(use_sliding_window=True, sliding_window=8, max_window_layers=-1), "max_window"),
     ],
