@@ -41,9 +41,9 @@ class GemmaLayerWeights:
 
 def gemma_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Gemma's RMSNorm: x / rms(x) * weight in fp32, `weight` already (1 + w) in fp32 and
-    broadcast over x's last dims; returns x's dtype."""
-    x32 = x.float()
-    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    broadcast over x's last dims; returns x's dtype. torch's fused norm gives transformers'
+    x * rsqrt(mean(x²) + eps) bit for bit in fp32."""
+    normed = F.rms_norm(x.float(), (x.shape[-1],), None, eps)
     return (normed * weight).to(x.dtype)
 
 
