@@ -63,8 +63,8 @@ def refuse_unsupported_layers(raw: dict[str, Any], source: Path) -> None:
     for i, kind in enumerate(layer_types if isinstance(layer_types, list) else []):
         if kind not in ATTENTION_LAYER_TYPES:
             raise UnsupportedModelError(
-                f"{source}: layer_types[{i}]={kind!r}: only full_attention and "
-                "sliding_attention layers are supported (no Mamba/SSM or linear attention)"
+                f"{source}: layer_types entry {kind!r} (layer {i}) is not one of "
+                f"{ATTENTION_LAYER_TYPES}: Mamba/SSM and linear-attention layers are not supported"
             )
 
 
@@ -82,15 +82,19 @@ def layer_types(raw: dict[str, Any], num_layers: int, source: Path) -> list[str]
 
 def qwen3_windows(raw: dict[str, Any], num_layers: int, source: Path) -> tuple[int | None, ...]:
     """Qwen3's per-layer windows: none unless `use_sliding_window`; then `sliding_window` on the
-    layers `layer_types` marks sliding, or else on layers from `max_window_layers` on."""
+    layers `layer_types` marks sliding, or else on layers from `max_window_layers` on. A window
+    as long as `max_position_embeddings` never hides a key: every layer stays full."""
     window = raw.get("sliding_window")
     if not raw.get("use_sliding_window") or window is None:
+        return ()
+    window = _int_at_least("sliding_window", window, 1, source)
+    if window >= raw.get("max_position_embeddings", window + 1):
         return ()
     kinds = layer_types(raw, num_layers, source)
     if kinds is None:
         first = _int_at_least("max_window_layers", raw.get("max_window_layers", 28), 0, source)
         kinds = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
-    return _windows(kinds, _int_at_least("sliding_window", window, 1, source))
+    return _windows(kinds, window)
 
 
 def gemma3_fields(raw: dict[str, Any], num_layers: int, source: Path) -> dict[str, Any]:

@@ -61,6 +61,7 @@ def test_qwen3_defaults_are_transformers_defaults() -> None:
             (256, None, 256, None),
         ),
         ({"use_sliding_window": False, "layer_types": ["sliding_attention"] * 4}, ()),
+        ({"use_sliding_window": True, "sliding_window": 1024, "max_window_layers": 0}, ()),
     ],
 )
 def test_qwen3_windows_as_transformers_reads_them(fields: dict[str, Any], windows: tuple) -> None:
@@ -137,8 +138,11 @@ def test_multimodal_gemma3_is_refused_naming_the_field() -> None:
         ({"model_type": "jamba", "architectures": ["JambaForCausalLM"]}, "model_type='jamba'"),
         ({"model_type": "falcon_h1", "architectures": ["FalconH1ForCausalLM"]}, "'falcon_h1'"),
         ({"model_type": "qwen3_next"}, "linear-attention"),
-        (qwen3(layer_types=["full_attention", "mamba"] * 2), "layer_types[1]='mamba'"),
-        (qwen3(layer_types=["linear_attention"] * 4), "layer_types[0]='linear_attention'"),
+        (qwen3(layer_types=["full_attention", "mamba"] * 2), "layer_types entry 'mamba' (layer 1)"),
+        (
+            qwen3(layer_types=["linear_attention"] * 4),
+            "entry 'linear_attention' (layer 0)",
+        ),
         (qwen3(layers_block_type=["attention", "mamba"]), "layers_block_type"),
         (qwen3(hybrid_override_pattern="M-M*"), "hybrid_override_pattern"),
     ],
