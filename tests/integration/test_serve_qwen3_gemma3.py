@@ -23,8 +23,8 @@ from tests.unit.model.test_qwen3_gemma3_forward import hf_greedy, prompt_of, tin
 from tieredkv.model.tokenizer import ChatTokenizer
 
 SERVE = [sys.executable, "-c", "from tieredkv.cli import main; raise SystemExit(main())", "serve"]
-ARGS = ["--dtype", "float32", "--max-model-len", "256", "--device-cache-size", "16MiB"]
-ARGS += ["--host-cache-size", "16MiB"]
+SIZES = ["--max-model-len", "256", "--device-cache-size", "16MiB", "--host-cache-size", "16MiB"]
+ARGS = ["--dtype", "float32", *SIZES]
 TOLERANCE = 2e-4  # fp32 logprobs: ours against transformers'
 NEW_TOKENS = 8
 PAGE_SIZE = 16  # tieredkv serve's default
@@ -114,6 +114,25 @@ def wait_for_remote_writes(server: ServerProcess, pages: int, timeout_s: float =
             return
         time.sleep(0.2)  # test code: waiting for another process's background writes
     raise AssertionError(f"fewer than {pages} remote writes after {timeout_s} s: {debug}")
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_bf16_serves_close_to_transformers(tmp_path: Path, family: str) -> None:
+    """`--dtype bfloat16` (the CPU's fused and C elementwise kernels): the greedy tokens'
+    logprobs stay within bf16 rounding of transformers' fp32 ones."""
+    model_dir = tiny_family_model(tmp_path, family)
+    ids = prompt_of(30, seed=14)
+    expected = Expected(model_dir, ids)
+    args = ["--model", str(model_dir), "--dtype", "bfloat16", *SIZES]
+    server = ServerProcess(args, tmp_path / "bf16.log")
+    try:
+        body = {"prompt": ids, "max_tokens": 1, "temperature": 0, "logprobs": 1}
+        response = httpx.post(server.base_url + "/v1/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        value = response.json()["choices"][0]["logprobs"]["token_logprobs"][0]
+        assert value == pytest.approx(expected.logprobs[0], abs=0.1)
+    finally:
+        server.stop()
 
 
 def test_a_multimodal_gemma3_directory_is_one_line_at_start_up(tmp_path: Path) -> None:
