@@ -43,7 +43,13 @@ _CORPUS = [
     "a page of keys and values is cached on the device, on the host and on disk.",
     "what is two plus two? four. and three plus three? six.",
 ] * 4
-_CONFIG_CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig"}
+_CONFIG_CLASSES = {
+    "llama": "LlamaConfig",
+    "qwen2": "Qwen2Config",
+    "mistral": "MistralConfig",
+    "qwen3": "Qwen3Config",
+    "gemma3_text": "Gemma3TextConfig",
+}
 
 
 def make_tiny_model_dir(
@@ -69,8 +75,11 @@ def make_tiny_model_dir(
 ) -> Path:
     """Write a random-weight Hugging Face model directory under `tmp_path` and return it.
 
-    arch: "llama", "qwen2" (q/k/v biases) or "mistral". rope_scaling: a Hugging Face
-    `rope_scaling` dict such as {"rope_type": "yarn", "factor": 4.0,
+    arch: "llama", "qwen2" (q/k/v biases), "mistral", "qwen3" (q/k norms) or "gemma3_text"
+    (Gemma 3: its rope_parameters per layer kind, global `rope_theta` and `rope_scaling`, local
+    `rope_local_base_freq` from config_overrides, default 10000). Qwen3 and Gemma 3 get
+    head_dim = hidden_size // num_heads unless config_overrides sets it. rope_scaling: a Hugging
+    Face `rope_scaling` dict such as {"rope_type": "yarn", "factor": 4.0,
     "original_max_position_embeddings": 128}, or None. max_shard_size (e.g. "100KB") writes
     sharded safetensors with an index. tokenizer: "tiny", "default" (the converted default
     model's tokenizer files) or the Path of a model directory whose tokenizer files to copy.
@@ -84,7 +93,14 @@ def make_tiny_model_dir(
     model_dir.mkdir(parents=True)
     vocab_size = _write_tokenizer(model_dir, tokenizer)
     config_class = getattr(transformers, _CONFIG_CLASSES[arch])
-    rope = {"rope_type": "default", **(rope_scaling or {}), "rope_theta": rope_theta}
+    rope: dict[str, Any] = {"rope_type": "default", **(rope_scaling or {})}
+    rope["rope_theta"] = rope_theta
+    if arch in ("qwen3", "gemma3_text"):
+        config_overrides.setdefault("head_dim", hidden_size // num_heads)
+    if arch == "gemma3_text":
+        local = config_overrides.pop("rope_local_base_freq", 10000.0)
+        local_rope = {"rope_type": "default", "rope_theta": local}
+        rope = {"full_attention": rope, "sliding_attention": local_rope}
     config = config_class(
         vocab_size=vocab_size,
         hidden_size=hidden_size,

@@ -66,7 +66,8 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The architecture of a Llama-family decoder (Llama, Qwen2, Mistral, SmolLM)."""
+    """The architecture of a decoder: the Llama family (Llama, Qwen2, Mistral, SmolLM), Qwen3
+    (Llama with q/k RMSNorm) and Gemma 3 (`architecture` "gemma3_text")."""
 
     vocab_size: int
     hidden_size: int
@@ -88,6 +89,10 @@ class ModelConfig:
     layer_windows: tuple[int | None, ...] = ()
     # Gemma: attention scores are scaled by 1/sqrt(this) instead of 1/sqrt(head_dim).
     query_pre_attn_scalar: float | None = None
+    # Gemma 3: the RoPE base of the sliding layers (None: rope_theta, scaled as every layer's)
+    rope_local_theta: float | None = None
+    # Gemma: logits are soft-capped to (-cap, cap) by cap * tanh(logits / cap) (None: off)
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -115,6 +120,10 @@ class ModelConfig:
                 f"ModelConfig.layer_windows has {len(self.layer_windows)} entries for "
                 f"{self.num_layers} layers"
             )
+        for name in ("query_pre_attn_scalar", "rope_local_theta", "final_logit_softcapping"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"ModelConfig.{name} must be > 0 or None, got {value!r}")
         for window in self.layer_windows:
             if window is not None and (not isinstance(window, int) or window <= 0):
                 raise ConfigError(f"ModelConfig.layer_windows: {window!r} is not a positive int")

@@ -21,13 +21,15 @@ from pathlib import Path
 import xxhash
 
 from tieredkv.errors import ModelLoadError, UnsupportedModelError
-from tieredkv.model.hf_config import SUPPORTED_ARCHITECTURES
 
 log = logging.getLogger(__name__)
 
 SOURCE_STAMP = "tieredkv-source.json"
 _CONVERTER_VERSION = 1  # bump to reconvert every cached directory
 STAMP_CHUNK_BYTES = 16 << 20  # hashing the source (about 100 MB for the default model)
+# GGUF `general.architecture` values whose conversion by transformers gives a complete config
+# (its GGUF reader drops Gemma 3's query_pre_attn_scalar and RoPE scaling: not gemma3)
+GGUF_ARCHITECTURES = ("llama", "qwen2", "mistral", "qwen3")
 
 
 def gguf_cache_dir(gguf_path: Path, root: Path) -> Path:
@@ -70,10 +72,11 @@ def check_gguf(path: Path) -> None:
             f"{path}: truncated GGUF file (tensor data ends at byte {end}, "
             f"the file has {path.stat().st_size})"
         )
-    if architecture not in SUPPORTED_ARCHITECTURES:
+    if architecture not in GGUF_ARCHITECTURES:
         raise UnsupportedModelError(
             f"{path}: unsupported GGUF architecture {architecture!r}; "
-            f"tieredkv serves {', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"tieredkv reads GGUF files of {', '.join(GGUF_ARCHITECTURES)} "
+            "(other models: their safetensors directory)"
         )
 
 

@@ -1,8 +1,9 @@
 """Read a Hugging Face `config.json` into a `ModelConfig`, refusing what we cannot serve exactly.
 
 A page's KV must depend only on its prefix, so anything whose keys/values depend on the
-sequence length (dynamic NTK and longrope RoPE) is refused here, before any weight is read.
-Sliding windows become `ModelConfig.layer_windows`, layer by layer as transformers applies them.
+sequence length (dynamic NTK and longrope RoPE) is refused here, before any weight is read;
+so are layers that are not attention (`hf_families`). Sliding windows become
+`ModelConfig.layer_windows`, layer by layer as transformers applies them.
 """
 
 from __future__ import annotations
@@ -14,14 +15,22 @@ from typing import Any
 
 from tieredkv.config import ModelConfig, RopeScaling
 from tieredkv.errors import ConfigError, ModelLoadError, UnsupportedModelError
+from tieredkv.model.hf_families import gemma3_fields, qwen3_windows, refuse_unsupported_layers
 
 # model_type -> the architectures entry Hugging Face writes for it.
 SUPPORTED_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "mistral": "MistralForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 _LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+# transformers' defaults where a family's differ from Llama's
+_DEFAULT_HEAD_DIM = {"qwen3": 128, "gemma3_text": 256}
+_DEFAULT_TIED = {"gemma3_text": True}
+_DEFAULT_THETA = {"gemma3_text": 1_000_000.0}  # Gemma 3's global layers
+_DEFAULT_EPS = {"qwen2": 1e-6, "qwen3": 1e-6, "gemma3_text": 1e-6}
 
 
 def read_config_json(model_dir: Path) -> dict[str, Any]:
@@ -40,9 +49,10 @@ def read_config_json(model_dir: Path) -> dict[str, Any]:
 
 def parse_model_config(raw: dict[str, Any], source: Path) -> ModelConfig:
     """Build a ModelConfig from a Hugging Face config dict read from `source` (for messages)."""
+    refuse_unsupported_layers(raw, source)
     architecture = _check_architecture(raw, source)
     windows = _sliding_windows(raw, architecture, source)
-    if raw.get("hidden_act", "silu") != "silu":
+    if architecture != "gemma3_text" and raw.get("hidden_act", "silu") != "silu":
         raise UnsupportedModelError(f"{source}: hidden_act {raw['hidden_act']!r} is not silu")
     if raw.get("mlp_bias"):
         raise UnsupportedModelError(f"{source}: mlp_bias=true is not supported")
@@ -55,26 +65,40 @@ def parse_model_config(raw: dict[str, Any], source: Path) -> ModelConfig:
         num_heads = _int(raw, "num_attention_heads", source)
         hidden_size = _int(raw, "hidden_size", source)
         max_len = _int(raw, "max_position_embeddings", source)
-        theta, scaling = _parse_rope(raw, max_len, source)
+        num_layers = _int(raw, "num_hidden_layers", source)
+        theta, scaling = _parse_rope(raw, max_len, source, _DEFAULT_THETA.get(architecture))
         return ModelConfig(
             vocab_size=_int(raw, "vocab_size", source),
             hidden_size=hidden_size,
             intermediate_size=_int(raw, "intermediate_size", source),
-            num_layers=_int(raw, "num_hidden_layers", source),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=raw.get("num_key_value_heads") or num_heads,
-            head_dim=raw.get("head_dim") or hidden_size // num_heads,
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6 if architecture == "qwen2" else 1e-5)),
+            head_dim=raw.get("head_dim")
+            or _DEFAULT_HEAD_DIM.get(architecture, hidden_size // num_heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", _DEFAULT_EPS.get(architecture, 1e-5))),
             rope_theta=theta,
             rope_scaling=scaling,
             max_position_embeddings=max_len,
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(
+                raw.get("tie_word_embeddings", _DEFAULT_TIED.get(architecture, False))
+            ),
             attention_bias=architecture == "qwen2",
             architecture=architecture,
-            layer_windows=windows,
+            **{"layer_windows": windows, **_family_fields(raw, architecture, num_layers, source)},
         )
     except ConfigError as exc:
         raise ModelLoadError(f"{source}: {exc}") from exc
+
+
+def _family_fields(
+    raw: dict[str, Any], architecture: str, num_layers: int, source: Path
+) -> dict[str, Any]:
+    if architecture == "qwen3":
+        return {"layer_windows": qwen3_windows(raw, num_layers, source)}
+    if architecture == "gemma3_text":
+        return gemma3_fields(raw, num_layers, source)
+    return {}
 
 
 def _int(raw: dict[str, Any], key: str, source: Path) -> int:
@@ -148,15 +172,21 @@ def _qwen2_sliding_layers(raw: dict[str, Any], num_layers: int, source: Path) ->
     return [kind == "sliding_attention" for kind in layer_types]
 
 
-def _parse_rope(raw: dict[str, Any], max_len: int, source: Path) -> tuple[float, RopeScaling]:
+def _parse_rope(
+    raw: dict[str, Any], max_len: int, source: Path, default_theta: float | None = None
+) -> tuple[float, RopeScaling]:
     """RoPE base and scaling from either the old (`rope_theta` + `rope_scaling`) or the
-    transformers-5 (`rope_parameters`) spelling."""
+    transformers-5 (`rope_parameters`) spelling; Gemma 3's global layers' where it has one
+    entry per layer kind."""
+    field = "rope_parameters" if raw.get("rope_parameters") else "rope_scaling"
     params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    if isinstance(params.get("full_attention"), dict):
+        field, params = f"{field}.full_attention", dict(params["full_attention"])
+    theta = float(params.get("rope_theta", raw.get("rope_theta", default_theta or 10000.0)))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind in _LENGTH_DEPENDENT_ROPE:
         raise UnsupportedModelError(
-            f"{source}: rope scaling {kind!r} depends on the sequence length; "
+            f"{source}: {field}: rope scaling {kind!r} depends on the sequence length; "
             "supported: default, linear, llama3, yarn"
         )
     if kind not in ("default", "linear", "llama3", "yarn"):

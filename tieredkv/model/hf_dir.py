@@ -45,7 +45,8 @@ def weight_files(model_dir: Path) -> list[Path]:
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Hugging Face Llama tensor names and shapes for `config` (lm_head absent when tied)."""
+    """Hugging Face tensor names and shapes for `config` (lm_head absent when tied): Llama's,
+    plus the q/k norms of Qwen3 and Gemma 3 and the feed-forward norms of Gemma 3."""
     h, kv = config.hidden_size, config.num_kv_heads * config.head_dim
     q = config.num_heads * config.head_dim
     shapes: dict[str, tuple[int, ...]] = {
@@ -69,6 +70,12 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[p + "mlp.gate_proj.weight"] = (config.intermediate_size, h)
         shapes[p + "mlp.up_proj.weight"] = (config.intermediate_size, h)
         shapes[p + "mlp.down_proj.weight"] = (h, config.intermediate_size)
+        if config.architecture in ("qwen3", "gemma3_text"):
+            shapes[p + "self_attn.q_norm.weight"] = (config.head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (config.head_dim,)
+        if config.architecture == "gemma3_text":
+            shapes[p + "pre_feedforward_layernorm.weight"] = (h,)
+            shapes[p + "post_feedforward_layernorm.weight"] = (h,)
     return shapes
 
 

@@ -1,8 +1,9 @@
-"""The Llama-family forward pass (Llama, Qwen2, Mistral, SmolLM) over the paged KV pool.
+"""The Llama-family forward pass (Llama, Qwen2, Mistral, SmolLM, Qwen3) over the paged KV pool.
 
 Plain PyTorch: embedding, RMSNorm, RoPE, GQA attention through an `AttentionBackend`, SwiGLU MLP,
-head. q/k/v and gate/up projections are fused into one matmul each; the head runs only on each
-sequence's last new token (on every token of the chunks whose prompt logprobs are asked for).
+head; Qwen3 normalises each query and key head (RMSNorm over head_dim) before RoPE. q/k/v and
+gate/up projections are fused into one matmul each; the head runs only on each sequence's last
+new token (on every token of the chunks whose prompt logprobs are asked for).
 Numerics follow Hugging Face transformers (RMSNorm in fp32, RoPE in the model dtype) so fp32
 greedy outputs match it token for token.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from tieredkv.config import ModelConfig
 from tieredkv.errors import ModelLoadError
@@ -30,6 +32,19 @@ class LayerWeights:
     post_norm: torch.Tensor  # (hidden,)
     gate_up: Linear  # hidden -> 2 * intermediate
     down: Linear  # intermediate -> hidden
+    # Qwen3: the q_norm weight on each query head, k_norm's on each key head; None: no q/k norm
+    qk_norm: torch.Tensor | None = None  # (heads + kv_heads, head_dim)
+
+
+def qk_norm_weight(
+    weights: dict[str, torch.Tensor], attn: str, config: ModelConfig
+) -> torch.Tensor | None:
+    """q_norm's weight repeated for each query head and k_norm's for each key head, side by
+    side as `hidden()` holds q and k: (heads + kv_heads, head_dim); None without q/k norms."""
+    if f"{attn}q_norm.weight" not in weights:
+        return None
+    q_norm, k_norm = _take(weights, attn + "q_norm.weight"), _take(weights, attn + "k_norm.weight")
+    return torch.cat([q_norm.expand(config.num_heads, -1), k_norm.expand(config.num_kv_heads, -1)])
 
 
 def _take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -39,8 +54,10 @@ def _take(weights: dict[str, torch.Tensor], name: str) -> torch.Tensor:
         raise ModelLoadError(f"missing tensor {name!r} in the model weights") from None
 
 
-def _layer_weights(weights: dict[str, torch.Tensor], i: int, packed: bool) -> LayerWeights:
-    prefix = f"model.layers.{i}."
+def fused_projections(
+    weights: dict[str, torch.Tensor], prefix: str, packed: bool
+) -> tuple[Linear, Linear, Linear, Linear]:
+    """Layer `prefix`'s qkv, o, gate_up and down projections, q/k/v and gate/up fused."""
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
     qkv = torch.cat([_take(weights, f"{attn}{p}_proj.weight") for p in "qkv"])
     bias = None
@@ -49,13 +66,27 @@ def _layer_weights(weights: dict[str, torch.Tensor], i: int, packed: bool) -> La
     gate_up = torch.cat(
         [_take(weights, mlp + "gate_proj.weight"), _take(weights, mlp + "up_proj.weight")]
     )
+    return (
+        make_linear(qkv, bias, packed),
+        make_linear(_take(weights, attn + "o_proj.weight"), packed=packed),
+        make_linear(gate_up, packed=packed),
+        make_linear(_take(weights, mlp + "down_proj.weight"), packed=packed),
+    )
+
+
+def _layer_weights(
+    weights: dict[str, torch.Tensor], i: int, packed: bool, config: ModelConfig
+) -> LayerWeights:
+    prefix = f"model.layers.{i}."
+    qkv, o, gate_up, down = fused_projections(weights, prefix, packed)
     return LayerWeights(
         input_norm=_take(weights, prefix + "input_layernorm.weight"),
-        qkv=make_linear(qkv, bias, packed),
-        o=make_linear(_take(weights, attn + "o_proj.weight"), packed=packed),
+        qkv=qkv,
+        o=o,
         post_norm=_take(weights, prefix + "post_attention_layernorm.weight"),
-        gate_up=make_linear(gate_up, packed=packed),
-        down=make_linear(_take(weights, mlp + "down_proj.weight"), packed=packed),
+        gate_up=gate_up,
+        down=down,
+        qk_norm=qk_norm_weight(weights, prefix + "self_attn.", config),
     )
 
 
@@ -83,11 +114,15 @@ class LlamaModel:
         # tied: the embedding's rows are read from the head's copy where it can give them
         tied_rows = head is None and isinstance(self.lm_head, PackedLinear)
         self._embed = None if tied_rows and self.lm_head.gives_rows else embed
-        self.layers = [_layer_weights(to_device, i, packed) for i in range(config.num_layers)]
+        self.layers = self._layers(to_device, packed)
         cos, sin = build_rope_cache(config, max_len, self.device)  # (max_len, head_dim) fp32
         self.cos, self.sin = cos.to(self.dtype), sin.to(self.dtype)
         self.max_len = max_len
         self.pointwise = make_pointwise(config, self.dtype, self.device)
+
+    def _layers(self, weights: dict[str, torch.Tensor], packed: bool) -> list:
+        config = self.config
+        return [_layer_weights(weights, i, packed, config) for i in range(config.num_layers)]
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The embedding's rows (T, hidden) for token ids (T,)."""
@@ -123,6 +158,8 @@ class LlamaModel:
             qkv = w.qkv(h)  # (T, q_size + 2 * kv_size)
             # q and k heads side by side: one rotation for both
             qk = qkv[:, : q_size + kv_size].view(num_tokens, qk_heads, cfg.head_dim)
+            if w.qk_norm is not None:  # as transformers: normalised in fp32, weighted in dtype
+                qk = F.rms_norm(qk, (cfg.head_dim,), None, cfg.rms_norm_eps) * w.qk_norm
             q, k = ops.rope(qk, cos, sin).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
             v = qkv[:, q_size + kv_size :].view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             attn = self.attention.attend(layer, q, k, v, batch)  # (T, heads, head_dim)

@@ -16,11 +16,12 @@ from tieredkv.config import ModelConfig, RopeScaling
 
 
 def build_rope_cache(
-    config: ModelConfig, max_len: int, device: torch.device | str
+    config: ModelConfig, max_len: int, device: torch.device | str, sliding: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin) for positions 0..max_len-1, each (max_len, head_dim) fp32 on `device`, with
-    the variant's attention scaling (yarn's mscale) already multiplied in."""
-    inv_freq, scale = rope_inv_freq(config)  # (head_dim // 2,) fp32
+    the variant's attention scaling (yarn's mscale) already multiplied in. `sliding`: the table
+    of the sliding-window layers, which differs where the config has a local base (Gemma 3)."""
+    inv_freq, scale = rope_inv_freq(config, sliding)  # (head_dim // 2,) fp32
     positions = torch.arange(max_len, dtype=torch.float32)  # (max_len,)
     freqs = torch.outer(positions, inv_freq)  # (max_len, head_dim // 2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (max_len, head_dim)
@@ -42,11 +43,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x * cos + rotated * sin).to(x.dtype)  # (num_tokens, heads, head_dim)
 
 
-def rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
-    """The (head_dim // 2,) fp32 inverse frequencies and the cos/sin scale of `config`."""
+def rope_inv_freq(config: ModelConfig, sliding: bool = False) -> tuple[torch.Tensor, float]:
+    """The (head_dim // 2,) fp32 inverse frequencies and the cos/sin scale of `config` (of its
+    sliding layers with `sliding`: the unscaled local base where the config has one)."""
     scaling = config.rope_scaling
     dim = config.head_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
+    if sliding and config.rope_local_theta is not None:
+        return 1.0 / config.rope_local_theta**exponents, 1.0
     pos_freqs = config.rope_theta**exponents  # (dim // 2,) wavelengths / 2π
     inv_freq = 1.0 / pos_freqs
     original_len = scaling.original_max_position_embeddings or config.max_position_embeddings

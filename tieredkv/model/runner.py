@@ -18,11 +18,14 @@ from tieredkv.config import ModelConfig
 from tieredkv.model.attention import AttentionBackend, PagedKernelAttention
 from tieredkv.model.cpu_kernels import load_cpu_kernels
 from tieredkv.model.forward_batch import ForwardBatch, SequenceChunk
+from tieredkv.model.gemma3 import Gemma3Model
 from tieredkv.model.llama import LlamaModel
 from tieredkv.model.matmul_attention import prefers_c_decode, prefers_matmul_attention
 from tieredkv.model.workspace_attention import WorkspaceAttention
 
 DEFAULT_MAX_SEQS = 16  # running sequences whose CPU workspaces share one arena (EngineConfig's)
+# ModelConfig.architecture -> its forward pass, where it is not LlamaModel's
+MODEL_CLASSES: dict[str, type[LlamaModel]] = {"gemma3_text": Gemma3Model}
 
 
 def make_attention(
@@ -79,7 +82,8 @@ class ModelRunner:
         self.attention = make_attention(
             pool, attention_backend, max_seqs, max_model_len, workspace_bytes, config
         )
-        self.model = LlamaModel(config, weights, self.attention, max_model_len, pool.device)
+        model_class = MODEL_CLASSES.get(config.architecture, LlamaModel)
+        self.model = model_class(config, weights, self.attention, max_model_len, pool.device)
 
     @classmethod
     def create(

@@ -1,0 +1,157 @@
+"""`tieredkv serve --model DIR` on tiny Qwen3 and Gemma 3 directories (fp32): it starts, and a
+greedy completion and its logprobs equal transformers' on the same directory, cold, with the
+prompt cached, and on a second replica from the pages the first wrote to a real Redis; a
+multimodal Gemma 3 directory is refused at start-up in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+import transformers
+
+from tests.integration.server_process import ServerProcess
+from tests.redis_servers import RedisServer, require_redis
+from tests.unit.model.test_qwen3_gemma3_forward import hf_greedy, prompt_of, tiny_family_model
+from tieredkv.model.tokenizer import ChatTokenizer
+
+SERVE = [sys.executable, "-c", "from tieredkv.cli import main; raise SystemExit(main())", "serve"]
+SIZES = ["--max-model-len", "256", "--device-cache-size", "16MiB", "--host-cache-size", "16MiB"]
+ARGS = ["--dtype", "float32", *SIZES]
+TOLERANCE = 2e-4  # fp32 logprobs: ours against transformers'
+NEW_TOKENS = 8
+PAGE_SIZE = 16  # tieredkv serve's default
+
+
+@pytest.fixture(scope="module", params=["qwen3", "gemma3"])
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ServerProcess, Path]]:
+    model_dir = tiny_family_model(tmp_path_factory.mktemp("model"), request.param)
+    server = ServerProcess(["--model", str(model_dir), *ARGS], model_dir.parent / "serve.log")
+    yield server, model_dir
+    server.stop()
+
+
+class Expected:
+    """transformers' greedy continuation of `ids` on `model_dir`: its text and logprobs."""
+
+    def __init__(self, model_dir: Path, ids: list[int]) -> None:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        tokens = hf_greedy(hf.eval(), ids, NEW_TOKENS)
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids + tokens])).logits[0].float()
+        rows = torch.log_softmax(logits, dim=-1)[len(ids) - 1 : len(ids) - 1 + NEW_TOKENS]
+        self.text = ChatTokenizer(model_dir).decode(tokens)
+        self.logprobs = rows.max(dim=-1).values.tolist()
+
+    def check(self, server: ServerProcess, ids: list[int]) -> dict:
+        """The server's greedy completion of `ids` equals this; returns its usage."""
+        body = {"prompt": ids, "max_tokens": NEW_TOKENS, "temperature": 0, "logprobs": 1}
+        response = httpx.post(
+            server.base_url + "/v1/completions", json={**body, "ignore_eos": True}, timeout=120
+        )
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        assert choice["text"] == self.text
+        values = choice["logprobs"]["token_logprobs"]
+        assert values == pytest.approx(self.logprobs, abs=TOLERANCE)
+        return response.json()["usage"]["prompt_tokens_details"]
+
+
+def test_greedy_completion_and_logprobs_equal_transformers(served) -> None:
+    server, model_dir = served
+    ids = prompt_of(30, seed=12)
+    expected = Expected(model_dir, ids)
+    assert expected.check(server, ids)["cached_tokens"] == 0
+    assert expected.check(server, ids)["cached_tokens_by_tier"]["device"] > 0
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    require_redis()
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_a_second_replica_answers_from_redis_as_transformers(
+    redis: RedisServer, tmp_path: Path, family: str
+) -> None:
+    overrides = {"sliding_window": 128} if family == "gemma3" else {}
+    model_dir = tiny_family_model(tmp_path, family, **overrides)
+    ids = prompt_of(100, seed=13)  # 6 whole pages with the output, inside Gemma's window
+    expected = Expected(model_dir, ids)
+    args = ["--model", str(model_dir), *ARGS, "--remote-cache-url", redis.url]
+    args += ["--debug-endpoints", "--remote-budget-scale", "20"]
+    first = ServerProcess(args, tmp_path / "first.log")
+    second = ServerProcess(args, tmp_path / "second.log")
+    try:
+        expected.check(first, ids)
+        pages = (len(ids) + NEW_TOKENS - 1) // PAGE_SIZE
+        wait_for_remote_writes(first, pages)
+        by_tier = expected.check(second, ids)["cached_tokens_by_tier"]
+        assert by_tier["remote"] == len(ids) // PAGE_SIZE * PAGE_SIZE  # every whole page
+    finally:
+        first.stop()
+        second.stop()
+
+
+def wait_for_remote_writes(server: ServerProcess, pages: int, timeout_s: float = 60.0) -> None:
+    """Until `server` has written `pages` pages to Redis (its writes are asynchronous)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        debug = httpx.get(server.base_url + "/debug/cache", timeout=30).json()
+        if debug["remote_store"]["writes"] >= pages:
+            return
+        time.sleep(0.2)  # test code: waiting for another process's background writes
+    raise AssertionError(f"fewer than {pages} remote writes after {timeout_s} s: {debug}")
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_bf16_serves_close_to_transformers(tmp_path: Path, family: str) -> None:
+    """`--dtype bfloat16` (the CPU's fused and C elementwise kernels): the greedy tokens'
+    logprobs stay within bf16 rounding of transformers' fp32 ones."""
+    model_dir = tiny_family_model(tmp_path, family)
+    ids = prompt_of(30, seed=14)
+    expected = Expected(model_dir, ids)
+    args = ["--model", str(model_dir), "--dtype", "bfloat16", *SIZES]
+    server = ServerProcess(args, tmp_path / "bf16.log")
+    try:
+        body = {"prompt": ids, "max_tokens": 1, "temperature": 0, "logprobs": 1}
+        response = httpx.post(server.base_url + "/v1/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        value = response.json()["choices"][0]["logprobs"]["token_logprobs"][0]
+        assert value == pytest.approx(expected.logprobs[0], abs=0.1)
+    finally:
+        server.stop()
+
+
+def test_a_multimodal_gemma3_directory_is_one_line_at_start_up(tmp_path: Path) -> None:
+    text_dir = tiny_family_model(tmp_path, "gemma3")
+    config = json.loads((text_dir / "config.json").read_text())
+    multimodal = {
+        "model_type": "gemma3",
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "text_config": config,
+        "vision_config": {"model_type": "siglip_vision_model"},
+    }
+    (text_dir / "config.json").write_text(json.dumps(multimodal))
+    done = subprocess.run(
+        [*SERVE, "--model", str(text_dir), *ARGS, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("tieredkv serve: error:") and "model_type='gemma3'" in lines[0]
