@@ -166,6 +166,7 @@ def _open_remote(config: CacheConfig, layout: PageLayout, fingerprint: bytes) ->
         config.remote_compression,
         config.remote_password,
         timeouts=RemoteTimeouts().scaled(config.remote_budget_scale),
+        secret=config.remote_secret,
     )
     return RemoteTier(store, layout)
 
