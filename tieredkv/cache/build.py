@@ -16,6 +16,7 @@ import torch
 
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.store import DiskStore
+from tieredkv.cache.flush_generations import FlushGenerations
 from tieredkv.cache.index.radix_index import RadixIndex
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.metrics import CacheCounters
@@ -26,6 +27,7 @@ from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.remote.connection import RemoteTimeouts
 from tieredkv.cache.remote.remote_tier import RemoteTier
+from tieredkv.cache.remote.shared_generations import SharedGenerations
 from tieredkv.cache.remote.store import RemoteStore
 from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.residency.node_transfers import NodeTransfers
@@ -97,6 +99,8 @@ def build_cache(
     demoter = Demoter(pools, residency, transfers, write_through)
     index.after_insert = demoter.path_inserted
     promoter = Promoter(residency, transfers, demoter, index, counters, clock)
+    generations = _flush_generations(config, disk, remote)
+    index.generation_of = generations.of
     if disk is not None:
         rebuild_from_disk(tree, disk, residency)
     budget, total = _pin_budgets(config)
@@ -122,7 +126,19 @@ def build_cache(
         retention=Retention(
             _retention_budget(config) // layout.page_bytes, index, residency, demoter, pools
         ),
+        generations=generations,
     )
+
+
+def _flush_generations(
+    config: CacheConfig, disk: DiskStore | None, remote: RemoteTier | None
+) -> FlushGenerations:
+    """The flush generations: kept in the disk tier's directory, shared through the remote
+    tier; read before the disk's records are matched or the first request arrives."""
+    generations = FlushGenerations(config.disk_cache_dir if disk is not None else None)
+    if remote is not None:
+        SharedGenerations(remote.store, generations).start()
+    return generations
 
 
 def _pin_budgets(config: CacheConfig) -> tuple[int, int]:

@@ -11,8 +11,8 @@ reconnection with backoff); `client` the Redis client and its health (`RemoteCli
 self-describing value a page is stored as, sealed with a MAC and holding no token (pure; the
 codecs are `page_record`'s); `keys` the Redis key names (a prefix and the page's keyed name, so
 no name reveals a token); `secret` the deployment secret and the keys derived from it (names,
-MACs); `password` where the password comes from (a file or the environment, never the command
-line).
-The store's counters live with the cache's (`cache.metrics`). Imports nothing from `disk`. The
+MACs); `shared_generations` the flush generations replicas share through Redis; `password`
+where the password comes from (a file or the environment, never the command line). The
+store's counters live with the cache's (`cache.metrics`). Imports nothing from `disk`. The
 store's own eviction (`maxmemory`) bounds it; tieredkv never deletes.
 """

@@ -209,6 +209,11 @@ class RemoteStore:
         self._calls.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
+    def call(self, work: Callable[[Any], T], nothing: T) -> T:
+        """`work(client)` for a small command (the flush generations), on the call thread
+        within a lookup's budget; `nothing` when degraded, failed or over budget."""
+        return self._call(work, nothing, self.timeouts.lookup_s)
+
     def _call(self, work: Callable[[Any], T], nothing: T, budget_s: float) -> T:
         client = self._client.redis
         if not self._client.healthy or client is None:
