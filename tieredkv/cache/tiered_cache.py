@@ -196,6 +196,7 @@ class TieredCache:
             within = lambda name: in_tenant(name, tenant)  # noqa: E731 - the tenant's scope
         if within is None or tenant is not None:
             self.generations.advance(tenant)
+            self.pinning.release_flushed(within)
         names = self.tree.names
         roots = None if within is None else [self.tree.roots[k] for k in names if within(names[k])]
         dropped = self.demoter.flush(roots)

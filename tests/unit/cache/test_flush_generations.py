@@ -73,3 +73,27 @@ def test_generations_adopt_the_shared_ones_ahead_and_report_their_own() -> None:
     ahead = generations.adopt(everyone)
     assert generations.of(BOB) == (2, 0) and generations.of(ALICE[0]) == (2, 1)
     assert list(ahead.values()) == [1]  # alice's flush, which the other has not seen
+
+
+def test_a_flushed_pin_lets_its_pages_go_and_is_pinned_again_in_the_new_generation(
+    tmp_path: Path,
+) -> None:
+    cache, executor = make_cache(LAYOUT, 8, 8, 32, tmp_path)
+    for namespace in (ALICE[0], BOB):
+        compute(cache, TOKENS, namespace)
+        assert cache.pin(TOKENS, namespace) is not None
+    settle(cache, executor)
+    assert cache.flush(tenant="alice") == 6  # the pin let go: 2 pages on device, host, disk
+    ok(cache)
+    flushed, kept = cache.pins.get(ALICE[0], TOKENS), cache.pins.get(BOB, TOKENS)
+    assert flushed is not None and flushed.node is None and cache.pins.waiting() == [flushed]
+    assert kept is not None and kept.node is not None  # another tenant's pin holds
+    assert cache.match(TOKENS, ALICE[0]).matched_len == 0
+    assert cache.pin(TOKENS, ALICE[0]) is None  # pinned again once computed again
+    compute(cache, TOKENS, ALICE[0])
+    again = cache.pin(TOKENS, ALICE[0])
+    assert again is flushed and again.node is not None
+    assert cache.match(TOKENS, ALICE[0]).matched_len == 8
+    assert cache.unpin(TOKENS, ALICE[0]) and cache.unpin(TOKENS, BOB)
+    ok(cache)
+    cache.close()
