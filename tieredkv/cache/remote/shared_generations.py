@@ -20,6 +20,7 @@ from tieredkv.cache.remote.store import RemoteStore
 log = logging.getLogger(__name__)
 
 HASH_KEY = "tieredkv:gen"
+MAX_GENERATION = (1 << 63) - 1  # what a root key holds; a larger value is no replica's
 POLL_S = 1.0  # how stale another replica's view of a flush can be (plus one lookup budget)
 # KEYS[1] the hash, ARGV[1] the scope, ARGV[2] the generation wanted, ARGV[3] 1 to go past the
 # shared one (a flush), 0 to reach it only (sharing one the store missed)
@@ -69,6 +70,7 @@ class SharedGenerations:
         except ValueError as error:  # a value no replica wrote
             log.warning("unreadable shared flush generations: %s", error)
             return
+        decoded = {d: g for d, g in decoded.items() if 0 < g <= MAX_GENERATION}
         for digest, generation in self._generations.adopt(decoded).items():
             self.advance(digest, generation, past_shared=False)
 
