@@ -82,9 +82,9 @@ class _Delivery:
 
 class RemoteStore:
     """The remote tier's store. `fingerprint` is the model fingerprint (as for the disk store);
-    every page is `page_size` tokens and `page_bytes` bytes of KV. `secret` is the deployment's
-    (`secret`): pages are named and sealed with keys derived from it (None: the empty secret,
-    unauthenticated). Callers name pages by their page keys; the store names them in Redis by
+    every page is `page_size` tokens and `page_bytes` bytes of KV. Pages are named and sealed
+    with keys derived from the deployment's `secret` (`remote.secret`; None: the empty secret,
+    no authenticity). Callers name pages by their page keys; the store names them in Redis by
     `StoreKeys.name`. Thread-safe."""
 
     def __init__(
