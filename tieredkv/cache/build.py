@@ -9,6 +9,7 @@ library build them.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -47,6 +48,8 @@ from tieredkv.cache.transfer.executors import (
 from tieredkv.cache.transfer.transfer_jobs import TransferJobs
 from tieredkv.cache.transfer.transfer_queue import TransferQueue
 from tieredkv.config import CacheConfig, WritePolicy
+
+log = logging.getLogger(__name__)
 
 IO_WORKERS = 4  # disk and remote transfers at once
 
@@ -174,6 +177,11 @@ def _open_remote(config: CacheConfig, layout: PageLayout, fingerprint: bytes) ->
     if not config.remote_enabled:
         return None
     assert config.remote_cache_url is not None
+    if config.remote_secret is None:
+        log.warning(
+            "the remote tier has no secret: whoever can write to Redis can change answers "
+            "and read which prompts were cached (--remote-secret-file)"
+        )
     store = RemoteStore(
         config.remote_cache_url,
         fingerprint,
