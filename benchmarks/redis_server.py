@@ -6,6 +6,7 @@ a poll). The tests' Redis helpers build on this class."""
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import signal
 import subprocess
@@ -57,6 +58,16 @@ class RedisServer:
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def serve_flags(self) -> list[str]:
+        """`tieredkv serve`'s flags for a remote tier on this Redis: its URL and the replicas'
+        shared secret, in a file (mode 600) written in this server's directory once."""
+        path = self.directory / "remote-secret"
+        if not path.exists():
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path.touch(mode=0o600)
+            path.write_text(secrets.token_hex(32) + "\n")
+        return ["--remote-cache-url", self.url, "--remote-secret-file", str(path)]
 
     @property
     def log_path(self) -> Path:

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     server = RedisServer(work / "redis", extra_args=("--maxmemory", "4gb",
                          "--maxmemory-policy", "allkeys-lru")).start()  # fmt: skip
     common = ["--dtype", args.dtype, "--max-model-len", str(args.history_tokens + 128),
-              "--remote-cache-url", server.url,
+              *server.serve_flags(),
               "--remote-budget-scale", str(args.remote_budget_scale)]  # fmt: skip
     disk_dir = work / "disk-a"
     a_args = [*common, "--device-cache-size", args.small_device, "--host-cache-size", "0",

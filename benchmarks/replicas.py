@@ -207,7 +207,7 @@ def run_configuration(
         remote_args = []
         if config.remote:
             redis = running.enter_context(RedisServer(log_dir / "redis"))
-            remote_args = ["--remote-cache-url", redis.url]
+            remote_args = redis.serve_flags()
         args = [[*spec.args(suite.common_args, d), *remote_args] for d in disk_dirs]
         for disk_dir in disk_dirs:
             disk_dir.mkdir()

@@ -88,8 +88,9 @@ PRESETS = {
 WARMUP_PROMPT = "Say hello."
 
 
-def replica_args(args: argparse.Namespace, kv_port: int, remote_url: str | None) -> list[str]:
-    """One replica's `tieredkv serve` flags: small tiers, KV events on `kv_port`."""
+def replica_args(args: argparse.Namespace, kv_port: int, remote_flags: list[str]) -> list[str]:
+    """One replica's `tieredkv serve` flags: small tiers, KV events on `kv_port`, and
+    `remote_flags` (a remote tier's, or none)."""
     flags = [
         "--dtype",
         args.dtype,
@@ -104,7 +105,7 @@ def replica_args(args: argparse.Namespace, kv_port: int, remote_url: str | None)
         "--kv-events-endpoint",
         f"tcp://*:{kv_port}",  # a wildcard host binds (as in vLLM); the router connects
     ]
-    return flags + (["--remote-cache-url", remote_url] if remote_url else [])
+    return flags + remote_flags
 
 
 async def measure(
@@ -154,14 +155,16 @@ def run_config(
     log_dir = args.work_dir / tag
     log_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as running:
-        remote_url = None
+        remote_flags = []
         if remote:
-            remote_url = running.enter_context(RedisServer(log_dir / "redis")).url
+            remote_flags = running.enter_context(RedisServer(log_dir / "redis")).serve_flags()
         kv_ports = [free_port() for _ in range(args.replicas)]
         servers = []
         for index, port in enumerate(kv_ports):
             server = ManagedServer(
-                replica_args(args, port, remote_url), log_dir / f"replica{index}.log", args.threads
+                replica_args(args, port, remote_flags),
+                log_dir / f"replica{index}.log",
+                args.threads,
             )
             servers.append(running.enter_context(server))
         for server in servers:

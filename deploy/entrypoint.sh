@@ -13,6 +13,11 @@ if [ -n "${TIEREDKV_REDIS_PASSWORD_FILE:-}" ] && [ -z "${TIEREDKV_REDIS_PASSWORD
   TIEREDKV_REDIS_PASSWORD=$(head -n 1 "$TIEREDKV_REDIS_PASSWORD_FILE")
   export TIEREDKV_REDIS_PASSWORD
 fi
+# The replicas' shared secret that names and seals remote pages, the same way.
+if [ -n "${TIEREDKV_REMOTE_SECRET_FILE:-}" ] && [ -z "${TIEREDKV_REMOTE_SECRET:-}" ]; then
+  TIEREDKV_REMOTE_SECRET=$(head -n 1 "$TIEREDKV_REMOTE_SECRET_FILE")
+  export TIEREDKV_REMOTE_SECRET
+fi
 set -- --host 0.0.0.0 --port "$PORT" \
   --disk-cache-dir "$DATA_DIR/kv" --disk-cache-size "${TIEREDKV_DISK_CACHE_SIZE:-16GiB}" "$@"
 if [ -z "${TIEREDKV_API_KEY:-}" ]; then

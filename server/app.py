@@ -14,7 +14,6 @@ from tieredkv import __version__
 from tieredkv.config import KeyGrant, ServerConfig
 from tieredkv.engine.protocol import EngineClient, EngineUnavailableError
 from tieredkv.model.tokenizer import ChatTokenizer
-from tieredkv.tenants import in_tenant
 
 from .auth import key_checker, require_admin
 from .completions import CompletionHandler
@@ -111,7 +110,7 @@ def create_app(
         tenant = caller.tenant
         if caller.admin or tenant is None:
             return {"flushed_pages": await engine.flush_cache()}
-        return {"flushed_pages": await engine.flush_cache(lambda name: in_tenant(name, tenant))}
+        return {"flushed_pages": await engine.flush_cache(tenant=tenant)}
 
     @app.post(
         "/v1/cache/pin",

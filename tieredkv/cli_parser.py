@@ -143,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="times the remote lookup and fetch budgets (20 ms; 50 ms + 5 ms/MiB)")  # fmt: skip
     add("--remote-password-file", type=Path, default=None, metavar="PATH",
         help="the Redis password's file (mode 600); or $TIEREDKV_REDIS_PASSWORD")  # fmt: skip
+    add("--remote-secret-file", type=Path, default=None, metavar="PATH",
+        help="the secret remote pages are named and sealed with (mode 600; the same on every "
+        "replica); or $TIEREDKV_REMOTE_SECRET")  # fmt: skip
+    add("--remote-insecure-no-secret", action="store_true",
+        help="no secret: whoever can write to Redis changes answers")  # fmt: skip
     add("--kv-events-endpoint", default=None, metavar="ENDPOINT",
         help="a ZMQ PUB socket for KV events (vLLM format), e.g. tcp://*:5557")  # fmt: skip
     add("--kv-events-replay-endpoint", default=None, metavar="ENDPOINT",

@@ -27,14 +27,17 @@ the installed `tieredkv serve --help` shows. How to choose the tier sizes is in 
 [README](../README.md#sizing-the-tiers); what each tier does is in
 [architecture.md](architecture.md) and [operations.md](operations.md).
 
-Three secrets never go on the command line, where `ps` shows them to every user:
+Four secrets never go on the command line, where `ps` shows them to every user:
 
 - the admin key: `--api-key-file PATH` or `$TIEREDKV_API_KEY` (`--api-key` works, but is
   visible);
 - keys bound to tenants: `--api-keys-file PATH` (one `KEY TENANT ROLE` a line, ROLE `admin`
   or `tenant`, `#` comments; the file must not be group- or world-readable);
 - the Redis password: `--remote-password-file PATH` or `$TIEREDKV_REDIS_PASSWORD` (a
-  `--remote-cache-url` that carries a password is refused).
+  `--remote-cache-url` that carries a password is refused);
+- the remote tier's secret, the same on every replica, which names and seals the pages in
+  Redis: `--remote-secret-file PATH` or `$TIEREDKV_REMOTE_SECRET` (at least 16 bytes; a
+  remote tier without one is refused unless `--remote-insecure-no-secret` says so).
 """
 
 SIZE_SYNTAX = """\

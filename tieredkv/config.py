@@ -170,6 +170,10 @@ class CacheConfig:
     remote_cache_url: str | None = None
     remote_compression: str = "none"
     remote_password: str | None = field(default=None, repr=False)
+    # the deployment secret remote pages are named and sealed with (from $TIEREDKV_REMOTE_SECRET
+    # or a file; None: unauthenticated, which `serve` allows only with
+    # --remote-insecure-no-secret)
+    remote_secret: bytes | None = field(default=None, repr=False)
     # the remote tier's lookup and fetch budgets times this (`RemoteTimeouts`: 20 ms a lookup,
     # 50 ms + 5 ms/MiB a fetch): past its budget a call is a miss and the tier turns degraded
     remote_budget_scale: float = 1.0

@@ -10,6 +10,7 @@ from pathlib import Path
 from tieredkv.api_keys import read_api_keys_file, single_api_key
 from tieredkv.cache.remote.connection import check_url
 from tieredkv.cache.remote.password import password_from_env_or_file
+from tieredkv.cache.remote.secret import SECRET_ENV, secret_from_env_or_file
 from tieredkv.config import (
     CacheConfig,
     EngineConfig,
@@ -81,6 +82,7 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
         remote_password=(
             password_from_env_or_file(args.remote_password_file) if args.remote_cache_url else None
         ),
+        remote_secret=_remote_secret(args),
         **cache_fields,
     )
     engine_fields = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
@@ -116,3 +118,16 @@ def _kv_events(args: argparse.Namespace) -> KvEventsConfig | None:
     return KvEventsConfig(
         args.kv_events_endpoint, args.kv_events_replay_endpoint, args.kv_events_topic
     )
+
+
+def _remote_secret(args: argparse.Namespace) -> bytes | None:
+    """The remote tier's secret: required with a remote tier, unless explicitly waived."""
+    if args.remote_cache_url is None:
+        return None
+    secret = secret_from_env_or_file(args.remote_secret_file)
+    if secret is None and not args.remote_insecure_no_secret:
+        raise ConfigError(
+            "--remote-cache-url needs a secret shared by the replicas: --remote-secret-file PATH "
+            f"or ${SECRET_ENV} (or --remote-insecure-no-secret to trust whoever can write to Redis)"
+        )
+    return secret

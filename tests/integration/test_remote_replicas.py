@@ -49,7 +49,7 @@ def remote_state(server: ServerProcess) -> str:
 def test_a_prompt_answered_on_one_replica_is_served_from_redis_on_the_other(
     redis: RedisServer, tmp_path
 ) -> None:
-    args = [*ARGS, "--remote-cache-url", redis.url]
+    args = [*ARGS, *redis.serve_flags()]
     first = ServerProcess(args, tmp_path / "first.log")
     second = ServerProcess(args, tmp_path / "second.log")
     try:
@@ -65,7 +65,7 @@ def test_a_prompt_answered_on_one_replica_is_served_from_redis_on_the_other(
         written = debug_remote(first)
         read = debug_remote(second)
         assert written["writes"] > 0 and read["hits"] * 16 == by_tier["remote"], (written, read)
-        assert read["refused"] == {"corrupt": 0, "fingerprint": 0, "key": 0}
+        assert read["refused"] == {"corrupt": 0, "fingerprint": 0, "mac": 0, "key": 0}
     finally:
         first.stop()
         second.stop()
@@ -73,7 +73,7 @@ def test_a_prompt_answered_on_one_replica_is_served_from_redis_on_the_other(
 
 def test_redis_down_is_a_degraded_tier_not_a_failed_request(redis: RedisServer, tmp_path):
     redis.kill()
-    server = ServerProcess([*ARGS, "--remote-cache-url", redis.url], tmp_path / "server.log")
+    server = ServerProcess([*ARGS, *redis.serve_flags()], tmp_path / "server.log")
     try:
         text, usage = chat(server, "Say hello.")
         assert text and usage["prompt_tokens_details"]["cached_tokens_by_tier"]["remote"] == 0

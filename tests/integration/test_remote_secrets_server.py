@@ -30,7 +30,7 @@ def test_a_refused_password_is_logged_once_while_the_server_retries(tmp_path: Pa
     redis = RedisServer(tmp_path / "redis", password=SECRET).start()
     model = make_tiny_model_dir(tmp_path / "model")
     args = ["--model", str(model), "--dtype", "float32", "--device-cache-size", "1MiB"]
-    args += ["--host-cache-size", "1MiB", "--remote-cache-url", redis.url]
+    args += ["--host-cache-size", "1MiB", *redis.serve_flags()]
     server = None
     try:
         server = ServerProcess(args, tmp_path / "serve.log", env={PASSWORD_ENV: WRONG})

@@ -88,7 +88,7 @@ def age(redis: RedisServer) -> None:
 def test_a_24h_prompt_lives_24_hours_in_redis_and_outlives_its_replica(
     redis: RedisServer, tmp_path: Path
 ) -> None:
-    args = [*TINY, "--remote-cache-url", redis.url, *REMOTE]
+    args = [*TINY, *redis.serve_flags(), *REMOTE]
     first = ServerProcess([*args, "--disk-cache-dir", str(tmp_path / "kv1")], tmp_path / "1.log")
     try:
         text, usage = ask(first, "24h")

@@ -38,7 +38,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerPr
     env = {"TIEREDKV_API_KEY": KEY, "TIEREDKV_REDIS_PASSWORD": REDIS_PASSWORD}
     # generous remote budgets: the test checks where pages come from, not how fast (a busy CI
     # machine can run a fetch past the default budget, which is then rightly a miss)
-    args = [*REPLICA_ARGS, "--remote-cache-url", redis.url, "--remote-budget-scale", "20"]
+    args = [*REPLICA_ARGS, *redis.serve_flags(), "--remote-budget-scale", "20"]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = [
             pool.submit(ServerProcess, args, logs / f"replica{i}.log", env=env) for i in range(2)

@@ -90,7 +90,7 @@ def test_a_second_replica_answers_from_redis_as_transformers(
     model_dir = tiny_family_model(tmp_path, family, **overrides)
     ids = prompt_of(100, seed=13)  # 6 whole pages with the output, inside Gemma's window
     expected = Expected(model_dir, ids)
-    args = ["--model", str(model_dir), *ARGS, "--remote-cache-url", redis.url]
+    args = ["--model", str(model_dir), *ARGS, *redis.serve_flags()]
     args += ["--debug-endpoints", "--remote-budget-scale", "20"]
     first = ServerProcess(args, tmp_path / "first.log")
     second = ServerProcess(args, tmp_path / "second.log")

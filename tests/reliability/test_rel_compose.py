@@ -63,7 +63,9 @@ def test_replicas_share_redis_with_the_password_from_a_secret() -> None:
         replica = services[name]
         assert replica["command"] == ["--remote-cache-url", "redis://redis:6379/0"]
         assert "TIEREDKV_REDIS_PASSWORD_FILE=/run/secrets/redis_password" in replica["environment"]
-        assert replica["secrets"] == ["redis_password"] and "ports" not in replica
+        assert "TIEREDKV_REMOTE_SECRET_FILE=/run/secrets/remote_secret" in replica["environment"]
+        assert replica["secrets"] == ["redis_password", "remote_secret"]
+        assert "ports" not in replica
     assert services["redis"]["secrets"] == ["redis_password"] and "ports" not in services["redis"]
     entrypoint = (REPO / "deploy" / "redis-entrypoint.sh").read_text()
     assert "maxmemory-policy allkeys-lru" in entrypoint and "requirepass" in entrypoint

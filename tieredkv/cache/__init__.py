@@ -9,5 +9,6 @@ included: `residency` (which tier holds each node's pages; eviction, demotion, p
 neither imports the other), over `index` (the tree, match/insert, locks) and `pools` (the
 device and host tiers' memory). `tier_pools` maps each enabled tier to its pool, stores
 included, for residency and the facade. `tier` and `page_layout` are shared by all; `metrics`
-holds the counters residency and the remote store record into.
+holds the counters residency and the remote store record into; `flush_generations` the
+generations a flush advances, which namespace root keys mix in (`remote` shares them).
 """

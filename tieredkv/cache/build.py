@@ -9,6 +9,7 @@ library build them.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -16,6 +17,7 @@ import torch
 
 from tieredkv.cache.disk.direct_io import DiskIOBackend
 from tieredkv.cache.disk.store import DiskStore
+from tieredkv.cache.flush_generations import FlushGenerations
 from tieredkv.cache.index.radix_index import RadixIndex
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.metrics import CacheCounters
@@ -26,6 +28,7 @@ from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.remote.connection import RemoteTimeouts
 from tieredkv.cache.remote.remote_tier import RemoteTier
+from tieredkv.cache.remote.shared_generations import SharedGenerations
 from tieredkv.cache.remote.store import RemoteStore
 from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.residency.node_transfers import NodeTransfers
@@ -45,6 +48,8 @@ from tieredkv.cache.transfer.executors import (
 from tieredkv.cache.transfer.transfer_jobs import TransferJobs
 from tieredkv.cache.transfer.transfer_queue import TransferQueue
 from tieredkv.config import CacheConfig, WritePolicy
+
+log = logging.getLogger(__name__)
 
 IO_WORKERS = 4  # disk and remote transfers at once
 
@@ -97,6 +102,8 @@ def build_cache(
     demoter = Demoter(pools, residency, transfers, write_through)
     index.after_insert = demoter.path_inserted
     promoter = Promoter(residency, transfers, demoter, index, counters, clock)
+    generations = _flush_generations(config, disk, remote)
+    index.generation_of = generations.of
     if disk is not None:
         rebuild_from_disk(tree, disk, residency)
     budget, total = _pin_budgets(config)
@@ -122,7 +129,19 @@ def build_cache(
         retention=Retention(
             _retention_budget(config) // layout.page_bytes, index, residency, demoter, pools
         ),
+        generations=generations,
     )
+
+
+def _flush_generations(
+    config: CacheConfig, disk: DiskStore | None, remote: RemoteTier | None
+) -> FlushGenerations:
+    """The flush generations: kept in the disk tier's directory, shared through the remote
+    tier; read before the disk's records are matched or the first request arrives."""
+    generations = FlushGenerations(config.disk_cache_dir if disk is not None else None)
+    if remote is not None:
+        SharedGenerations(remote.store, generations).start()
+    return generations
 
 
 def _pin_budgets(config: CacheConfig) -> tuple[int, int]:
@@ -158,6 +177,11 @@ def _open_remote(config: CacheConfig, layout: PageLayout, fingerprint: bytes) ->
     if not config.remote_enabled:
         return None
     assert config.remote_cache_url is not None
+    if config.remote_secret is None:
+        log.warning(
+            "the remote tier has no secret: whoever can write to Redis can change answers "
+            "and read which prompts were cached (--remote-secret-file)"
+        )
     store = RemoteStore(
         config.remote_cache_url,
         fingerprint,
@@ -166,6 +190,7 @@ def _open_remote(config: CacheConfig, layout: PageLayout, fingerprint: bytes) ->
         config.remote_compression,
         config.remote_password,
         timeouts=RemoteTimeouts().scaled(config.remote_budget_scale),
+        secret=config.remote_secret,
     )
     return RemoteTier(store, layout)
 

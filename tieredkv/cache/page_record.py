@@ -1,13 +1,14 @@
 """A page as both stores record it: its identity, its payload's codec, the record checksum and
 the model fingerprint's digest. Pure.
 
-The disk store (`disk.format`: a header in a slot of the store file) and the remote store
-(`remote.record`: one self-describing value in Redis) lay their records out differently, but
-store the same things the same way: the page's identity (`PageRecord`), its payload raw or lz4
-(`CODECS`; lz4 only where it shrinks the page, so a payload is never longer than the page), an
-xxh3_64 over the record's fields and its stored payload (`record_checksum`), and a 32-byte
-digest of the model fingerprint (`fingerprint_digest`). A change here changes both stores'
-bytes: each carries its own format version.
+The disk store (`disk.format`: a header in a slot of the store file) stores the page's
+identity (`PageRecord`), its payload raw or lz4 (`CODECS`; lz4 only where it shrinks the page,
+so a payload is never longer than the page), an xxh3_64 over the record's fields and its stored
+payload (`record_checksum`), and a 32-byte digest of the model fingerprint
+(`fingerprint_digest`). The remote store (`remote.record`: one self-describing value in Redis)
+shares the codecs, and seals its values with a keyed MAC instead of the checksum (it is shared
+with other machines; the disk is the server's own). A change here changes both stores' bytes:
+each carries its own format version.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,8 +122,12 @@ class PinRegistry:
         self._save()
 
     def waiting(self) -> list[Pin]:
-        """Pins read from the file that are not pinned again yet."""
+        """Pins read from the file, or flushed, that are not pinned again yet."""
         return [pin for pin in self._pins.values() if pin.node is None]
+
+    def held(self) -> list[Pin]:
+        """Pins whose pages the tree holds."""
+        return [pin for pin in self._pins.values() if pin.node is not None]
 
     def __len__(self) -> int:
         return len(self._pins)
@@ -221,6 +225,14 @@ class Pinning:
                 f"({total} of {self.pins.total_budget_pages} pages pinned)"
             )
             raise PinError(message, "prompt", "pin_total_budget_exceeded")
+
+    def release_flushed(self, within: Callable[[str], bool] | None) -> None:
+        """A flush of the namespaces `within` accepts (None: all): their pins let their pages
+        go (matched no more) and wait to be pinned again, in the new generation."""
+        for pin in self.pins.held():
+            if (within is None or within(pin.namespace)) and pin.node is not None:
+                self.residency.pin(pin.node, -1)
+                pin.node = None
 
     def unpin(self, token_ids: Sequence[int], namespace: str) -> bool:
         """See `TieredCache.unpin`."""

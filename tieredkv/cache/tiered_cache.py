@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tieredkv.cache.disk.error_reason import DiskErrorReason
+from tieredkv.cache.flush_generations import FlushGenerations
 from tieredkv.cache.index.match_results import InsertResult, MatchResult, PathEnd
 from tieredkv.cache.index.radix_index import RadixIndex
 from tieredkv.cache.index.radix_tree import RadixTree
@@ -41,6 +42,7 @@ from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.transfer_jobs import TransferJobs
 from tieredkv.cache.transfer.transfer_queue import TransferQueue, TransferTicket
 from tieredkv.config import CacheConfig, WritePolicy
+from tieredkv.tenants import in_tenant
 
 DEFAULT_NAMESPACE = "default"
 PREFETCH_PAGES = 256
@@ -64,6 +66,7 @@ class TieredCache:
     promoter: Promoter
     pinning: Pinning
     retention: Retention
+    generations: FlushGenerations
 
     @property
     def page_size(self) -> int:
@@ -182,9 +185,18 @@ class TieredCache:
         locked paths or copies in flight; True if they are free now."""
         return self.demoter.make_room(tier, num_pages)
 
-    def flush(self, within: Callable[[str], bool] | None = None) -> int:
+    def flush(self, within: Callable[[str], bool] | None = None, tenant: str | None = None) -> int:
         """Drop every cached page not locked or in flight, in every tier (disk records too), or
-        only in the namespaces `within` accepts; returns the number of pages dropped."""
+        only in the namespaces `within` accepts (a `tenant`'s: its namespaces, unless `within`
+        says otherwise); returns the number of pages dropped. A flush of every namespace, or a
+        tenant's, also advances its flush generation (`FlushGenerations`): no copy left
+        anywhere (locked, in flight, on disk under a root not yet named, on another replica or
+        in Redis) is matched again."""
+        if tenant is not None and within is None:
+            within = lambda name: in_tenant(name, tenant)  # noqa: E731 - the tenant's scope
+        if within is None or tenant is not None:
+            self.generations.advance(tenant)
+            self.pinning.release_flushed(within)
         names = self.tree.names
         roots = None if within is None else [self.tree.roots[k] for k in names if within(names[k])]
         dropped = self.demoter.flush(roots)
@@ -272,4 +284,5 @@ class TieredCache:
         # the queue is closed: no write-through now (the disk stays closed under "parent of")
         self._apply_finished(start_write_through=False)
         self.transfer_jobs.close()
+        self.generations.close()
         self.pools.close_stores()

@@ -220,18 +220,18 @@ class AsyncEngine(EngineClient):
         self.engine.call_soon(run)
         return await asyncio.wrap_future(future)
 
-    async def flush_cache(self, within: Callable[[str], bool] | None = None) -> int:
-        """Drop every unlocked cached page (in the namespaces `within` accepts). Transfers in
-        flight are let finish first, at most `FLUSH_SETTLE_S`: the cache cannot drop a page
-        being copied, and a flush that kept the pages a request just wrote through (to host,
-        disk or Redis) would not be one."""
+    async def flush_cache(self, tenant: str | None = None) -> int:
+        """Drop every unlocked cached page (or `tenant`'s) and forget the rest (`TieredCache.
+        flush`). Transfers in flight are let finish first, at most `FLUSH_SETTLE_S`: the cache
+        cannot drop a page being copied, and a flush that kept the pages a request just wrote
+        through (to host, disk or Redis) would not be one."""
 
         def settle_then_flush() -> int:
             cache = self.engine.cache
             deadline = time.monotonic() + FLUSH_SETTLE_S
             while cache.transfers_in_flight() and time.monotonic() < deadline:
                 cache.wait(deadline - time.monotonic())  # write-through may start a next hop
-            return cache.flush(within)
+            return cache.flush(tenant=tenant)
 
         return await self._on_engine_thread(settle_then_flush)
 

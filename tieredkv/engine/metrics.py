@@ -30,7 +30,7 @@ PREFIX = "tieredkv_"
 TIER_LABELS = tuple(tier.label for tier in Tier)  # ("device", "host", "disk", "remote")
 PROMOTION_SOURCES = ("host", "disk", "remote")
 SUCCESS_REASONS = ("stop", "length", "abort")
-REMOTE_ERROR_REASONS = ("corrupt", "fingerprint", "key", "unavailable")
+REMOTE_ERROR_REASONS = ("corrupt", "fingerprint", "mac", "key", "unavailable")
 
 # 1 ms × 2^k up to 16 s (the last bound is 2^14 ms = 16.384 s)
 PROMOTION_BUCKETS = tuple(0.001 * 2**k for k in range(15))

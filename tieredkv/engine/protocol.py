@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from tieredkv.errors import TieredKVError
@@ -90,9 +90,9 @@ class EngineClient(ABC):
         """Abort a request if it is still queued or running."""
 
     @abstractmethod
-    async def flush_cache(self, within: Callable[[str], bool] | None = None) -> int:
-        """Drop every cached page in every tier (with `within`: in the namespaces it accepts);
-        returns the number of pages dropped."""
+    async def flush_cache(self, tenant: str | None = None) -> int:
+        """Drop every cached page in every tier (with `tenant`: in that tenant's namespaces)
+        and forget the rest (`TieredCache.flush`); returns the number of pages dropped."""
 
     @abstractmethod
     async def pin(self, namespace: str, prompt_ids: tuple[int, ...]) -> dict:

@@ -50,11 +50,12 @@ def test_quick_preset_and_replica_flags() -> None:
     args = router_compare.parse_args(["--quick", "--remote", "off", "--routers", "dynamo"])
     assert (args.replicas, args.tenants, args.remote_list, args.router_list) == (
         2, 3, [False], ["dynamo"])  # fmt: skip
-    flags = router_compare.replica_args(args, 5557, None)
+    flags = router_compare.replica_args(args, 5557, [])
     assert flags[flags.index("--kv-events-endpoint") + 1] == "tcp://*:5557"
     assert "--remote-cache-url" not in flags
-    remote = router_compare.replica_args(args, 5557, "redis://127.0.0.1:6379/0")
-    assert remote[-2:] == ["--remote-cache-url", "redis://127.0.0.1:6379/0"]
+    remote_flags = ["--remote-cache-url", "redis://127.0.0.1:6379/0", "--remote-secret-file", "s"]
+    remote = router_compare.replica_args(args, 5557, remote_flags)
+    assert remote[-4:] == remote_flags
 
 
 def test_unknown_router_is_refused() -> None:

@@ -19,6 +19,7 @@ from tieredkv.engine.protocol import (
     Usage,
 )
 from tieredkv.model.tokenizer import ChatTokenizer, IncrementalDecoder
+from tieredkv.tenants import in_tenant
 
 REPLY = "Hello there! The cache is warm, héhé."
 METRICS_TEXT = "# TYPE tieredkv_prompt_tokens_total counter\ntieredkv_prompt_tokens_total 7\n"
@@ -120,9 +121,9 @@ class FakeEngine(EngineClient):
     def pins_to_restore(self) -> list[tuple[str, tuple[int, ...]]]:
         return []
 
-    async def flush_cache(self, within: Callable[[str], bool] | None = None) -> int:
+    async def flush_cache(self, tenant: str | None = None) -> int:
         self.flushes += 1
-        self.flush_scopes.append(within)
+        self.flush_scopes.append(None if tenant is None else lambda n: in_tenant(n, tenant))
         return 42
 
     async def debug_cache(self) -> dict:

@@ -1,7 +1,8 @@
 """Chained page keys.
 
-Each namespace has a root key `H(fingerprint, namespace)`; each page's key is
-`H(parent_key, tokens)`. H is BLAKE2b-128: keyed chains must not collide even for inputs an
+Each namespace has a root key `H(fingerprint, namespace)` (`H(generation, fingerprint,
+namespace)` once a flush advanced its generation, in a hash domain of its own); each page's key
+is `H(parent_key, tokens)`. H is BLAKE2b-128: keyed chains must not collide even for inputs an
 attacker chooses (two namespaces never share a page), and the raw namespace string never
 reaches disk, only its hash.
 """
@@ -20,9 +21,16 @@ _PAGE_HASH = hashlib.blake2b(digest_size=KEY_BYTES, person=b"tieredkv-page")  # 
 
 
 @lru_cache(maxsize=4096)  # fixed per (fingerprint, namespace): match and insert ask every call
-def namespace_root_key(fingerprint: bytes, namespace: str) -> bytes:
-    """The root key of a namespace's chain under one model fingerprint."""
-    h = hashlib.blake2b(digest_size=KEY_BYTES, person=b"tieredkv-ns")
+def namespace_root_key(
+    fingerprint: bytes, namespace: str, generation: tuple[int, int] = (0, 0)
+) -> bytes:
+    """The root key of a namespace's chain under one model fingerprint, in its flush
+    `generation` (`FlushGenerations.of`: every page key below changes when it advances)."""
+    if generation == (0, 0):
+        h = hashlib.blake2b(digest_size=KEY_BYTES, person=b"tieredkv-ns")
+    else:
+        h = hashlib.blake2b(digest_size=KEY_BYTES, person=b"tieredkv-ns-gen")
+        h.update(struct.pack("<QQ", *generation))
     h.update(len(fingerprint).to_bytes(4, "little"))
     h.update(fingerprint)
     h.update(namespace.encode("utf-8"))

@@ -61,13 +61,19 @@ class RadixIndex:
         self.access_clock = 0
         self.private_pages: set[int] = set()  # device pages lent to requests
         self.lock_holders: Counter[RadixNode] = Counter()
+        # each namespace's flush generation (`FlushGenerations.of`), mixed into its root key
+        self.generation_of: Callable[[str], tuple[int, int]] = _first_generation
 
     # --- matching and inserting ------------------------------------------------------------
+
+    def root_key(self, namespace: str) -> bytes:
+        """The root key of `namespace`'s chain in its current flush generation."""
+        return namespace_root_key(self.fingerprint, namespace, self.generation_of(namespace))
 
     def match(self, tokens: TokenSequence, namespace: str) -> MatchResult:
         query = packed_bytes(tokens)
         num_tokens = len(query) // TOKEN_BYTES
-        key = namespace_root_key(self.fingerprint, namespace)
+        key = self.root_key(namespace)
         max_pages = max(num_tokens - 1, 0) // self.page_size
         root = self.tree.root(key, create=False, name=namespace)
         if not (self.prefix_reuse and root is not None and max_pages > 0):
@@ -112,7 +118,9 @@ class RadixIndex:
         num_pages = min(len(query) // page_bytes, len(device_pages))
         if not self.prefix_reuse or num_pages == 0:
             return InsertResult(0, 0, None, (), ())
-        root_key = namespace_root_key(self.fingerprint, namespace)
+        # a request whose pages are in the tree goes on under their root, even when a flush
+        # has advanced its namespace's generation since (they are matched no more either way)
+        root_key = self.root_key(namespace) if start_node is None else start_node.root_key
         root = self.tree.root(root_key, create=True, name=namespace)
         assert root is not None
         existing = _start_path(root, start_node, start_pages, num_pages)
@@ -232,7 +240,7 @@ class RadixIndex:
         pages (a node is split there if it runs on), else None. Touches nothing."""
         query = packed_bytes(tokens)
         num_pages = len(query) // self.tree.page_bytes
-        key = namespace_root_key(self.fingerprint, namespace)
+        key = self.root_key(namespace)
         root = self.tree.root(key, create=False, name=namespace)
         if root is None or num_pages == 0 or not self.prefix_reuse:
             return None
@@ -279,3 +287,7 @@ def _start_path(
     )
     assert path[0].parent is root
     return path
+
+
+def _first_generation(namespace: str) -> tuple[int, int]:
+    return (0, 0)

@@ -1,88 +1,74 @@
-"""A remote page value: a self-describing, checksummed header and the stored payload. Pure.
+"""A remote page value: a self-describing header sealed with a keyed MAC, and the stored
+payload. Pure.
 
 A value (little-endian throughout):
 
-| offset | size | field                                                          |
-|--------|------|----------------------------------------------------------------|
-| 0      | 4    | magic b"TKVM"                                                  |
-| 4      | 1    | format version                                                 |
-| 5      | 1    | codec (`page_record.CODECS`: 0 raw, 1 lz4)                     |
-| 6      | 2    | P = page_size, the number of tokens                            |
-| 8      | 4    | page_bytes, the page's size once decoded                       |
-| 12     | 4    | payload_len, the stored payload's size                         |
-| 16     | 32   | the model fingerprint's digest (`page_record`)                 |
-| 48     | 16   | page key = page_key(parent_key, tokens)                        |
-| 64     | 16   | parent page's key (or the namespace root key)                  |
-| 80     | 4·P  | the page's tokens, int32                                       |
-| 80+4P  | 8    | `page_record.record_checksum`(header[0:80+4P], stored payload) |
-| 88+4P  | …    | the stored payload                                             |
+| offset | size | field                                                               |
+|--------|------|---------------------------------------------------------------------|
+| 0      | 4    | magic b"TKVM"                                                       |
+| 4      | 1    | format version                                                      |
+| 5      | 1    | codec (`page_record.CODECS`: 0 raw, 1 lz4)                          |
+| 6      | 2    | P = page_size, the number of tokens                                 |
+| 8      | 4    | page_bytes, the page's size once decoded                            |
+| 12     | 4    | payload_len, the stored payload's size                              |
+| 16     | 16   | the name it was written under (`StoreKeys.name` of the page key)    |
+| 32     | 32   | `StoreKeys.mac`(header[0:32], stored payload): HMAC-SHA256          |
+| 64     | …    | the stored payload                                                  |
 
-A value is served only when every field agrees with what the reader asked for and expects.
+No token is stored: the name the reader asks for is derived from the page key, which chains
+the namespace and the tokens, so a value that verifies under the name asked for holds that
+page. The record key the MAC uses is derived from the deployment secret and the model
+fingerprint: a value sealed by another model or another secret, or not sealed at all, fails
+the MAC. A value is served only when every field agrees with what the reader asked for.
 """
 
 from __future__ import annotations
 
 import enum
+import hmac
 import struct
 from dataclasses import dataclass
 
-import numpy as np
-
-from tieredkv.cache.index.page_key import page_key
-from tieredkv.cache.page_record import (
-    LZ4,
-    RAW,
-    PageRecord,
-    decode_payload,
-    encode_payload,
-    record_checksum,
-)
+from tieredkv.cache.page_record import LZ4, RAW, PageRecord, decode_payload, encode_payload
+from tieredkv.cache.remote.secret import MAC_BYTES, StoreKeys
 
 MAGIC = b"TKVM"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 COMPRESSIONS = {"none": RAW, "lz4": LZ4}  # --remote-compression
-_FIXED = struct.Struct("<4sBBHII32s16s16s")
+_FIELDS = struct.Struct("<4sBBHII16s")
+HEADER_BYTES = _FIELDS.size + MAC_BYTES
 
 
 class RefusalReason(enum.Enum):
-    """Why a value found under a requested key was not served (counted, then a miss)."""
+    """Why a value found under a requested name was not served (counted, then a miss)."""
 
-    CORRUPT = "corrupt"  # short, bad magic, bad checksum, undecodable payload
-    FINGERPRINT = "fingerprint"  # another model, page size, page bytes or format version
-    KEY = "key"  # stored under another key, or its key is not H(parent, tokens)
+    CORRUPT = "corrupt"  # short, bad magic, bad lengths, undecodable payload
+    FINGERPRINT = "fingerprint"  # another page size, page bytes or format version
+    MAC = "mac"  # forged, altered, or sealed by another secret or model
+    KEY = "key"  # replayed: a sealed value of another page, copied under this name
 
 
 @dataclass(frozen=True)
 class RemotePage(PageRecord):
-    """One page to store: its identity (key, parent key, tokens) and its bytes."""
+    """One page to store: its identity (its key is the name it is stored under: `StoreKeys.name`
+    of the page key) and its bytes. Only the name and the bytes are stored."""
 
     data: bytes | memoryview  # page_bytes raw KV bytes
 
 
-def max_value_bytes(page_size: int, page_bytes: int) -> int:
+def max_value_bytes(page_bytes: int) -> int:
     """The longest value a page of `page_bytes` can be stored as (lz4 only when shorter)."""
-    return _FIXED.size + 4 * page_size + 8 + page_bytes
+    return HEADER_BYTES + page_bytes
 
 
-def encode_value(page: RemotePage, fingerprint_digest: bytes, codec: int) -> bytes:
+def encode_value(page: RemotePage, keys: StoreKeys, codec: int) -> bytes:
     """The stored form of `page`; lz4 falls back to raw when it does not shrink the page."""
     raw = memoryview(page.data).cast("B")
     codec, payload = encode_payload(raw, codec)
-    tokens = np.asarray(page.tokens, dtype="<i4").tobytes()
-    fields = _FIXED.pack(
-        MAGIC,
-        FORMAT_VERSION,
-        codec,
-        len(page.tokens),
-        len(raw),
-        len(payload),
-        fingerprint_digest,
-        page.key,
-        page.parent_key,
+    fields = _FIELDS.pack(
+        MAGIC, FORMAT_VERSION, codec, len(page.tokens), len(raw), len(payload), page.key
     )
-    fields += tokens
-    checksum = struct.pack("<Q", record_checksum(fields, payload))
-    return b"".join((fields, checksum, payload))
+    return b"".join((fields, keys.mac(fields, payload), payload))
 
 
 @dataclass(frozen=True)
@@ -100,33 +86,24 @@ def _refuse(reason: RefusalReason) -> DecodeResult:
 
 def decode_value(
     value: bytes | memoryview,
-    key: bytes,
-    fingerprint_digest: bytes,
+    name: bytes,
+    keys: StoreKeys,
     page_size: int,
     page_bytes: int,
 ) -> DecodeResult:
-    """Verify `value`, found under `key`, and return the page it holds (page_bytes bytes)."""
-    header_len = _FIXED.size + 4 * page_size
-    if len(value) < header_len + 8 or value[:4] != MAGIC:
+    """Verify `value`, found under `name`, and return the page it holds (page_bytes bytes)."""
+    if len(value) < HEADER_BYTES or value[:4] != MAGIC:
         return _refuse(RefusalReason.CORRUPT)
-    _, version, codec, size, raw_len, payload_len, digest, stored_key, parent = _FIXED.unpack_from(
-        value
-    )
-    if (version, size, raw_len, digest) != (
-        FORMAT_VERSION,
-        page_size,
-        page_bytes,
-        fingerprint_digest,
-    ):
+    _, version, codec, size, raw_len, payload_len, stored_name = _FIELDS.unpack_from(value)
+    if (version, size, raw_len) != (FORMAT_VERSION, page_size, page_bytes):
         return _refuse(RefusalReason.FINGERPRINT)
-    payload = memoryview(value)[header_len + 8 :]
-    (checksum,) = struct.unpack_from("<Q", value, header_len)
+    payload = memoryview(value)[HEADER_BYTES:]
     if len(payload) != payload_len or codec not in (RAW, LZ4):
         return _refuse(RefusalReason.CORRUPT)
-    if record_checksum(value[:header_len], payload) != checksum:
-        return _refuse(RefusalReason.CORRUPT)
-    tokens = np.frombuffer(value, dtype="<i4", count=page_size, offset=_FIXED.size)
-    if stored_key != key or page_key(parent, tokens) != key:
+    mac = keys.mac(value[: _FIELDS.size], payload)
+    if not hmac.compare_digest(mac, value[_FIELDS.size : HEADER_BYTES]):
+        return _refuse(RefusalReason.MAC)
+    if stored_name != name:
         return _refuse(RefusalReason.KEY)
     data = decode_payload(codec, payload, page_bytes)
     return DecodeResult(data) if data is not None else _refuse(RefusalReason.CORRUPT)

@@ -18,8 +18,10 @@ fetch goes through redis-py's cluster pipeline, which routes each key to its nod
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -39,7 +41,8 @@ from tieredkv.cache.remote.record import (
     decode_value,
     max_value_bytes,
 )
-from tieredkv.cache.remote.writer import RemoteWriter
+from tieredkv.cache.remote.secret import StoreKeys
+from tieredkv.cache.remote.writer import RETAINED_KEYS, RemoteWriter
 from tieredkv.errors import ConfigError
 
 T = TypeVar("T")
@@ -81,7 +84,10 @@ class _Delivery:
 
 class RemoteStore:
     """The remote tier's store. `fingerprint` is the model fingerprint (as for the disk store);
-    every page is `page_size` tokens and `page_bytes` bytes of KV. Thread-safe."""
+    every page is `page_size` tokens and `page_bytes` bytes of KV. Pages are named and sealed
+    with keys derived from the deployment's `secret` (`remote.secret`; None: the empty secret,
+    no authenticity). Callers name pages by their page keys; the store names them in Redis by
+    `StoreKeys.name`. Thread-safe."""
 
     def __init__(
         self,
@@ -93,6 +99,7 @@ class RemoteStore:
         password: str | None = None,
         timeouts: RemoteTimeouts | None = None,
         max_pending_pages: int = 256,
+        secret: bytes | None = None,
     ) -> None:
         check_url(url)
         if compression not in COMPRESSIONS:
@@ -105,7 +112,7 @@ class RemoteStore:
         self.page_size = page_size
         self.page_bytes = page_bytes
         self.timeouts = timeouts or RemoteTimeouts()
-        self._digest = fingerprint_digest(fingerprint)
+        self._keys = StoreKeys.derive(secret, fingerprint_digest(fingerprint))
         self._counters = CounterBox(reason.value for reason in RefusalReason)
         self._client = RemoteClient(url, password, self.timeouts)
         self.read_priority = ReadPriority()
@@ -113,12 +120,13 @@ class RemoteStore:
             self._client,
             self.read_priority,
             self._counters,
-            self._digest,
+            self._keys,
             COMPRESSIONS[compression],
             self.timeouts,
             max_pending_pages,
         )
-        self._value_buffer = bytearray(max_value_bytes(page_size, page_bytes))  # call thread's
+        self._value_buffer = bytearray(max_value_bytes(page_bytes))  # call thread's
+        self._retained_names: OrderedDict[bytes, bytes] = OrderedDict()  # name -> page key
         self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tieredkv-remote")
         self._client.try_connect()  # at start-up; on failure the writer thread keeps trying
         self._writer.start()
@@ -147,12 +155,17 @@ class RemoteStore:
     def counters(self) -> RemoteCounters:
         return self._counters.snapshot()
 
+    def key_name(self, key: bytes) -> str:
+        """The Redis key the page of page key `key` is stored under."""
+        return redis_key(self._keys.name(key))
+
     def lookup(self, keys: Sequence[bytes]) -> int:
         """How many leading `keys` the store holds: one pipelined EXISTS round trip (one per
         cluster node holding them). 0 when degraded, failed or over budget."""
         self._counters.on_lookup()
         if not keys:
             return 0
+        keys = [self._keys.name(key) for key in keys]
         return self._call(lambda client: self._leading(client, keys), 0, self.timeouts.lookup_s)
 
     def fetch_into(self, keys: Sequence[bytes], sink: PageSink) -> list[bool]:
@@ -164,6 +177,7 @@ class RemoteStore:
         if not keys:
             return []
         delivery = _Delivery(sink, len(keys))
+        keys = [self._keys.name(key) for key in keys]
         budget_s = self.timeouts.fetch_budget_s(len(keys) * self.page_bytes)
         self._call(lambda client: self._get_into(client, keys, delivery), None, budget_s)
         delivered = delivery.close()
@@ -190,17 +204,25 @@ class RemoteStore:
                 memoryview(page.data).nbytes,
                 self.page_bytes,
             )
-        self._writer.put(pages)
+        name = self._keys.name
+        self._writer.put(dataclasses.replace(page, key=name(page.key)) for page in pages)
 
     def retain(self, keys: Sequence[bytes], ttl_s: float) -> None:
         """Queue an expiry `ttl_s` from now for the pages of `keys` (retained prompts'): set by
         the writer thread on those the store holds and on those written later; returns at
-        once."""
-        self._writer.retain(keys, ttl_s)
+        once. Engine thread (as `take_lost`)."""
+        names = [self._keys.name(key) for key in keys]
+        for name, key in zip(names, keys, strict=True):
+            self._retained_names[name] = key
+            self._retained_names.move_to_end(name)
+        while len(self._retained_names) > RETAINED_KEYS:
+            self._retained_names.popitem(last=False)
+        self._writer.retain(names, ttl_s)
 
     def take_lost(self) -> set[bytes]:
         """Retained pages' keys the store was found not to hold since the last call."""
-        return self._writer.take_lost()
+        lost = self._writer.take_lost()
+        return {self._retained_names[name] for name in lost if name in self._retained_names}
 
     def flush_writes(self, timeout_s: float) -> bool:
         """Wait until every queued page is written or dropped and every queued expiry set
@@ -212,6 +234,11 @@ class RemoteStore:
         self._writer.close()
         self._calls.shutdown(wait=False, cancel_futures=True)
         self._client.close()
+
+    def call(self, work: Callable[[Any], T], nothing: T) -> T:
+        """`work(client)` for a small command (the flush generations), on the call thread
+        within a lookup's budget; `nothing` when degraded, failed or over budget."""
+        return self._call(work, nothing, self.timeouts.lookup_s)
 
     def _call(self, work: Callable[[Any], T], nothing: T, budget_s: float) -> T:
         client = self._client.redis
@@ -243,8 +270,8 @@ class RemoteStore:
         return count
 
     def _get_into(self, client: Any, keys: Sequence[bytes], delivery: _Delivery) -> None:
-        """GET every key, pipelined a window at a time, verifying and delivering the values in
-        order."""
+        """GET every key (stored names), pipelined a window at a time, verifying and delivering
+        the values in order."""
         missing: list[bytes] = []
         received = 0
 
@@ -314,8 +341,8 @@ class RemoteStore:
             pool.release(connection)
         return True
 
-    def _verify(self, key: bytes, value: bytes | memoryview) -> memoryview | None:
-        result = decode_value(value, key, self._digest, self.page_size, self.page_bytes)
+    def _verify(self, name: bytes, value: bytes | memoryview) -> memoryview | None:
+        result = decode_value(value, name, self._keys, self.page_size, self.page_bytes)
         if result.refused is not None:
             self._counters.on_refused(result.refused.value)
         return result.data

@@ -32,6 +32,7 @@ from tieredkv.cache.remote.client import RemoteClient
 from tieredkv.cache.remote.connection import RemoteTimeouts, connection_errors
 from tieredkv.cache.remote.keys import redis_key
 from tieredkv.cache.remote.record import RemotePage, encode_value
+from tieredkv.cache.remote.secret import StoreKeys
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class RemoteWriter:
         client: RemoteClient,
         read_priority: ReadPriority,
         counters: CounterBox,
-        fingerprint_digest: bytes,
+        store_keys: StoreKeys,
         codec: int,
         timeouts: RemoteTimeouts,
         max_pending_pages: int,
@@ -58,7 +59,7 @@ class RemoteWriter:
         self._client = client
         self._read_priority = read_priority
         self._counters = counters
-        self._digest = fingerprint_digest
+        self._digest = store_keys
         self._codec = codec
         self._timeouts = timeouts
         self._max_pending = max_pending_pages

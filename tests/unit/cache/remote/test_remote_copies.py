@@ -14,7 +14,6 @@ from tests.unit.cache.disk.disk_cases import chain
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
-from tieredkv.cache.remote.keys import redis_key
 from tieredkv.cache.remote.remote_tier import RemoteTier
 from tieredkv.cache.remote.store import RemoteStore
 from tieredkv.cache.tier import Tier
@@ -58,7 +57,7 @@ def test_remote_pages_land_in_their_pages(remote: RemoteTier, staged: bool, tier
         )
         for index, page in enumerate(pages):
             assert torch.equal(page_of(transfer_jobs, tier, page), payload[index].view(torch.int16))
-        remote.store._client.redis.delete(redis_key(records[4].key))  # evicted
+        remote.store._client.redis.delete(remote.store.key_name(records[4].key))  # evicted
         got = transfer_jobs.job(Tier.REMOTE, tier, list(range(10)), pages, records)()
         assert got.index(False) == 4  # the cache keeps the pages before the first miss
     finally:
@@ -88,7 +87,7 @@ def test_remote_pages_into_the_device_are_told_to_landing_listeners_in_batches(
 
     transfer_jobs.device_landing_listeners.append(landed)
     try:
-        remote.store._client.redis.delete(redis_key(records[18].key))  # evicted
+        remote.store._client.redis.delete(remote.store.key_name(records[18].key))  # evicted
         got = transfer_jobs.job(Tier.REMOTE, Tier.DEVICE, list(range(20)), pages, records)()
         assert got.index(False) == 18
         assert [len(call) for call in calls] == [16, 3]  # every page delivered: all but one

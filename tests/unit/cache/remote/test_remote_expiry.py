@@ -18,8 +18,10 @@ from tests.support.tiny_cache import FINGERPRINT, fill_device_pages, tiny_layout
 from tests.unit.cache.cache_steps import ok
 from tests.unit.cache.remote.conftest import make_pages
 from tieredkv.cache.build import build_cache
+from tieredkv.cache.page_record import fingerprint_digest
 from tieredkv.cache.remote.connection import RemoteTimeouts, open_client
 from tieredkv.cache.remote.keys import KEY_PREFIX, redis_key
+from tieredkv.cache.remote.secret import StoreKeys
 from tieredkv.cache.remote.store import RemoteStore
 from tieredkv.cache.retention import RETENTION_S
 from tieredkv.cache.tier import Tier
@@ -30,6 +32,12 @@ TTL_S = 3600.0
 SLACK_MS = 120_000  # a busy test machine: the expiry is set within two minutes of `retain`
 FLUSH_S = 30.0
 LAYOUT = tiny_layout(4)
+STORE_KEYS = StoreKeys.derive(None, fingerprint_digest(FINGERPRINT))  # the stores' (no secret)
+
+
+def redis_name(page_key: bytes) -> str:
+    """The Redis key the test stores keep a page under."""
+    return redis_key(STORE_KEYS.name(page_key))
 
 
 @pytest.fixture(params=["single", "cluster"])
@@ -51,7 +59,7 @@ def plain(redis_url: str) -> Iterator[Any]:
 
 def pttl(client: Any, key: bytes) -> int:
     """The key's expiry in ms: -1 without one, -2 when the key is absent."""
-    return int(client.pttl(redis_key(key)))
+    return int(client.pttl(redis_name(key)))
 
 
 def expires_in(client: Any, key: bytes, ttl_s: float) -> bool:
@@ -88,7 +96,7 @@ def test_retaining_again_restarts_the_expiry_and_other_replicas_keep_it(
     first.retain(keys, TTL_S)
     assert first.flush_writes(FLUSH_S)
     for key in keys:
-        plain.pexpire(redis_key(key), 60_000)  # as if 23 hours had passed
+        plain.pexpire(redis_name(key), 60_000)  # as if 23 hours had passed
     second.put(pages)  # another replica computes the same pages: they stay as they are
     assert second.flush_writes(FLUSH_S)
     assert all(0 < pttl(plain, key) <= 60_000 for key in keys)
@@ -105,7 +113,7 @@ def test_a_retained_page_the_store_lost_is_written_again_with_its_expiry(
     pages = make_pages(2, seed=5)
     store.put(pages)
     assert store.flush_writes(FLUSH_S)
-    plain.delete(redis_key(pages[0].key))  # evicted by Redis
+    plain.delete(redis_name(pages[0].key))  # evicted by Redis
     store.retain([page.key for page in pages], TTL_S)
     assert store.flush_writes(FLUSH_S)
     assert pttl(plain, pages[0].key) == -2

@@ -12,11 +12,11 @@ import pytest
 import redis
 import redis.cluster
 
-from tests.unit.cache.remote.conftest import FINGERPRINT, make_pages
-from tieredkv.cache.page_record import RAW, fingerprint_digest
+from tests.unit.cache.remote.conftest import make_pages
+from tieredkv.cache.page_record import RAW
 from tieredkv.cache.remote.connection import SOCKET_READ_BYTES, RemoteTimeouts
-from tieredkv.cache.remote.keys import redis_key
-from tieredkv.cache.remote.record import encode_value
+from tieredkv.cache.remote.record import RemotePage, encode_value
+from tieredkv.cache.remote.secret import StoreKeys
 from tieredkv.cache.remote.store import RemoteStore
 
 FLUSH_S = 10.0
@@ -34,6 +34,14 @@ def redis_url(request: pytest.FixtureRequest) -> str:
 
 def raw_client(store: RemoteStore):
     return store._client.redis  # the store's own connection, to plant values
+
+
+def store_keys(store: RemoteStore) -> StoreKeys:
+    return store._keys  # the keys the store seals with, to plant sealed values
+
+
+def name_of(store: RemoteStore, key: bytes) -> bytes:
+    return store_keys(store).name(key)
 
 
 @pytest.mark.parametrize("compression", ["none", "lz4"])
@@ -86,18 +94,16 @@ def test_refused_values_are_misses_counted_by_reason(redis_url: str, open_store:
     store.put(pages)
     assert store.flush_writes(FLUSH_S)
     client = raw_client(store)
-    client.set(redis_key(pages[0].key), b"garbage")
-    value = bytearray(client.get(redis_key(pages[1].key)))
+    value = bytearray(client.get(store.key_name(pages[1].key)))
     value[-7] ^= 0xFF  # a flipped payload byte
-    client.set(redis_key(pages[1].key), bytes(value))
-    foreign = encode_value(pages[2], fingerprint_digest(b"another model"), RAW)
-    client.set(redis_key(pages[2].key), foreign)
-    client.set(
-        redis_key(pages[3].key), encode_value(pages[1], fingerprint_digest(FINGERPRINT), RAW)
-    )
+    client.set(store.key_name(pages[1].key), bytes(value))
+    client.set(store.key_name(pages[2].key), client.get(store.key_name(pages[0].key)))
+    client.set(store.key_name(pages[0].key), b"garbage")
+    half = RemotePage(name_of(store, pages[3].key), b"", pages[3].tokens, pages[3].data[:100])
+    client.set(store.key_name(pages[3].key), encode_value(half, store_keys(store), RAW))
     assert store.fetch([page.key for page in pages]) == [None] * 4
     counters = store.counters()
-    assert counters.refused == {"corrupt": 2, "fingerprint": 1, "key": 1}
+    assert counters.refused == {"corrupt": 1, "fingerprint": 1, "mac": 1, "key": 1}
     assert (counters.hits, counters.misses, counters.errors) == (0, 4, 0)
     assert store.healthy
 
@@ -196,8 +202,8 @@ def test_an_error_reply_ends_the_fetch_there_and_the_store_heals(redis_server, o
     store.put(pages)
     assert store.flush_writes(FLUSH_S)
     client = raw_client(store)
-    client.delete(redis_key(pages[1].key))
-    client.rpush(redis_key(pages[1].key), b"not a page")  # GET answers -WRONGTYPE
+    client.delete(store.key_name(pages[1].key))
+    client.rpush(store.key_name(pages[1].key), b"not a page")  # GET answers -WRONGTYPE
     assert store.fetch([page.key for page in pages]) == [pages[0].data, None, None]
     assert store.counters().errors == 1 and store.degraded
     assert store.wait_healthy(FLUSH_S)

@@ -200,7 +200,13 @@ def test_a_corrupt_value_is_a_counted_miss_never_served(replicas, redis_server) 
     handle.release()
     ok(second)
     assert second.remote_page_errors()["corrupt"] >= 1
-    assert set(second.remote_page_errors()) == {"corrupt", "fingerprint", "key", "unavailable"}
+    assert set(second.remote_page_errors()) == {
+        "corrupt",
+        "fingerprint",
+        "mac",
+        "key",
+        "unavailable",
+    }
 
 
 def test_pages_leaving_the_device_go_to_the_local_disk_not_only_to_redis(
