@@ -221,10 +221,9 @@ class AsyncEngine(EngineClient):
         return await asyncio.wrap_future(future)
 
     async def flush_cache(self, tenant: str | None = None) -> int:
-        """Drop every unlocked cached page (or `tenant`'s) and forget the rest (`TieredCache.
-        flush`). Transfers in flight are let finish first, at most `FLUSH_SETTLE_S`: the cache
-        cannot drop a page being copied, and a flush that kept the pages a request just wrote
-        through (to host, disk or Redis) would not be one."""
+        """Drop every unlocked cached page (or `tenant`'s), forget the rest (`TieredCache.flush`),
+        after letting transfers in flight finish (at most `FLUSH_SETTLE_S`): the cache cannot
+        drop a page being copied, nor leave out pages a request just wrote through."""
 
         def settle_then_flush() -> int:
             cache = self.engine.cache
