@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 INVALID_REQUEST = "invalid_request_error"
 QUEUE_RETRY_AFTER_S = 1  # Retry-After of a 429 for a full queue
+# a request whose body was not read to its end (too slow, too large): its connection cannot
+# carry another request, so the answer closes it
+BODY_UNREAD_STATUSES = frozenset({408, 413})
 
 
 class APIError(Exception):
@@ -54,8 +57,14 @@ class APIError(Exception):
             }
         }
 
+    @property
+    def closes_connection(self) -> bool:
+        return self.status in BODY_UNREAD_STATUSES
+
     def response(self) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        if self.closes_connection:
+            headers["Connection"] = "close"
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(self.retry_after_s)
         return JSONResponse(self.payload(), status_code=self.status, headers=headers or None)
