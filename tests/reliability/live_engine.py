@@ -42,9 +42,9 @@ def started_engine(model: LoadedModel, max_num_seqs: int = 16) -> Iterator[Async
 
 
 @contextmanager
-def live_server(model: LoadedModel, config: ServerConfig) -> Iterator[str]:
+def live_server(model: LoadedModel, config: ServerConfig, max_num_seqs: int = 16) -> Iterator[str]:
     """The real engine and app served on 127.0.0.1 (an ephemeral port); its base URL."""
-    with started_engine(model) as engine:
+    with started_engine(model, max_num_seqs) as engine:
         app = create_app(
             engine, model.tokenizer, config, TINY_NAME, engine.max_model_len, clock=engine.clock
         )

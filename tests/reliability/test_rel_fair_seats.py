@@ -1,0 +1,102 @@
+"""Fair tenants in the batch, through the real engine and app under uvicorn (a tiny random
+Llama, two tenant keys, 8 seats): while one tenant's request runs 32 sequences of 200 tokens,
+another tenant's 4-token request joins at once and ends long before any of them, never
+preempted; without owners in the schedule it would wait for 25 of the 32 to finish."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.reliability.live_engine import TINY_NAME, live_server, tiny_llama
+from tieredkv.config import KeyGrant, ServerConfig
+from tieredkv.model.loader import LoadedModel
+
+KEYS = {"alice": "alice-key-0123456789abcdef", "bob": "bob-key-0123456789abcdef"}
+CONFIG = ServerConfig(api_keys={key: KeyGrant(name, admin=False) for name, key in KEYS.items()})
+SEATS = 8  # --max-num-seqs
+WIDE_N, WIDE_TOKENS = 32, 200
+PATIENCE_S = 300.0  # how long a client waits for an answer (not a timing check)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    model: LoadedModel = tiny_llama(tmp_path_factory.mktemp("model"))
+    with live_server(model, CONFIG, max_num_seqs=SEATS) as base_url:
+        yield base_url
+
+
+def _chat(who: str, max_tokens: int, **extra: object) -> tuple[dict, dict]:
+    body = {
+        "model": TINY_NAME,
+        "messages": [{"role": "user", "content": f"hi from {who}"}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        **extra,
+    }
+    return body, {"Authorization": f"Bearer {KEYS[who]}"}
+
+
+class WideStream:
+    """Alice's streamed request with many choices, read in a thread: the choices that have
+    finished so far, and an event set once her first content arrives (her forks exist)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.finished: set[int] = set()
+        self.started = threading.Event()
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        body, headers = _chat("alice", WIDE_TOKENS, n=WIDE_N, stream=True)
+        self._thread = threading.Thread(target=self._read, args=(base_url, body, headers))
+        self._thread.start()
+
+    def _read(self, base_url: str, body: dict, headers: dict) -> None:
+        url = f"{base_url}/v1/chat/completions"
+        with httpx.stream("POST", url, json=body, headers=headers, timeout=PATIENCE_S) as reply:
+            for line in reply.iter_lines():
+                if self.stop.is_set():
+                    return  # hanging up aborts the rest
+                if not line.startswith("data: {"):
+                    continue
+                for choice in json.loads(line.removeprefix("data: ")).get("choices", []):
+                    if choice["delta"].get("content"):
+                        self.started.set()
+                    if choice.get("finish_reason"):
+                        with self._lock:
+                            self.finished.add(choice["index"])
+
+    def finished_count(self) -> int:
+        with self._lock:
+            return len(self.finished)
+
+    def close(self) -> None:
+        self.stop.set()
+        self._thread.join()
+
+
+def test_a_short_request_is_not_queued_behind_another_tenants_many_choices(
+    live: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tieredkv.engine.scheduler")
+    wide = WideStream(live)
+    try:
+        assert wide.started.wait(PATIENCE_S), "alice's request never started"
+        body, headers = _chat("bob", 4)
+        reply = httpx.post(
+            f"{live}/v1/chat/completions", json=body, headers=headers, timeout=PATIENCE_S
+        )
+        alice_done = wide.finished_count()
+    finally:
+        wide.close()
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    assert answer["usage"]["completion_tokens"] == 4
+    # bob's request ran beside alice's sequences: none of hers had reached its length
+    assert alice_done == 0, alice_done
+    preempted = [r.getMessage() for r in caplog.records if "preempting" in r.getMessage()]
+    assert not [m for m in preempted if answer["id"] in m], preempted  # bob never gave way
