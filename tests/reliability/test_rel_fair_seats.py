@@ -1,7 +1,8 @@
-"""Fair tenants in the batch, through the real engine and app under uvicorn (a tiny random
-Llama, two tenant keys, 8 seats): while one tenant's request runs 32 sequences of 200 tokens,
-another tenant's 4-token request joins at once and ends long before any of them, never
-preempted; without owners in the schedule it would wait for 25 of the 32 to finish."""
+"""Bounded work and fair tenants in the batch, through the real engine and app under uvicorn
+(a tiny random Llama, two tenant keys, 8 seats, at most 6,400 tokens a request): a request
+that could generate more is refused; while one tenant's request runs 32 sequences of 200
+tokens, another tenant's 4-token request joins at once and ends long before any of them, never
+preempted; with seats taken oldest first it waited for all 32."""
 
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ from tieredkv.config import KeyGrant, ServerConfig
 from tieredkv.model.loader import LoadedModel
 
 KEYS = {"alice": "alice-key-0123456789abcdef", "bob": "bob-key-0123456789abcdef"}
-CONFIG = ServerConfig(api_keys={key: KeyGrant(name, admin=False) for name, key in KEYS.items()})
 SEATS = 8  # --max-num-seqs
 WIDE_N, WIDE_TOKENS = 32, 200
+CONFIG = ServerConfig(
+    api_keys={key: KeyGrant(name, admin=False) for name, key in KEYS.items()},
+    max_request_tokens=WIDE_N * WIDE_TOKENS,
+)
 PATIENCE_S = 300.0  # how long a client waits for an answer (not a timing check)
 
 
@@ -100,3 +104,35 @@ def test_a_short_request_is_not_queued_behind_another_tenants_many_choices(
     assert alice_done == 0, alice_done
     preempted = [r.getMessage() for r in caplog.records if "preempting" in r.getMessage()]
     assert not [m for m in preempted if answer["id"] in m], preempted  # bob never gave way
+
+
+@pytest.mark.parametrize(
+    ("path", "fields"),
+    [
+        ("chat/completions", {"n": WIDE_N, "max_tokens": WIDE_TOKENS + 1}),
+        ("completions", {"n": 1, "best_of": WIDE_N + 1, "max_tokens": WIDE_TOKENS}),
+    ],
+)
+def test_a_request_over_the_token_bound_is_refused(live: str, path: str, fields: dict) -> None:
+    if path == "completions":
+        body = {"model": TINY_NAME, "prompt": "hi", **fields}
+    else:
+        body = {"model": TINY_NAME, "messages": [{"role": "user", "content": "hi"}], **fields}
+    headers = {"Authorization": f"Bearer {KEYS['alice']}"}
+    reply = httpx.post(f"{live}/v1/{path}", json=body, headers=headers, timeout=PATIENCE_S)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert (error["code"], error["param"]) == ("request_tokens_exceeded", "max_tokens")
+    assert "at most 6400" in error["message"], error["message"]
+
+
+def test_an_omitted_max_tokens_is_cut_to_the_bound(live: str) -> None:
+    body, headers = _chat("alice", 1, n=128)
+    del body["max_tokens"]  # the rest of the context would be ~500 tokens a choice
+    reply = httpx.post(
+        f"{live}/v1/chat/completions", json=body, headers=headers, timeout=PATIENCE_S
+    )
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    assert len(answer["choices"]) == 128
+    assert answer["usage"]["completion_tokens"] == 128 * 50  # 6,400 / 128 each
