@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from tests.reliability.live_engine import TINY_NAME, live_server, tiny_llama
-from tieredkv.config import KeyGrant, ServerConfig
+from tieredkv.config import CacheConfig, KeyGrant, ServerConfig
 from tieredkv.model.loader import LoadedModel
 
 KEYS = {"alice": "alice-key-0123456789abcdef", "bob": "bob-key-0123456789abcdef"}
@@ -28,11 +29,28 @@ CONFIG = ServerConfig(
 PATIENCE_S = 300.0  # how long a client waits for an answer (not a timing check)
 
 
+# fp32 pages of the tiny Llama: 8 KiB. 8 MiB hold all 32 of the wide request's sequences; in
+# 512 KiB (64 pages) its sequences preempt one another once the running ones are ~80 tokens in
+ROOMY = CacheConfig(device_cache_bytes=8 << 20, host_cache_bytes=0)
+CRAMPED = CacheConfig(device_cache_bytes=512 << 10, host_cache_bytes=0)
+
+
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    model: LoadedModel = tiny_llama(tmp_path_factory.mktemp("model"))
-    with live_server(model, CONFIG, max_num_seqs=SEATS) as base_url:
+def model(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    return tiny_llama(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def live(model: LoadedModel) -> Iterator[str]:
+    with live_server(model, CONFIG, max_num_seqs=SEATS, cache=ROOMY) as base_url:
         yield base_url
+
+
+@pytest.fixture(params=[ROOMY, CRAMPED], ids=["roomy", "cramped"])
+def contended(request: pytest.FixtureRequest, model: LoadedModel) -> Iterator[tuple[str, bool]]:
+    """A server's base URL, and whether its device is too small for the wide request."""
+    with live_server(model, CONFIG, max_num_seqs=SEATS, cache=request.param) as base_url:
+        yield base_url, request.param is CRAMPED
 
 
 def _chat(who: str, max_tokens: int, **extra: object) -> tuple[dict, dict]:
@@ -44,6 +62,11 @@ def _chat(who: str, max_tokens: int, **extra: object) -> tuple[dict, dict]:
         **extra,
     }
     return body, {"Authorization": f"Bearer {KEYS[who]}"}
+
+
+def _preemptions(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The scheduler's "preempting ID at N tokens" lines so far."""
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("preempting")]
 
 
 class WideStream:
@@ -84,12 +107,17 @@ class WideStream:
 
 
 def test_a_short_request_is_not_queued_behind_another_tenants_many_choices(
-    live: str, caplog: pytest.LogCaptureFixture
+    contended: tuple[str, bool], caplog: pytest.LogCaptureFixture
 ) -> None:
+    live, cramped = contended
     caplog.set_level(logging.INFO, logger="tieredkv.engine.scheduler")
     wide = WideStream(live)
     try:
         assert wide.started.wait(PATIENCE_S), "alice's request never started"
+        deadline = time.monotonic() + PATIENCE_S
+        while cramped and not _preemptions(caplog):  # bob arrives once the device is full
+            assert time.monotonic() < deadline, "alice's sequences never filled the device"
+            time.sleep(0.01)  # test code: waiting for the engine
         body, headers = _chat("bob", 4)
         reply = httpx.post(
             f"{live}/v1/chat/completions", json=body, headers=headers, timeout=PATIENCE_S
@@ -102,7 +130,7 @@ def test_a_short_request_is_not_queued_behind_another_tenants_many_choices(
     assert answer["usage"]["completion_tokens"] == 4
     # bob's request ran beside alice's sequences: none of hers had reached its length
     assert alice_done == 0, alice_done
-    preempted = [r.getMessage() for r in caplog.records if "preempting" in r.getMessage()]
+    preempted = _preemptions(caplog)
     assert not [m for m in preempted if answer["id"] in m], preempted  # bob never gave way
 
 
