@@ -9,7 +9,7 @@
   reset, measured by what its peer has acknowledged (`unacknowledged_output`), not by a
   blocked send: the response's iterator is closed (which aborts the request and frees its
   pages).
-- A 408 or 413 (`request_body`) leaves the request's body unread, so it also closes the
+- A body that stops arriving is answered 408 (`request_body`), which also closes the
   connection (`errors.APIError.closes_connection`).
 """
 
