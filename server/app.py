@@ -17,7 +17,6 @@ from tieredkv.model.tokenizer import ChatTokenizer
 
 from .auth import key_checker, require_admin
 from .completions import CompletionHandler
-from .connections import SendStallLimit
 from .errors import install_error_handlers
 from .generation_inputs import check_model
 from .openapi import body_spec, error_responses, install_openapi
@@ -159,7 +158,6 @@ def create_app(
     async def openapi_document(caller: KeyGrant = authenticated) -> dict[str, Any]:
         return app.openapi()
 
-    app.add_middleware(SendStallLimit, seconds=server_config.stall_timeout_s)
     return app
 
 

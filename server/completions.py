@@ -138,6 +138,7 @@ class CompletionHandler:
             sequences=choices.sequences,
             logprobs=logprobs,
             prompt_logprobs=choices.logprobs if choices.echo else None,
+            max_request_tokens=self.config.max_request_tokens,
         )
         reported = choices.logprobs is not None
         formatter = ResponseFormatter(

@@ -5,19 +5,24 @@
 - A request's headers must arrive within `header_timeout_s` of its first byte (of the
   connection, for one that sends nothing): else 408 and the connection closes. Between
   requests uvicorn's keep-alive timeout applies. (The body's bound is `read_body`'s.)
-- A response whose reader takes no data for `stall_timeout_s` is dropped: the send fails, the
-  response's iterator is closed (which aborts the request and frees its pages) and the
-  connection closes.
+- A connection whose reader takes nothing for `stall_timeout_s` while output waits for it is
+  reset, measured by what its peer has acknowledged (`unacknowledged_output`), not by a
+  blocked send: the response's iterator is closed (which aborts the request and frees its
+  pages).
+- A body that stops arriving is answered 408 (`request_body`), which also closes the
+  connection (`errors.APIError.closes_connection`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+import socket
+import struct
 
-import anyio
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .unacknowledged_output import CountingTransport, StallWatch
 
 log = logging.getLogger(__name__)
 
@@ -33,24 +38,46 @@ _REFUSED = _closing_response("503 Service Unavailable", "too many open connectio
 _HEADER_TIMEOUT = _closing_response("408 Request Timeout", "request headers not sent in time")
 
 
-def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with the connection limit and the header timeout."""
+def guarded_protocol(
+    max_connections: int, header_timeout_s: float, stall_timeout_s: float
+) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with the connection limit, the header timeout and the stall
+    watch."""
 
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _stall_watch: StallWatch | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            counting = CountingTransport(transport)
+            super().connection_made(counting)  # type: ignore[arg-type]
             if len(self.connections) > max_connections:
                 log.warning("refusing a connection: %d are open", max_connections)
                 transport.write(_REFUSED)
                 transport.close()
                 return
             self._arm_header_timer()
+            self._stall_watch = StallWatch(
+                counting, self.loop, stall_timeout_s, self._reader_stalled
+            )
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_header_timer()
+            if self._stall_watch is not None:
+                self._stall_watch.stop()
             super().connection_lost(exc)
+
+        def _reader_stalled(self, unacknowledged_bytes: int) -> None:
+            log.info(
+                "dropped a connection whose reader took nothing for %.0f s "
+                "(%d bytes unacknowledged)",
+                stall_timeout_s,
+                unacknowledged_bytes,
+            )
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:  # reset: the kernel drops the queued output at once
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.transport.abort()
 
         def data_received(self, data: bytes) -> None:
             if self._header_timer is None and not self._in_request():
@@ -81,38 +108,3 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[H11P
             self.transport.close()
 
     return GuardedH11Protocol
-
-
-class SendStallLimit:
-    """ASGI middleware: a send that waits over `seconds` for the client to take data (the
-    transport's buffer stays full) ends the response; uvicorn then closes the connection."""
-
-    def __init__(self, app: Any, seconds: float) -> None:
-        self.app = app
-        self.seconds = seconds
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        stalled = False
-
-        async def bounded_send(message: dict) -> None:
-            nonlocal stalled
-            try:
-                with anyio.fail_after(self.seconds):
-                    await send(message)
-            except TimeoutError:
-                stalled = True
-                raise ClientStalled() from None
-
-        try:
-            await self.app(scope, receive, bounded_send)
-        except BaseException:  # after a stall: ClientStalled, maybe inside an exception group
-            if not stalled:
-                raise
-            log.info("dropped a response whose reader took nothing for %.0f s", self.seconds)
-
-
-class ClientStalled(Exception):
-    """The client stopped reading the response."""

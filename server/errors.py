@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 
 INVALID_REQUEST = "invalid_request_error"
 QUEUE_RETRY_AFTER_S = 1  # Retry-After of a 429 for a full queue
+# a request whose body stopped arriving: the connection would wait for the rest, so the answer
+# closes it (a 413's body is still read and dropped by the server, keeping the client's writes
+# from being reset before it reads the answer)
+CLOSING_STATUSES = frozenset({408})
 
 
 class APIError(Exception):
@@ -54,8 +58,14 @@ class APIError(Exception):
             }
         }
 
+    @property
+    def closes_connection(self) -> bool:
+        return self.status in CLOSING_STATUSES
+
     def response(self) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        if self.closes_connection:
+            headers["Connection"] = "close"
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(self.retry_after_s)
         return JSONResponse(self.payload(), status_code=self.status, headers=headers or None)

@@ -27,6 +27,7 @@ MAX_STOP_CHARS = 256  # text is held back while it could still start a stop stri
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS_ENTRIES = 1024  # each is work in every sampling step of the request
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+REQUEST_TOKENS_EXCEEDED = "request_tokens_exceeded"
 
 
 def check_model(requested: str | None, served: str) -> None:
@@ -168,6 +169,26 @@ def completion_prompt_ids(
     return ids
 
 
+def within_request_tokens(
+    requested_max_tokens: int | None, sequences: int, remaining: int, limit: int
+) -> int | None:
+    """`requested_max_tokens`, or 400 when `sequences` of it exceed `limit` tokens; an omitted
+    one (None) stays None when the rest of the context (`remaining`) fits in the limit, else
+    is the limit's share per sequence."""
+    if requested_max_tokens is None:
+        if sequences * remaining <= limit:
+            return None
+        requested_max_tokens = max(1, limit // sequences)
+    if sequences * requested_max_tokens > limit:
+        message = (
+            f"{sequences} sequences (n, best_of) of up to {requested_max_tokens} tokens "
+            f"(max_tokens) could generate {sequences * requested_max_tokens} tokens; this "
+            f"server generates at most {limit} per request: ask for fewer"
+        )
+        raise bad_request(message, "max_tokens", REQUEST_TOKENS_EXCEEDED)
+    return requested_max_tokens
+
+
 def sampling_params(
     req: SamplingFields,
     requested_max_tokens: int | None,
@@ -178,9 +199,12 @@ def sampling_params(
     sequences: int = 1,
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
+    max_request_tokens: int | None = None,
 ) -> SamplingParams:
-    """SamplingParams with max_tokens defaulting to the rest of the context; 400 with code
-    `context_length_exceeded` when prompt + max_tokens exceed `max_model_len`."""
+    """SamplingParams with max_tokens defaulting to the rest of the context (within
+    `max_request_tokens` over the `sequences`); 400 with code `context_length_exceeded` when
+    prompt + max_tokens exceed `max_model_len`, and when the sequences together could
+    generate more than `max_request_tokens` (`request_tokens_exceeded`)."""
     if requested_max_tokens is not None and requested_max_tokens <= 0:
         raise bad_request(f"max_tokens must be >= 1, got {requested_max_tokens}", "max_tokens")
     remaining = max_model_len - num_prompt_tokens
@@ -196,6 +220,10 @@ def sampling_params(
             f"exceed this model's context of {max_model_len} tokens"
         )
         raise bad_request(message, "max_tokens", CONTEXT_LENGTH_EXCEEDED)
+    if max_request_tokens is not None:
+        requested_max_tokens = within_request_tokens(
+            requested_max_tokens, sequences, remaining, max_request_tokens
+        )
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     if any(not s for s in stop):
         raise bad_request("stop strings must not be empty", "stop")

@@ -134,7 +134,11 @@ def uvicorn_config(
         host=server_config.host,
         port=server_config.port,
         loop="uvloop",
-        http=guarded_protocol(server_config.max_connections, server_config.header_timeout_s),
+        http=guarded_protocol(
+            server_config.max_connections,
+            server_config.header_timeout_s,
+            server_config.stall_timeout_s,
+        ),
         lifespan="off",
         log_level=log_level,
         timeout_graceful_shutdown=int(GRACE_SECONDS),

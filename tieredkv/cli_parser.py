@@ -239,6 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="largest request body; a larger one is answered 413",
     )
+    add(
+        "--max-request-tokens",
+        type=_positive_int,
+        default=ServerConfig.max_request_tokens,
+        help="tokens one request may generate over all its sequences, max(n, best_of) x "
+        "max_tokens; beyond it 400 (an omitted max_tokens is cut to fit)",
+    )
     add("--max-connections", type=_positive_int, default=ServerConfig.max_connections,
         help="open connections; one more is answered 503 and closed")  # fmt: skip
     add("--api-key", default=None, metavar="KEY",

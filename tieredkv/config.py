@@ -281,6 +281,8 @@ class ServerConfig:
     api_key: str | None = None
     api_keys: dict[str, KeyGrant] = field(default_factory=dict)
     max_request_bytes: int = 1 << 20
+    # tokens one request may generate over all its sequences: max(n, best_of) x max_tokens
+    max_request_tokens: int = 1 << 16
     debug_endpoints: bool = False
     max_connections: int = 512  # open connections; one more is answered 503 and closed
     header_timeout_s: float = 10.0  # a request's headers, from its first byte
@@ -293,6 +295,10 @@ class ServerConfig:
         if self.max_request_bytes <= 0:
             raise ConfigError(
                 f"ServerConfig.max_request_bytes must be > 0, got {self.max_request_bytes}"
+            )
+        if self.max_request_tokens <= 0:
+            raise ConfigError(
+                f"ServerConfig.max_request_tokens must be > 0, got {self.max_request_tokens}"
             )
         if self.max_connections <= 0:
             raise ConfigError(

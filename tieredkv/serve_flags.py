@@ -40,6 +40,7 @@ FLAG_OF_FIELD = {
     "EngineConfig.dtype": "--dtype",
     "ServerConfig.port": "--port",
     "ServerConfig.max_request_bytes": "--max-request-bytes",
+    "ServerConfig.max_request_tokens": "--max-request-tokens",
     "ServerConfig.max_connections": "--max-connections",
     "ServerConfig.api_key": "--api-key",
     "KvEventsConfig.endpoint": "--kv-events-endpoint",

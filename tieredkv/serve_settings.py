@@ -56,6 +56,7 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
         api_key=single_api_key(args.api_key, args.api_key_file),
         api_keys=read_api_keys_file(args.api_keys_file) if args.api_keys_file else {},
         max_request_bytes=args.max_request_bytes,
+        max_request_tokens=args.max_request_tokens,
         max_connections=args.max_connections,
         debug_endpoints=args.debug_endpoints,
     )

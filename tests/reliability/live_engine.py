@@ -31,10 +31,12 @@ def tiny_llama(directory: Path) -> LoadedModel:
 
 
 @contextmanager
-def started_engine(model: LoadedModel, max_num_seqs: int = 16) -> Iterator[AsyncEngine]:
+def started_engine(
+    model: LoadedModel, max_num_seqs: int = 16, cache: CacheConfig = CACHE
+) -> Iterator[AsyncEngine]:
     """`AsyncEngine.start` as `tieredkv serve` calls it (warm-up included); shut down after."""
     config = EngineConfig(max_model_len=MAX_MODEL_LEN, max_num_seqs=max_num_seqs)
-    engine = AsyncEngine.start(model, CACHE, config, EngineMetrics())
+    engine = AsyncEngine.start(model, cache, config, EngineMetrics())
     try:
         yield engine
     finally:
@@ -42,9 +44,11 @@ def started_engine(model: LoadedModel, max_num_seqs: int = 16) -> Iterator[Async
 
 
 @contextmanager
-def live_server(model: LoadedModel, config: ServerConfig) -> Iterator[str]:
+def live_server(
+    model: LoadedModel, config: ServerConfig, max_num_seqs: int = 16, cache: CacheConfig = CACHE
+) -> Iterator[str]:
     """The real engine and app served on 127.0.0.1 (an ephemeral port); its base URL."""
-    with started_engine(model) as engine:
+    with started_engine(model, max_num_seqs, cache) as engine:
         app = create_app(
             engine, model.tokenizer, config, TINY_NAME, engine.max_model_len, clock=engine.clock
         )

@@ -23,6 +23,9 @@ LIMITS = ServerConfig(
     max_connections=8, header_timeout_s=1.0, body_timeout_s=1.0, stall_timeout_s=1.0
 )
 PATIENCE_S = 30.0  # how long a test waits for something that must happen (not a timing check)
+# how long a client waits for the server's close after a 408: well under uvicorn's keep-alive
+# handling, which would otherwise hold the connection
+CLOSE_PATIENCE_S = 4.0
 CHAT = {
     "model": TINY_NAME,
     "messages": [{"role": "user", "content": "hi"}],
@@ -114,7 +117,7 @@ def test_connections_over_the_limit_are_refused_and_slots_come_back(live: str) -
     assert _served(_normal_request(live))  # closed slots are free again
 
 
-def test_a_body_that_never_finishes_gets_408(live: str) -> None:
+def test_a_body_that_never_finishes_gets_408_and_the_connection_closes(live: str) -> None:
     sock = _connect(live)
     body = json.dumps(CHAT).encode()
     head = (
@@ -122,9 +125,13 @@ def test_a_body_that_never_finishes_gets_408(live: str) -> None:
         f"content-length: {len(body)}\r\n\r\n"
     )
     sock.sendall(head.encode() + body[:10])
+    # the whole answer, then the server's close (b"" from recv) while the client keeps its
+    # side open: no keep-alive wait on a connection whose body never came
+    sock.settimeout(CLOSE_PATIENCE_S)
     answer = _read_all(sock)
     sock.close()
     assert answer.startswith(b"HTTP/1.1 408 ")
+    assert b"\r\nconnection: close\r\n" in answer.split(b"\r\n\r\n", 1)[0].lower()
     error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
     assert error["code"] == "request_timeout"
 
@@ -152,3 +159,43 @@ def test_a_stream_nobody_reads_is_dropped_and_its_request_ends(live_quick_stall:
     assert after["length"] == before["length"] and after["stop"] == before["stop"]
     sock.close()
     assert _served(_normal_request(live))
+
+
+CHOICES = 4
+
+
+def _tokens_generated(base_url: str) -> float:
+    metrics = parse_metrics(httpx.get(f"{base_url}/metrics", timeout=PATIENCE_S).text)
+    return metrics["generation_tokens_total"]
+
+
+def test_a_small_stream_nobody_reads_is_dropped_though_the_buffers_hold_it(
+    live_quick_stall: str,
+) -> None:
+    """Four choices of a few hundred tokens: a few hundred kB of events, which the kernel's
+    buffers take whole, so no send ever blocks; the unacknowledged output still ends it."""
+    live = live_quick_stall
+    request = {**CHAT, "stream": True, "n": CHOICES, "max_tokens": 480}
+    body = json.dumps(request).encode()
+    before, tokens_before = _finished(live), _tokens_generated(live)
+    sock = _connect(live, rcvbuf=4096)
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body)  # and never read
+    deadline = time.monotonic() + PATIENCE_S
+    while _finished(live) == before:
+        assert time.monotonic() < deadline, "the unread request never ended"
+        time.sleep(0.05)  # test code: waiting for the server to give up on the reader
+    after = _finished(live)
+    assert after["abort"] == before["abort"] + 1  # aborted, not run to its end
+    assert after["length"] == before["length"] and after["stop"] == before["stop"]
+    generated = _tokens_generated(live) - tokens_before
+    assert generated < CHOICES * 480, generated  # generation stopped short of the request's length
+    with pytest.raises(ConnectionResetError):  # the server reset the connection
+        while sock.recv(65536):
+            pass
+    sock.close()
+    assert _served(_normal_request(live))
+    assert _tokens_generated(live) - tokens_before == generated + 5  # only the normal request

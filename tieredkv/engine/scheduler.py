@@ -6,17 +6,19 @@ it), `promoting` (admitted; host and disk pages on their way to the device), `ru
 admission order, the oldest first). Only the scheduler touches them; the engine adds, forks,
 removes and drains requests through its methods.
 
-Each step: running decodes first (one token each, oldest first); then admission, while the
-budget has tokens left after the decodes; then prefill chunks of the running requests, the newly
-admitted among them, in `QueueOrder.prefill_order` (under `lpm` the fewest tokens left first,
-aged), until `max_batch_tokens` tokens or `max_num_seqs` sequences (a request still promoting
-holds a sequence). A request is planned only once its
-device pages for the step are reserved; when none are free, the youngest running request not
-already in the plan (whose pages are about to be written) is preempted: its computed pages go
+Each step: running decodes first (one token each, oldest first, round-robin over owners:
+`owner_shares`); then admission, while the budget has tokens left after the decodes; then
+prefill chunks of the running requests, the newly admitted among them, in
+`QueueOrder.prefill_order` (under `lpm` the fewest tokens left first, aged), until
+`max_batch_tokens` tokens or `max_num_seqs` sequences (a request still promoting holds a
+sequence). A request is planned only once its device pages for the step are reserved; when none
+are free, the youngest running request not already in the plan (whose pages are about to be
+written) of the owner holding the most running sequences is preempted: its computed pages go
 into the tree, where they are demoted, not lost, and it waits again. Nothing is preempted while
 transfers are in flight: the demotions among them free pages soon.
 
-Admission order is `QueueOrder`'s (`queue_order`: arrival, or cache-aware with aging). Before
+Admission order is `QueueOrder`'s (`queue_order`: arrival, or cache-aware with aging), after
+the requests owed a seat (`owner_shares`: owners below their share while one is above). Before
 each admission the waiting requests are matched again, `REMATCH_MAX_WAITING` at most, in turn (a
 match costs ~10 µs; the engine reports the time it spends here as `scheduler_seconds_total`).
 Admission stops at the first request the device has no room for, its whole prompt counted
@@ -37,6 +39,7 @@ from tieredkv.cache.cache_handle import WarmHold
 from tieredkv.config import EngineConfig, SchedulePolicy
 from tieredkv.engine.admission import DeviceRoom, prefix_being_computed, shared_prompt_tokens
 from tieredkv.engine.metrics import EngineRecorder
+from tieredkv.engine.owner_shares import SeatShares, preemption_victim, round_robin
 from tieredkv.engine.protocol import FinishReason, QueueFullError
 from tieredkv.engine.queue_order import QueueOrder
 from tieredkv.engine.request import Request, RequestStatus
@@ -190,11 +193,15 @@ class Scheduler:
         requests; queued requests start prefetching their disk pages."""
         plan = StepPlan()
         budget = StepBudget(self.config.max_batch_tokens, self.config.max_num_seqs)
-        decodes = [r for r in self._running if r.num_pending == 1]
+        held = [*self._running, *self._promoting]
+        shares = SeatShares(held, self._waiting, self.config.max_num_seqs)
+        owed = shares.owed(self._waiting)
+        decodes = round_robin(r for r in self._running if r.num_pending == 1)
+        budget.seqs -= len(owed)  # held back for the requests owed a seat
         for request in decodes:
             self._plan_request(plan, budget, request)
-        budget.seqs -= len(self._promoting)
-        self._admit(budget)
+        budget.seqs += len(owed) - len(self._promoting)
+        self._admit(budget, plan, shares, owed)
         decoding = set(map(id, decodes))  # those admitted now may have one token left too
         prefilling = [r for r in self._running if r.num_pending and id(r) not in decoding]
         for request in self.order.prefill_order(prefilling, self.clock()):
@@ -213,29 +220,34 @@ class Scheduler:
             plan.add(request, count)
 
     def _reserve_pages(self, request: Request, end: int, plan: StepPlan) -> bool:
-        """Device pages for tokens up to `end`, preempting the youngest running request that
-        is not already in this step's plan if must be."""
+        """Device pages for tokens up to `end`, preempting if must be the youngest running
+        request, not already in this step's plan, of the owner holding the most."""
         while not self.pages.grow(request, end):
-            victim = next(
-                (r for r in reversed(self._running) if r is not request and r not in plan.requests),
-                None,
-            )
+            victim = preemption_victim(self._running, [request, *plan.requests])
             if victim is None or self.pages.transfers_in_flight():
                 return False  # demotions in flight free pages soon, or nothing left to take
             self._preempt(victim)
         return True
 
-    def _admit(self, budget: StepBudget) -> None:
-        """Admit waiting requests in queue order while the step and the device have room:
-        those whose pages are ready start running, the others wait in `promoting`."""
+    def _admit(
+        self, budget: StepBudget, plan: StepPlan, shares: SeatShares, owed: list[Request]
+    ) -> None:
+        """Admit waiting requests, those owed a seat first, then in queue order, while the
+        step and the device have room: those whose pages are ready start running, the others
+        wait in `promoting`."""
         now = self.clock()
         self._rematch_waiting()
-        room = DeviceRoom(self.pages.device_pages, self._running, self._promoting, self.page_size)
+        room = self._device_room()
         kept = 0  # sequences kept for requests waiting for a prefix being computed
-        for request in self.order.ordered(self._waiting, now):
+        owed_ids = {id(request) for request in owed}
+        ordered = self.order.ordered(self._waiting, now)
+        ordered.sort(key=lambda request: id(request) not in owed_ids)  # stable: owed first
+        for request in ordered:
             if budget.seqs <= 0 or budget.tokens <= 0:
                 break
-            if len(self._running) + len(self._promoting) + kept >= self.config.max_num_seqs:
+            is_owed = id(request) in owed_ids
+            seats_held = len(self._running) + len(self._promoting) + kept
+            if seats_held >= self.config.max_num_seqs and not is_owed:
                 break  # --max-num-seqs caps the sequences held, not only those forwarded
             source = self._waits_for_shared_prefix(request, now)
             if source is not None:  # passed over, its place kept: a sequence, its own pages
@@ -243,11 +255,13 @@ class Scheduler:
                     break
                 kept += 1
                 continue
-            if (self._running or self._promoting) and not room.fits(request):
+            fits = not (self._running or self._promoting) or room.fits(request)
+            if not fits and not (is_owed and self._preempt_for(request, room, plan, shares)):
                 break  # its prompt does not fit beside the admitted ones: they finish first
             if not self.pages.admit(request):
                 break  # no device room now; demotions started
             room.take(request)
+            shares.take(request)
             self._waiting.remove(request)
             request.admitted_at = request.admitted_at or now
             if request.kv.promotion_pending:
@@ -259,6 +273,25 @@ class Scheduler:
             else:
                 self.pages.take_promotion(request)
                 self._start_running(request)
+
+    def _device_room(self) -> DeviceRoom:
+        return DeviceRoom(self.pages.device_pages, self._running, self._promoting, self.page_size)
+
+    def _preempt_for(
+        self, request: Request, room: DeviceRoom, plan: StepPlan, shares: SeatShares
+    ) -> bool:
+        """Preempt sequences of the owners above their share, not in this step's plan, until
+        `request`'s prompt fits in `room`; False when it cannot be made to fit now."""
+        while not room.fits(request):
+            above = shares.above_share(self._running)
+            victim = preemption_victim(above, plan.requests)
+            if victim is None or self.pages.transfers_in_flight():
+                return False
+            free_before = self._device_room().free_pages
+            self._preempt(victim)
+            shares.release(victim)
+            room.free_pages += self._device_room().free_pages - free_before
+        return True
 
     def _rematch_waiting(self) -> None:
         """lpm: match waiting requests against the tree as it is now, at most

@@ -38,11 +38,13 @@ class Rig:
     released: list[int]  # seq ids of preempted requests, given back to the "runner"
     seq_ids: Iterator[int] = field(default_factory=itertools.count)
 
-    def request(self, request_id: str, prompt: list[int]) -> Request:
+    def request(self, request_id: str, prompt: list[int], namespace: str = "") -> Request:
         self.clock.advance(0.001)  # arrivals in call order
         sampling = SamplingParams(max_tokens=64)
-        spec = GenerationRequest(request_id, tuple(prompt), sampling, arrival_time=self.clock())
-        kv = CacheHandle(self.cache, "")
+        spec = GenerationRequest(
+            request_id, tuple(prompt), sampling, namespace=namespace, arrival_time=self.clock()
+        )
+        kv = CacheHandle(self.cache, namespace)
         request = Request(spec, next(self.seq_ids), None, None, kv)  # type: ignore[arg-type]
         self.scheduler.add(request)
         return request

@@ -29,6 +29,7 @@ def test_defaults_fit_a_small_machine():
     assert s.cache.page_size == 16 and s.cache.enable_prefix_reuse
     assert s.cache.write_policy is WritePolicy.WRITE_THROUGH  # the policy grid's choice
     assert s.server.max_request_bytes == 1 << 20 and not s.server.debug_endpoints
+    assert s.server.max_request_tokens == 1 << 16
     assert s.engine.schedule_policy is SchedulePolicy.LPM and s.engine.dtype == "auto"
     assert s.model is None and s.max_model_len is None and s.served_model_name is None
     assert s.cache.namespace_share is None  # fair tenants: an equal part of device and host
@@ -44,11 +45,12 @@ def test_every_flag_reaches_its_config(tmp_path):
         "--max-batch-tokens", "1024", "--max-num-seqs", "8", "--max-queue", "5",
         "--max-request-bytes", "64KiB", "--api-key", "k", "--no-cache", "--debug-endpoints",
         "--max-connections", "40", "--namespace-share", "0.25", "--remote-budget-scale", "3",
+        "--max-request-tokens", "5000",
     )  # fmt: skip
     assert (s.model, s.served_model_name, s.max_model_len) == ("/m", "chat", 4096)
     assert (s.server.host, s.server.port, s.server.api_key) == ("0.0.0.0", 9000, "k")
     assert s.server.max_request_bytes == 64 << 10 and s.server.debug_endpoints
-    assert s.server.max_connections == 40
+    assert s.server.max_connections == 40 and s.server.max_request_tokens == 5000
     assert s.cache.page_size == 32 and s.cache.device_cache_bytes == 512 << 20
     assert not s.cache.host_enabled and s.cache.disk_enabled
     assert s.cache.disk_cache_dir == tmp_path and s.cache.disk_cache_bytes == 3 * GiB
@@ -72,6 +74,7 @@ def test_every_flag_reaches_its_config(tmp_path):
         (["--device-cache-size", "0"], "--device-cache-size must be > 0"),
         (["--max-request-bytes", "0"], "--max-request-bytes must be > 0"),
         (["--max-connections", "0"], "must be > 0"),
+        (["--max-request-tokens", "0"], "must be > 0"),
         (["--namespace-share", "0"], "(0, 1]"),
         (["--remote-budget-scale", "0"], "--remote-budget-scale must be > 0"),
         (["--disk-cache-size", "4GiB"], "--disk-cache-size needs --disk-cache-dir"),
