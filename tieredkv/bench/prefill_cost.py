@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tieredkv.config import ModelConfig
+from tieredkv.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

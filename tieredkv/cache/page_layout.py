@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tieredkv.config import ModelConfig
+from tieredkv.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import numpy as np
 
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.tier import Tier
-from tieredkv.config import ModelConfig
+from tieredkv.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 import torch
 
 from tieredkv.cache.pools.device_pool import DevicePool
-from tieredkv.config import ModelConfig
 from tieredkv.model.forward_batch import ForwardBatch
+from tieredkv.model_config import ModelConfig
 
 
 class AttentionBackend(ABC):

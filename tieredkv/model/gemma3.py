@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tieredkv.config import ModelConfig
 from tieredkv.model.attention import AttentionBackend
 from tieredkv.model.forward_batch import ForwardBatch
 from tieredkv.model.linear import Linear
 from tieredkv.model.llama import LlamaModel, fused_projections
 from tieredkv.model.rope import build_rope_cache
+from tieredkv.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

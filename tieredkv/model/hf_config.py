@@ -13,9 +13,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tieredkv.config import ModelConfig, RopeScaling
 from tieredkv.errors import ConfigError, ModelLoadError, UnsupportedModelError
 from tieredkv.model.hf_families import gemma3_fields, qwen3_windows, refuse_unsupported_layers
+from tieredkv.model_config import ModelConfig, RopeScaling
 
 # model_type -> the architectures entry Hugging Face writes for it.
 SUPPORTED_ARCHITECTURES = {

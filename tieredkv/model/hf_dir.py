@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from tieredkv.config import ModelConfig
 from tieredkv.errors import ModelLoadError
+from tieredkv.model_config import ModelConfig
 
 INDEX_FILE = "model.safetensors.index.json"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints saved

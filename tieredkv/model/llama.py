@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tieredkv.config import ModelConfig
 from tieredkv.errors import ModelLoadError
 from tieredkv.model.attention import AttentionBackend
 from tieredkv.model.forward_batch import ForwardBatch
 from tieredkv.model.linear import Linear, PackedLinear, make_linear, packed_linear_works
 from tieredkv.model.pointwise import make_pointwise, rms_norm
 from tieredkv.model.rope import build_rope_cache
+from tieredkv.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

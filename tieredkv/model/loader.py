@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from tieredkv.config import ModelConfig
 from tieredkv.errors import ModelLoadError
 from tieredkv.model.default_model import cache_root, default_gguf_path, default_model_dir
 from tieredkv.model.dtype import resolve_dtype
@@ -22,6 +21,7 @@ from tieredkv.model.gguf_file import convert_gguf, gguf_cache_dir
 from tieredkv.model.hf_config import parse_model_config, read_config_json
 from tieredkv.model.hf_dir import read_weights, weight_files
 from tieredkv.model.tokenizer import ChatTokenizer
+from tieredkv.model_config import ModelConfig
 
 __all__ = ["LoadedModel", "default_model_dir", "load_model", "resolve_dtype"]
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from tieredkv.config import ModelConfig
 from tieredkv.model.cpu_kernels import load_cpu_kernels
 from tieredkv.model.dtype import cpu_flags
 from tieredkv.model.rope import apply_rope
+from tieredkv.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 

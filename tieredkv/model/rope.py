@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from tieredkv.config import ModelConfig, RopeScaling
+from tieredkv.model_config import ModelConfig, RopeScaling
 
 
 def build_rope_cache(

@@ -14,7 +14,6 @@ import torch
 
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.device_pool import DevicePool
-from tieredkv.config import ModelConfig
 from tieredkv.model.attention import AttentionBackend, PagedKernelAttention
 from tieredkv.model.cpu_kernels import load_cpu_kernels
 from tieredkv.model.forward_batch import ForwardBatch, SequenceChunk
@@ -22,6 +21,7 @@ from tieredkv.model.gemma3 import Gemma3Model
 from tieredkv.model.llama import LlamaModel
 from tieredkv.model.matmul_attention import prefers_c_decode, prefers_matmul_attention
 from tieredkv.model.workspace_attention import WorkspaceAttention
+from tieredkv.model_config import ModelConfig
 
 DEFAULT_MAX_SEQS = 16  # running sequences whose CPU workspaces share one arena (EngineConfig's)
 # ModelConfig.architecture -> its forward pass, where it is not LlamaModel's

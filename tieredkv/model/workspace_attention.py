@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 
 from tieredkv.cache.pools.device_pool import DevicePool
-from tieredkv.config import ModelConfig
 from tieredkv.model.attention import AttentionBackend
 from tieredkv.model.causal_attention import causal_attention, suffix_mask
 from tieredkv.model.cpu_kernels import CpuKernels, decode_table
@@ -30,6 +29,7 @@ from tieredkv.model.matmul_attention import (
 from tieredkv.model.promotion_fill import PromotionFills
 from tieredkv.model.window_attention import window_attention
 from tieredkv.model.workspace import SpareWorkspaces, Workspace, WorkspaceArena, fill_helper
+from tieredkv.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ import pytest
 
 from tieredkv.bench.prefill_cost import PrefillCost, load_model_cost
 from tieredkv.bench.targets import evaluate, targets_table
-from tieredkv.config import ModelConfig
+from tieredkv.model_config import ModelConfig
 
 SMOL = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
                    num_heads=9, num_kv_heads=3, head_dim=64)  # fmt: skip

@@ -22,7 +22,7 @@ from tieredkv.cache.sliding_pages import (
     window_pages,
 )
 from tieredkv.cache.tier import Tier
-from tieredkv.config import ModelConfig
+from tieredkv.model_config import ModelConfig
 
 DOCS = Path(__file__).parents[3] / "docs" / "architecture.md"
 

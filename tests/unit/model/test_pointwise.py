@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from tieredkv.config import ModelConfig
 from tieredkv.model import pointwise
 from tieredkv.model.cpu_kernels import load_cpu_kernels
 from tieredkv.model.dtype import cpu_flags
 from tieredkv.model.pointwise import FUSED_MIN_TOKENS, FusedPointwise, Pointwise, make_pointwise
 from tieredkv.model.rope import apply_rope
+from tieredkv.model_config import ModelConfig
 
 CONFIG = ModelConfig(
     vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,

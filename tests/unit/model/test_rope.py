@@ -12,10 +12,10 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from tests.model_factory import make_tiny_model_dir
-from tieredkv.config import ModelConfig, RopeScaling
 from tieredkv.model.hf_config import parse_model_config
 from tieredkv.model.loader import load_model
 from tieredkv.model.rope import apply_rope, build_rope_cache, rope_inv_freq
+from tieredkv.model_config import ModelConfig, RopeScaling
 
 MAX_LEN = 4096
 VARIANTS: dict[str, dict[str, Any] | None] = {

@@ -14,12 +14,12 @@ from tieredkv.kernels.backend import torch_backend
 
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.device_pool import DevicePool
-from tieredkv.config import ModelConfig
 from tieredkv.model.attention import AttentionBackend, PagedKernelAttention
 from tieredkv.model.cpu_kernels import load_cpu_kernels
 from tieredkv.model.forward_batch import ForwardBatch, SequenceChunk
 from tieredkv.model.window_attention import window_attention
 from tieredkv.model.workspace_attention import WorkspaceAttention
+from tieredkv.model_config import ModelConfig
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE, WINDOW = 4, 2, 16, 4, 12
 
