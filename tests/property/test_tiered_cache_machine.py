@@ -243,7 +243,11 @@ class TieredCacheMachine(RuleBasedStateMachine):
     def finish_request(self, data: st.DataObject, keep_lock: bool, packed: bool) -> None:
         run = self._end_request(data)
         tokens = PackedTokens.from_ids(run.tokens) if packed else run.tokens
-        result = self.cache.insert(tokens, run.namespace, run.page_table)
+        # as the engine's handle does: the walk starts at the matched node it holds locked
+        # (after a flush advanced the namespace's generation, the root leads elsewhere)
+        reused = len(run.page_table) - len(run.private)
+        start = {"start_node": run.lock, "start_pages": reused} if run.lock is not None else {}
+        result = self.cache.insert(tokens, run.namespace, run.page_table, **start)
         if result.num_pages and len(self.inserted) < 8:
             self.inserted.append((run.namespace, run.tokens[: result.num_pages * PAGE_SIZE]))
         assert result.device_pages[: len(run.page_table) - len(run.private)] == tuple(

@@ -26,12 +26,12 @@ from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
+from tieredkv.cache.disk.directory import GENERATIONS_FILE
 from tieredkv.errors import DiskStoreError
 from tieredkv.tenants import split_namespace
 
 log = logging.getLogger(__name__)
 
-GENERATIONS_FILE = "generations.json"
 # Advances a scope's shared generation to at least the given one, past the shared one; returns
 # the shared generation now, or None when the shared store could not be reached.
 ShareGeneration = Callable[[str, int], "int | None"]

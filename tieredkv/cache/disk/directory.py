@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 LOCK_FILE = "tieredkv.lock"
 STORE_FILE = "pages-0.tkv"
 PINS_FILE = "pins.json"  # the pinned prefixes (`tieredkv.cache.pins`), kept beside the store
+GENERATIONS_FILE = "generations.json"  # the flush generations (`cache.flush_generations`)
 SET_ASIDE_INFIX = ".setaside-"
 
 
@@ -99,7 +100,7 @@ def prepare_directory(directory: Path) -> None:
             f"(mode {stat.S_IMODE(status.st_mode):o}); run `chmod go-w {directory}`"
         )
     for name in entries:
-        if name not in (LOCK_FILE, STORE_FILE, PINS_FILE) and not name.startswith(
+        if name not in (LOCK_FILE, STORE_FILE, PINS_FILE, GENERATIONS_FILE) and not name.startswith(
             STORE_FILE + SET_ASIDE_INFIX
         ):
             logger.warning("disk cache directory %s: ignoring foreign file %r", directory, name)

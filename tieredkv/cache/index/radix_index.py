@@ -110,9 +110,11 @@ class RadixIndex:
     ) -> InsertResult:
         """Index the full pages of `tokens` (ids or `PackedTokens`) whose KV is in
         `device_pages` (the request's page table). Pages the tree has already are reported
-        (`InsertResult`), the others become the tree's; lock `result.node` next. A `start_node`
-        the caller holds locked, `start_pages` pages deep, starts the walk past those pages,
-        with the same result. The path it leaves goes to `after_insert` (write policy)."""
+        (`InsertResult`), the others become the tree's; lock `result.node` next. A caller whose
+        table starts with tree pages passes the node it holds locked (`start_node`,
+        `start_pages` pages deep): the walk starts past those pages, under their root even after
+        a flush advanced the namespace's generation (from the root it would not find them). The
+        path it leaves goes to `after_insert` (write policy)."""
         query = packed_bytes(tokens)
         page_bytes = self.tree.page_bytes
         num_pages = min(len(query) // page_bytes, len(device_pages))

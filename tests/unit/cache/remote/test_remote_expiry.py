@@ -16,6 +16,7 @@ import pytest
 from tests.redis_servers import RedisServer, require_redis
 from tests.support.tiny_cache import FINGERPRINT, fill_device_pages, tiny_layout
 from tests.unit.cache.cache_steps import ok
+from tests.unit.cache.remote.conftest import FINGERPRINT as STORE_FINGERPRINT
 from tests.unit.cache.remote.conftest import make_pages
 from tieredkv.cache.build import build_cache
 from tieredkv.cache.page_record import fingerprint_digest
@@ -32,7 +33,7 @@ TTL_S = 3600.0
 SLACK_MS = 120_000  # a busy test machine: the expiry is set within two minutes of `retain`
 FLUSH_S = 30.0
 LAYOUT = tiny_layout(4)
-STORE_KEYS = StoreKeys.derive(None, fingerprint_digest(FINGERPRINT))  # the stores' (no secret)
+STORE_KEYS = StoreKeys.derive(None, fingerprint_digest(STORE_FINGERPRINT))  # open_store's
 
 
 def redis_name(page_key: bytes) -> str:
@@ -195,15 +196,18 @@ def test_a_retained_prompt_gets_24_hours_in_redis(redis_server: RedisServer, cac
     assert in_a_day(names_expiring(redis_server)) == 5
 
 
-def test_a_retained_prompt_redis_lost_is_written_again(redis_server: RedisServer, cache) -> None:
+def test_a_flushed_retained_prompt_computed_again_gets_its_expiry_again(
+    redis_server: RedisServer, cache
+) -> None:
     retained = list(range(700, 717))  # 4 full pages
     computed(cache, retained)
     assert cache.retention.retain(retained, "default", now=0.0)
     settled(cache)
     assert in_a_day(names_expiring(redis_server)) == 4
     redis_server.cli("FLUSHALL")  # Redis lost them (evicted, or restarted empty)
-    cache.flush()  # the remote copies forgotten here; the retained host copy stays
-    assert cache.match([*retained, 0]).tokens_by_tier()[Tier.HOST] == 16
+    cache.flush()  # and a flush forgets the prompt here, retained or not
+    assert sum(cache.match([*retained, 0]).tokens_by_tier().values()) == 0
+    computed(cache, retained)  # computed again, then retained again
     assert cache.retention.retain(retained, "default", now=1.0)
     settled(cache)
     assert in_a_day(names_expiring(redis_server)) == 4
