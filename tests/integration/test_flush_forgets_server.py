@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
-import pytest
 
 from tests.integration.server_process import ServerProcess
 from tests.model_factory import make_tiny_model_dir
-from tests.redis_servers import RedisServer, require_redis
+from tests.redis_servers import RedisServer
 from tieredkv.cache.remote.keys import KEY_PREFIX
 from tieredkv.cache.remote.shared_generations import POLL_S
 
@@ -26,14 +24,6 @@ ROLES = {"alice": "tenant", "bob": "tenant", "ops": "admin"}
 PAGE_SIZE = 16
 PROMPT_PAGES = 5
 HTTP = httpx.Client(timeout=120.0)
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    require_redis()
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
 
 
 def serve(model: Path, redis: RedisServer, root: Path, name: str, disk: bool) -> ServerProcess:

@@ -6,27 +6,17 @@ serves anyway, /health says the remote tier is degraded, and it recovers when Re
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import httpx
-import pytest
 
 from tests.integration.server_process import ServerProcess
 from tests.integration.test_server_e2e import MODEL, document
-from tests.redis_servers import RedisServer, require_redis
+from tests.redis_servers import RedisServer
 
 # budgets 20x the default: a 15 MiB fetch (22 fp32 pages) once ran past its 127 ms on a busy
 # 2-core CI machine and was (rightly) a miss; this test checks the sharing, not the speed
 ARGS = ["--dtype", "float32", "--max-model-len", "1024", "--device-cache-size", "64MiB",
         "--host-cache-size", "0", "--debug-endpoints", "--remote-budget-scale", "20"]  # fmt: skip
-
-
-@pytest.fixture
-def redis(tmp_path) -> Iterator[RedisServer]:
-    require_redis()
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
 
 
 def chat(server: ServerProcess, content: str) -> tuple[str, dict]:

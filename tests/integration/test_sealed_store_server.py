@@ -6,16 +6,14 @@ far as one can without the secret) and a value copied under another page's key a
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
-import pytest
 
 from tests.integration.server_process import ServerProcess
 from tests.model_factory import make_tiny_model_dir
-from tests.redis_servers import RedisServer, require_redis
+from tests.redis_servers import RedisServer
 from tieredkv.bench.prom_text import parse_samples, select
 from tieredkv.cache.remote.keys import KEY_PREFIX
 from tieredkv.cache.remote.record import HEADER_BYTES
@@ -24,14 +22,6 @@ from tieredkv.cache.remote.secret import SECRET_ENV, StoreKeys
 PAGE_SIZE = 16
 PROMPT_PAGES = 5
 WRITE_WAIT_S = 60.0
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    require_redis()
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
 
 
 def serve(model: Path, redis: RedisServer, log: Path, secret: str) -> ServerProcess:

@@ -18,7 +18,7 @@ import torch
 import transformers
 
 from tests.integration.server_process import ServerProcess
-from tests.redis_servers import RedisServer, require_redis
+from tests.redis_servers import RedisServer
 from tests.unit.model.test_qwen3_gemma3_forward import hf_greedy, prompt_of, tiny_family_model
 from tieredkv.model.tokenizer import ChatTokenizer
 
@@ -72,14 +72,6 @@ def test_greedy_completion_and_logprobs_equal_transformers(served) -> None:
     expected = Expected(model_dir, ids)
     assert expected.check(server, ids)["cached_tokens"] == 0
     assert expected.check(server, ids)["cached_tokens_by_tier"]["device"] > 0
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    require_redis()
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])
