@@ -49,6 +49,7 @@ def make_cache(
     namespace_share: float | None = None,
     page_listener: PageListener | None = None,
     retention_pages: int | None = None,
+    sliding_window: int | None = None,
 ) -> tuple[TieredCache, ManualTransferExecutor]:
     """A cache whose transfers run only when the test completes their tickets."""
     executor = executor or ManualTransferExecutor()
@@ -73,6 +74,7 @@ def make_cache(
         memory_executor=executor,
         disk_executor=executor,
         page_listener=page_listener,
+        sliding_window=sliding_window,
     )
     return cache, executor
 

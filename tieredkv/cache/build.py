@@ -65,6 +65,7 @@ def build_cache(
     disk_executor: TransferExecutor | None = None,
     clock: Callable[[], float] = time.monotonic,
     page_listener: PageListener | None = None,
+    sliding_window: int | None = None,
 ) -> TieredCache:
     """The tiered cache for `config` (see docs/architecture.md).
 
@@ -73,7 +74,9 @@ def build_cache(
     directory locked; DiskStoreError if it cannot be) and its records are indexed again, so
     their prefixes match in the disk tier. Executors and the clock can be replaced (tests).
     `page_listener` hears of every page landing in or leaving a local tier (`page_listener`):
-    first that none is held, then the disk's rebuilt pages.
+    first that none is held, then the disk's rebuilt pages. `sliding_window`: the model's
+    longest sliding window (`LayerKinds.window`; None: no sliding layer), for the sliding-page
+    rule (`sliding_pages`).
     """
     device = torch.device(device)
     disk = _open_disk(config, layout, fingerprint, disk_io)
@@ -92,12 +95,16 @@ def build_cache(
         disk_executor or _default_io_executor(transfer_jobs),
         clock,
     )
-    residency = Residency(tree, pools, counters, namespace_share=config.namespace_share)
+    residency = Residency(
+        tree, pools, counters, config.namespace_share, sliding_window=sliding_window
+    )
     if page_listener is not None:  # first of all: forget what an earlier process here held
         page_listener.all_cleared()
         residency.events = PageEvents(tree, page_listener)
     transfers = NodeTransfers(residency, transfer_jobs, transfer_queue, clock)
-    index = RadixIndex(tree, fingerprint, config.enable_prefix_reuse, residency)
+    index = RadixIndex(
+        tree, fingerprint, config.enable_prefix_reuse, residency, sliding_window=sliding_window
+    )
     write_through = config.write_policy is WritePolicy.WRITE_THROUGH
     demoter = Demoter(pools, residency, transfers, write_through)
     index.after_insert = demoter.path_inserted

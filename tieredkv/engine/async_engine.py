@@ -28,7 +28,7 @@ from tieredkv.cache.build import build_cache
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.page_listener import PageListener
 from tieredkv.cache.pins import PinError
-from tieredkv.cache.sliding_pages import held_by_layer_kind
+from tieredkv.cache.sliding_pages import LayerKinds, held_by_layer_kind
 from tieredkv.cache.tier import Tier
 from tieredkv.config import CacheConfig, EngineConfig
 from tieredkv.engine.capacity import capacity_lines, capacity_summary
@@ -96,10 +96,10 @@ class AsyncEngine(EngineClient):
         in_ram = torch.device(device).type == "cpu"
         cache_config, workspace_bytes = carve_workspace(cache_config, engine_config, layout, in_ram)
         check_device_capacity(cache_config, layout, engine_config.max_model_len)
-        fingerprint = model_fingerprint(loaded, layout)
         cache = build_cache(
-            cache_config, layout, fingerprint, device, clock=clock, page_listener=page_listener
-        )
+            cache_config, layout, model_fingerprint(loaded, layout), device, clock=clock,
+            page_listener=page_listener, sliding_window=LayerKinds.of(loaded.config, layout).window,
+        )  # fmt: skip
         runner = ModelRunner(
             loaded.config,
             loaded.weights,

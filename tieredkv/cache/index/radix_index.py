@@ -6,6 +6,11 @@ index owns the access clock (every match and insert marks its path used, one tic
 the bookkeeping of device pages lent to requests (`private_pages`). It never reads or writes
 copies: it hands pages to the layer that keeps them (`TreeEvents`) and tells it whenever it
 changed a node; a match asks each node's record for its serving copy (`NodeState.serve_into`).
+
+With sliding-window layers (`sliding_window`, the longest window), a match ends where a request
+may continue from: before the last page whose window reads a page its serving copy holds
+without the sliding part (`sliding_pages.reusable_tokens`), and an insert stops before a node
+whose device copy lacks a sliding part the request has (the request keeps its own pages).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from tieredkv.cache.index.page_key import namespace_root_key
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.index.token_run import TOKEN_BYTES, TokenSequence, packed_bytes
+from tieredkv.cache.sliding_pages import reusable_tokens
 from tieredkv.cache.tier import Tier
 
 _TIERS = tuple(Tier)  # iterating the enum itself is slow
@@ -49,9 +55,15 @@ class RadixIndex:
     """The tree behind `TieredCache.match` / `insert` / `lock` / `unlock` (engine thread)."""
 
     def __init__(
-        self, tree: RadixTree, fingerprint: bytes, prefix_reuse: bool, events: TreeEvents
+        self,
+        tree: RadixTree,
+        fingerprint: bytes,
+        prefix_reuse: bool,
+        events: TreeEvents,
+        sliding_window: int | None = None,
     ) -> None:
         self.tree = tree
+        self.sliding_window = sliding_window
         self.page_size = tree.page_size
         self.fingerprint = fingerprint
         self.prefix_reuse = prefix_reuse
@@ -78,19 +90,11 @@ class RadixIndex:
         root = self.tree.root(key, create=False, name=namespace)
         if not (self.prefix_reuse and root is not None and max_pages > 0):
             return MatchResult(key, num_tokens, self.page_size, *_NO_SEGMENT.values(), None)
-        # group the path by serving tier (its fastest copy): device nodes, then host, then disk
-        nodes: tuple[list[RadixNode], ...] = tuple([] for _ in _TIERS)
-        pages: tuple[list[int], ...] = tuple([] for _ in _TIERS)
-        matched: list[RadixNode] = []
-        previous = Tier.DEVICE
-        for node in self._walk_exact(root, query, max_pages):
-            tier = node.residence.serve_into(pages)
-            if tier is None:
-                break  # emptied by a failed read, kept only by a lock: a miss from here
-            assert tier >= previous, f"match tiers out of order at {node}"
-            previous = tier
-            nodes[tier].append(node)
-            matched.append(node)
+        nodes, pages, matched = self._serving_path(self._walk_exact(root, query, max_pages))
+        reusable = self._reusable_pages(matched)
+        if reusable < sum(len(tier_pages) for tier_pages in pages):
+            walked = self._walk_exact(root, query, reusable) if reusable else []
+            nodes, pages, matched = self._serving_path(walked)
         self._touch(matched)
         segments = [
             MatchSegment(t, tuple(nodes[t]), tuple(pages[t])) if nodes[t] else _NO_SEGMENT[t]
@@ -98,6 +102,39 @@ class RadixIndex:
         ]
         last = matched[-1] if matched else None
         return MatchResult(key, num_tokens, self.page_size, *segments, last)
+
+    def _serving_path(
+        self, walked: list[RadixNode]
+    ) -> tuple[tuple[list[RadixNode], ...], tuple[list[int], ...], list[RadixNode]]:
+        """The walked path grouped by serving tier (its fastest copy): device nodes, then host,
+        then disk; its nodes and pages per tier and the nodes served."""
+        nodes: tuple[list[RadixNode], ...] = tuple([] for _ in _TIERS)
+        pages: tuple[list[int], ...] = tuple([] for _ in _TIERS)
+        matched: list[RadixNode] = []
+        previous = Tier.DEVICE
+        for node in walked:
+            tier = node.residence.serve_into(pages)
+            if tier is None:
+                break  # emptied by a failed read, kept only by a lock: a miss from here
+            assert tier >= previous, f"match tiers out of order at {node}"
+            previous = tier
+            nodes[tier].append(node)
+            matched.append(node)
+        return nodes, pages, matched
+
+    def _reusable_pages(self, matched: list[RadixNode]) -> int:
+        """The pages of the served path a request may continue after (all of them unless a
+        sliding part its window reads is missing: `reusable_tokens`)."""
+        num_pages = sum(node.num_pages for node in matched)
+        window = self.sliding_window
+        if window is None or not any(node.residence.serving_gaps() for node in matched):
+            return num_pages
+        kept: list[bool] = []
+        for node in matched:
+            gaps = node.residence.serving_gaps()
+            kept.extend(index not in gaps for index in range(node.num_pages))
+        matched_tokens = num_pages * self.page_size
+        return reusable_tokens(matched_tokens, kept, window, self.page_size) // self.page_size
 
     def insert(
         self,
@@ -141,6 +178,8 @@ class RadixIndex:
                 self.reclaim(mine)  # the tree had these pages on host or disk only: ours now
                 copied.append(node)
                 theirs = mine
+            elif mine != theirs and node.residence.device_gaps():
+                break  # the tree's copy lacks sliding parts the request's pages hold: keep ours
             elif mine != theirs:  # usually equal: the request's table starts with the tree's
                 duplicates.extend(a for a, b in zip(mine, theirs, strict=True) if a != b)
             tree_pages.extend(theirs)

@@ -48,6 +48,12 @@ class NodeState(Protocol):
     def device_pages(self) -> list[int] | None:
         """The committed device copy's pages, None without one."""
 
+    def serving_gaps(self) -> frozenset[int]:
+        """The pages (indexes in the node) whose serving copy lacks their sliding part."""
+
+    def device_gaps(self) -> frozenset[int]:
+        """The pages whose device copy lacks their sliding part."""
+
 
 class RadixNode:
     """A run of whole pages. The namespace root holds no pages and is never evicted."""

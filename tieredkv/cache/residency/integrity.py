@@ -94,6 +94,9 @@ def _check_residence(node: RadixNode, problems: list[str]) -> None:
             problems.append(f"{node}: {tier.label} copy has {len(pages)} pages")
         if not record.may_commit(tier):
             problems.append(f"{node}: committed {tier.label} copy without the parent's")
+    for tier, gaps in record.sliding_gaps.items():
+        if tier not in record.copies or not gaps or not gaps <= set(range(node.num_pages)):
+            problems.append(f"{node}: sliding gaps {sorted(gaps)} of its {tier.label} copy")
     for tier, part in record.inflight.items():
         if part.node is not node or part.dst_tier is not tier:
             problems.append(f"{node}: stale transfer part towards {tier.label}")

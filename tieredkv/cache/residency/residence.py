@@ -8,7 +8,9 @@ prefixes run through the node (`pin_count`), how many retained prefixes (`retain
 `pop_inflight`, which keep the parent's per-rank child counts (`child_ranks`,
 `children_on_disk`), so evictability checks are O(1) whatever the fan-out, and the namespace's
 pages per tier (`usage`, one list shared by every record of a namespace, and `arriving` for its
-copies in flight, which fair eviction reads: `fair_share`).
+copies in flight, which fair eviction reads: `fair_share`). A copy may lack some pages' sliding
+part (`sliding_gaps`: page indexes in the node, per tier; `sliding_pages`): a copy made from
+another has its gaps, a request's own pages have none.
 The tree calls the `NodeState` methods as it adds, splits, merges and removes nodes.
 """
 
@@ -43,6 +45,7 @@ class Residence:
         "node",
         "pin_count",
         "retain_count",
+        "sliding_gaps",
         "stamps",
         "usage",
     )
@@ -54,6 +57,8 @@ class Residence:
         self.pin_count = 0  # pinned prefixes through the node: its host and disk copies stay
         self.retain_count = 0  # retained prefixes through it: its lowest local copy stays
         self.stamps = [0] * len(Tier)  # per-tier heap entry versions (lazy deletion)
+        # per tier with a copy lacking some pages' sliding part: those pages' indexes
+        self.sliding_gaps: dict[Tier, frozenset[int]] = {}
         # the namespace's committed pages per tier: the root's list, shared by all its records
         # (a split or a merge moves pages between two nodes of one namespace: no change)
         self.usage = usage
@@ -86,6 +91,13 @@ class Residence:
         record = Residence(head, self.usage, self.arriving)
         record.copies = {tier: pages[:num_pages] for tier, pages in self.copies.items()}
         self.copies = {tier: pages[num_pages:] for tier, pages in self.copies.items()}
+        gaps = self.sliding_gaps
+        record.sliding_gaps = _nonempty(
+            {t: {i for i in g if i < num_pages} for t, g in gaps.items()}
+        )
+        self.sliding_gaps = _nonempty(
+            {t: {i - num_pages for i in g if i >= num_pages} for t, g in gaps.items()}
+        )
         record.inflight = {t: part.split_head(num_pages, head) for t, part in self.inflight.items()}
         record.pin_count = self.pin_count
         record.retain_count = self.retain_count
@@ -104,6 +116,13 @@ class Residence:
 
     def absorb_parent(self, parent: Residence) -> None:
         self.copies = {tier: parent.copies[tier] + pages for tier, pages in self.copies.items()}
+        shift = parent.node.num_pages
+        gaps = {
+            tier: parent.sliding_gaps.get(tier, frozenset())
+            | {i + shift for i in self.sliding_gaps.get(tier, ())}
+            for tier in self.copies
+        }
+        self.sliding_gaps = _nonempty(gaps)
 
     def empty(self) -> bool:
         return not (self.copies or self.inflight)
@@ -119,17 +138,33 @@ class Residence:
     def device_pages(self) -> list[int] | None:
         return self.copies.get(Tier.DEVICE)
 
+    def serving_gaps(self) -> frozenset[int]:
+        copies = self.copies
+        return self.sliding_gaps.get(min(copies), frozenset()) if copies else frozenset()
+
+    def device_gaps(self) -> frozenset[int]:
+        return self.sliding_gaps.get(Tier.DEVICE, frozenset())
+
     # --- copies and transfers: only these four change them, keeping the parent's counts -----
 
-    def set_copy(self, tier: Tier, pages: list[int]) -> None:
+    def set_copy(self, tier: Tier, pages: list[int], gaps: frozenset[int] = frozenset()) -> None:
+        """`gaps`: the pages of the copy without their sliding part (none: all have it)."""
         before = self.rank()
         self.usage[tier] += len(pages) - len(self.copies.get(tier, ()))
         self.copies[tier] = pages
+        self.set_gaps(tier, gaps)
         self._ranked(before)
+
+    def set_gaps(self, tier: Tier, gaps: frozenset[int]) -> None:
+        if gaps:
+            self.sliding_gaps[tier] = gaps
+        else:
+            self.sliding_gaps.pop(tier, None)
 
     def pop_copy(self, tier: Tier) -> list[int]:
         before = self.rank()
         pages = self.copies.pop(tier)
+        self.sliding_gaps.pop(tier, None)
         self.usage[tier] -= len(pages)
         self._ranked(before)
         return pages
@@ -211,3 +246,7 @@ class Residence:
     def has_disk_copy(self) -> bool:
         """A disk copy exists or is being written (the disk closure counts both)."""
         return self.node.parent is None or Tier.DISK in self.copies or Tier.DISK in self.inflight
+
+
+def _nonempty(gaps: dict[Tier, set[int] | frozenset[int]]) -> dict[Tier, frozenset[int]]:
+    return {tier: frozenset(pages) for tier, pages in gaps.items() if pages}

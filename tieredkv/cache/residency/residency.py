@@ -9,6 +9,7 @@ Rules kept here (engine thread only):
     closure invariants hold after every completion.
   - A demotion frees its source only when applied, and only if the node could still leave
     that tier (unlocked, no child needing it); otherwise the source stays as the serving copy.
+  - A copy made from another lacks the sliding parts its source lacked (`sliding_gaps`).
 
 Each node's record (`residence.Residence`, `node.residence`) keeps its copies and transfers;
 this layer alone reads it. Starting transfers and applying their outcomes is
@@ -27,6 +28,7 @@ from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, copy_may_leave
 from tieredkv.cache.residency.fair_share import Claim, FairTierHeap, tier_heap
 from tieredkv.cache.residency.page_events import PageEvents
+from tieredkv.cache.sliding_pages import node_kept_sliding
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.transfer_queue import PartState, TransferPart
@@ -44,10 +46,13 @@ class Residency:
         pools: TierPools,
         counters: CacheCounters,
         namespace_share: float | None = None,
+        sliding_window: int | None = None,
     ) -> None:
         """`namespace_share`: each namespace's share of the device and host tiers when they
-        make room (`fair_share`; None: an equal part among the namespaces holding pages)."""
+        make room (`fair_share`; None: an equal part among the namespaces holding pages).
+        `sliding_window`: the model's longest sliding window (None: no sliding layer)."""
         self.tree = tree
+        self.sliding_window = sliding_window
         self.pools = pools
         self.counters = counters
         self._policy = LruEvictionPolicy()
@@ -182,6 +187,21 @@ class Residency:
             for changed in self.tree.lock_path(node, -1):
                 self.refresh(changed)
 
+    # --- sliding parts ----------------------------------------------------------------------
+
+    def drop_sliding_parts(self, node: RadixNode, tier: Tier) -> frozenset[int]:
+        """Mark `node`'s copy in `tier` without the sliding part of the pages no reuse point
+        reads (`node_kept_sliding`: those before the window of the node's end); returns their
+        indexes. Matches served from it are cut where a window reads one of them."""
+        record = node.residence
+        window = self.sliding_window
+        assert tier in record.copies and window is not None, f"{node}: no {tier} copy to drop"
+        kept = node_kept_sliding(node.num_tokens, window, self.tree.page_size)
+        gaps = record.sliding_gaps.get(tier, frozenset())
+        gaps = gaps.union(index for index, keep in enumerate(kept.tolist()) if not keep)
+        record.set_gaps(tier, gaps)
+        return gaps
+
     # --- committing arrived copies --------------------------------------------------------
 
     def try_commit(self, part: TransferPart[RadixNode]) -> None:
@@ -191,7 +211,7 @@ class Residency:
         if not record.may_commit(dst):
             return  # the parent's copy commits first and then commits this one
         record.pop_inflight(dst)
-        record.set_copy(dst, part.dst_pages)
+        record.set_copy(dst, part.dst_pages, record.sliding_gaps.get(part.src_tier, frozenset()))
         if self.events is not None:
             self.events.stored(node, dst)
         self._commits.append((node, dst))

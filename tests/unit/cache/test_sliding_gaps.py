@@ -1,0 +1,96 @@
+"""Copies without some pages' sliding part (`sliding_gaps`): a copy made from one keeps its
+gaps, splits carry them, a match is cut back to where a continuation reads no gap, and an insert
+never hands a request the tree's gapped pages in place of its own."""
+
+from __future__ import annotations
+
+from tests.support.tiny_cache import make_cache, tiny_layout
+from tests.unit.cache.cache_steps import compute, ok, settle
+from tieredkv.cache.index.page_key import namespace_root_key, token_bytes
+from tieredkv.cache.index.radix_tree import RadixTree
+from tieredkv.cache.residency.residence import Residence
+from tieredkv.cache.tier import Tier
+from tieredkv.cache.tiered_cache import TieredCache
+
+LAYOUT = tiny_layout(page_size=4)
+WINDOW = 9  # a continuation from token b reads tokens b - 8 .. b - 1: two or three pages
+
+
+def history_on_host(window: int | None = WINDOW) -> tuple[TieredCache, list[int]]:
+    """A cache whose only copy of a 10-page history is on host."""
+    cache, executor = make_cache(LAYOUT, device_pages=16, host_pages=32, sliding_window=window)
+    history = list(range(100, 140))
+    compute(cache, history)
+    cache.evict(Tier.DEVICE, 16)  # demoted to host once the copies are applied
+    settle(cache, executor)
+    assert cache.match([*history, 1]).host.num_pages == 10
+    return cache, history
+
+
+def test_a_copy_without_sliding_parts_serves_matches_up_to_its_windows() -> None:
+    cache, history = history_on_host()
+    node = cache.match([*history, 1]).last_node
+    assert cache.residency.drop_sliding_parts(node, Tier.HOST) == frozenset(range(8))
+    ok(cache)
+    assert cache.match([*history, 1]).matched_len == 40  # its end kept its window
+    # diverging at token 30: page 7 lacks the sliding part a continuation from 28 reads, and
+    # so does every page before it: nothing is reusable
+    assert cache.match([*history[:30], 7, 7, 7]).matched_len == 0
+    ok(cache)
+    assert cache.match([*history[:28], 1]).matched_len == 0  # from 28: pages 5 and 6
+    # the divergent match split the node after page 7: each part keeps its pages' gaps
+    tail = cache.match([*history, 1]).last_node
+    assert tail.residence.sliding_gaps == {Tier.HOST: frozenset({0})}  # page 7 of the history
+    assert tail.parent.residence.sliding_gaps == {Tier.HOST: frozenset(range(7))}
+    assert cache.match([*history, 1]).matched_len == 40
+
+
+def test_promotion_carries_the_gaps_to_the_device_copy() -> None:
+    cache, history = history_on_host()
+    cache.residency.drop_sliding_parts(cache.match([*history, 1]).last_node, Tier.HOST)
+    match = cache.match([*history, 1])
+    ticket = cache.promote(match)
+    settle(cache, cache.transfer_queue.memory_executor)
+    assert ticket.done and ticket.num_ready_pages == 10
+    node = cache.match([*history, 1]).last_node
+    assert cache.match([*history, 1]).device.num_pages == 10
+    assert node.residence.device_gaps() == frozenset(range(8))
+    ok(cache)
+
+
+def test_an_insert_stops_before_a_gapped_device_copy_of_pages_it_computed() -> None:
+    cache, history = history_on_host()
+    cache.residency.drop_sliding_parts(cache.match([*history, 1]).last_node, Tier.HOST)
+    ticket = cache.promote(cache.match([*history, 1]))
+    settle(cache, cache.transfer_queue.memory_executor)
+    pages = cache.allocate(10)  # a request that computed the whole history itself
+    result = cache.insert(history, "default", pages)
+    assert result.num_pages == 0 and result.device_pages == ()  # it keeps its own pages
+    cache.free(pages)
+    assert ticket.done
+    ok(cache)
+
+
+def test_without_a_window_nothing_is_cut() -> None:
+    cache, history = history_on_host(window=None)
+    assert cache.match([*history[:30], 7, 7, 7]).matched_len == 28
+    ok(cache)
+
+
+def test_splits_and_merges_carry_each_copys_gaps() -> None:
+    tree = RadixTree(4, Residence.for_root)
+    root = tree.root(namespace_root_key(b"fp", "ns"), create=True)
+    node = tree.add_child(root, token_bytes(range(24)))
+    node.residence.set_copy(Tier.DEVICE, list(range(6)))
+    node.residence.set_copy(Tier.HOST, list(range(10, 16)), frozenset({0, 1, 4}))
+    head = tree.split(node, 3)
+    assert head.residence.sliding_gaps == {Tier.HOST: frozenset({0, 1})}
+    assert node.residence.sliding_gaps == {Tier.HOST: frozenset({1})}
+    assert node.residence.serving_gaps() == frozenset()  # served from the device copy
+    assert tree.can_merge(head)
+    merged = tree.merge(head)
+    assert merged.residence.sliding_gaps == {Tier.HOST: frozenset({0, 1, 4})}
+    merged.residence.pop_copy(Tier.DEVICE)
+    assert merged.residence.serving_gaps() == frozenset({0, 1, 4})
+    merged.residence.pop_copy(Tier.HOST)
+    assert merged.residence.sliding_gaps == {}
