@@ -94,3 +94,25 @@ def test_splits_and_merges_carry_each_copys_gaps() -> None:
     assert merged.residence.serving_gaps() == frozenset({0, 1, 4})
     merged.residence.pop_copy(Tier.HOST)
     assert merged.residence.sliding_gaps == {}
+
+
+def test_a_copy_written_down_keeps_the_gaps_its_source_had_when_it_started(tmp_path) -> None:
+    cache, executor = make_cache(
+        LAYOUT, device_pages=16, host_pages=16, disk_pages=32, disk_dir=tmp_path,
+        sliding_window=WINDOW,
+    )  # fmt: skip
+    history = list(range(100, 140))
+    compute(cache, history)
+    cache.evict(Tier.DEVICE, 16)
+    settle(cache, executor)
+    node = cache.match([*history, 1]).last_node
+    cache.residency.drop_sliding_parts(node, Tier.HOST)
+    cache.evict(Tier.HOST, 16)  # written to disk from the host copy, then freed there
+    (part,) = node.residence.inflight.values()
+    assert part.dst_tier is Tier.DISK and part.sliding_gaps == frozenset(range(8))
+    settle(cache, executor)
+    assert cache.match([*history, 1]).disk.num_pages == 10
+    assert node.residence.sliding_gaps == {Tier.DISK: frozenset(range(8))}
+    assert cache.match([*history[:30], 7, 7, 7]).matched_len == 0
+    assert cache.match([*history, 1]).matched_len == 40
+    ok(cache)

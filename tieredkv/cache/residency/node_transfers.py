@@ -100,6 +100,7 @@ class NodeTransfers:
             part_dst = dst_pages[offset : offset + node.num_pages]
             record = node.residence
             part = TransferPart(node, ticket, src, dst, list(record.copies[src]), part_dst, offset)
+            part.sliding_gaps = record.sliding_gaps.get(src, frozenset())
             record.set_inflight(dst, part)
             ticket.parts.append(part)
             src_pages.extend(part.src_pages)

@@ -139,8 +139,17 @@ class Residence:
         return self.copies.get(Tier.DEVICE)
 
     def serving_gaps(self) -> frozenset[int]:
+        """The serving copy's gaps and those of copies on their way to a faster tier, which a
+        promotion may wait for and read instead (a prefetch towards host)."""
         copies = self.copies
-        return self.sliding_gaps.get(min(copies), frozenset()) if copies else frozenset()
+        if not copies:
+            return frozenset()
+        tier = min(copies)
+        gaps = self.sliding_gaps.get(tier, frozenset())
+        for dst, part in self.inflight.items():
+            if dst < tier and part.sliding_gaps:
+                gaps = gaps | part.sliding_gaps
+        return gaps
 
     def device_gaps(self) -> frozenset[int]:
         return self.sliding_gaps.get(Tier.DEVICE, frozenset())

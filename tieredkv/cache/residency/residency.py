@@ -9,7 +9,8 @@ Rules kept here (engine thread only):
     closure invariants hold after every completion.
   - A demotion frees its source only when applied, and only if the node could still leave
     that tier (unlocked, no child needing it); otherwise the source stays as the serving copy.
-  - A copy made from another lacks the sliding parts its source lacked (`sliding_gaps`).
+  - A copy made from another lacks the sliding parts its source lacked when it started, and any
+    the transfer did not carry (`TransferPart.sliding_gaps`).
 
 Each node's record (`residence.Residence`, `node.residence`) keeps its copies and transfers;
 this layer alone reads it. Starting transfers and applying their outcomes is
@@ -211,7 +212,7 @@ class Residency:
         if not record.may_commit(dst):
             return  # the parent's copy commits first and then commits this one
         record.pop_inflight(dst)
-        record.set_copy(dst, part.dst_pages, record.sliding_gaps.get(part.src_tier, frozenset()))
+        record.set_copy(dst, part.dst_pages, part.sliding_gaps)
         if self.events is not None:
             self.events.stored(node, dst)
         self._commits.append((node, dst))

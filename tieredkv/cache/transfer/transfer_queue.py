@@ -51,6 +51,8 @@ class TransferPart(Generic[NodeT]):
     dst_pages: list[int]
     offset: int
     state: PartState = PartState.COPYING
+    # the pages (indexes in the part) whose sliding part the copy does not carry
+    sliding_gaps: frozenset[int] = frozenset()
 
     def split_head(self, num_pages: int, head: NodeT) -> TransferPart[NodeT]:
         """Cut off the first `num_pages` pages as a part of the same ticket for `head`."""
@@ -63,6 +65,10 @@ class TransferPart(Generic[NodeT]):
             self.dst_pages[:num_pages],
             self.offset,
             self.state,
+            frozenset(index for index in self.sliding_gaps if index < num_pages),
+        )
+        self.sliding_gaps = frozenset(
+            index - num_pages for index in self.sliding_gaps if index >= num_pages
         )
         self.src_pages = self.src_pages[num_pages:]
         self.dst_pages = self.dst_pages[num_pages:]
