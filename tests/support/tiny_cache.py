@@ -18,6 +18,7 @@ from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.page_listener import PageListener
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig, WritePolicy
+from tieredkv.model_config import ModelConfig
 
 FINGERPRINT = b"tieredkv-test-model"
 
@@ -49,7 +50,7 @@ def make_cache(
     namespace_share: float | None = None,
     page_listener: PageListener | None = None,
     retention_pages: int | None = None,
-    sliding_window: int | None = None,
+    model: ModelConfig | None = None,
 ) -> tuple[TieredCache, ManualTransferExecutor]:
     """A cache whose transfers run only when the test completes their tickets."""
     executor = executor or ManualTransferExecutor()
@@ -74,7 +75,7 @@ def make_cache(
         memory_executor=executor,
         disk_executor=executor,
         page_listener=page_listener,
-        sliding_window=sliding_window,
+        model=model,
     )
     return cache, executor
 

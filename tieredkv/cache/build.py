@@ -23,9 +23,11 @@ from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.page_listener import PageListener
+from tieredkv.cache.page_parts import PageParts
 from tieredkv.cache.pins import Pinning, PinRegistry
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
+from tieredkv.cache.pools.split_host_pool import SplitHostPool
 from tieredkv.cache.remote.connection import RemoteTimeouts
 from tieredkv.cache.remote.remote_tier import RemoteTier
 from tieredkv.cache.remote.shared_generations import SharedGenerations
@@ -38,6 +40,7 @@ from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.residency.residency import Residency
 from tieredkv.cache.residency.warm_restart import rebuild_from_disk
 from tieredkv.cache.retention import Retention
+from tieredkv.cache.sliding_pages import LayerKinds
 from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.cache.transfer.executors import (
@@ -48,10 +51,14 @@ from tieredkv.cache.transfer.executors import (
 from tieredkv.cache.transfer.transfer_jobs import TransferJobs
 from tieredkv.cache.transfer.transfer_queue import TransferQueue
 from tieredkv.config import CacheConfig, WritePolicy
+from tieredkv.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
 IO_WORKERS = 4  # disk and remote transfers at once
+# the host pages that keep a sliding part beside their full part, with sliding layers: a
+# cached path of L tokens needs about (W + page_size) / L of them (one reuse point at its end)
+SLIDING_SHARE = 0.25
 
 
 def build_cache(
@@ -65,7 +72,7 @@ def build_cache(
     disk_executor: TransferExecutor | None = None,
     clock: Callable[[], float] = time.monotonic,
     page_listener: PageListener | None = None,
-    sliding_window: int | None = None,
+    model: ModelConfig | None = None,
 ) -> TieredCache:
     """The tiered cache for `config` (see docs/architecture.md).
 
@@ -74,16 +81,17 @@ def build_cache(
     directory locked; DiskStoreError if it cannot be) and its records are indexed again, so
     their prefixes match in the disk tier. Executors and the clock can be replaced (tests).
     `page_listener` hears of every page landing in or leaving a local tier (`page_listener`):
-    first that none is held, then the disk's rebuilt pages. `sliding_window`: the model's
-    longest sliding window (`LayerKinds.window`; None: no sliding layer), for the sliding-page
-    rule (`sliding_pages`).
+    first that none is held, then the disk's rebuilt pages. `model`'s sliding-window layers,
+    if any, bring in the sliding-page rule (`sliding_pages`) and, without a store below the
+    host tier, a host pool that keeps sliding parts for a share of its pages (`_host_pool`).
     """
     device = torch.device(device)
     disk = _open_disk(config, layout, fingerprint, disk_io)
     remote = _open_remote(config, layout, fingerprint)
+    sliding_window = None if model is None else LayerKinds.of(model, layout).window
     pools = TierPools(
         DevicePool.from_bytes(layout, config.device_cache_bytes, device),
-        HostPool.from_bytes(layout, config.host_cache_bytes),
+        _host_pool(config, layout, model, stores=disk is not None or remote is not None),
         disk,
         remote,
     )
@@ -149,6 +157,20 @@ def _flush_generations(
     if remote is not None:
         SharedGenerations(remote.store, generations).start()
     return generations
+
+
+def _host_pool(
+    config: CacheConfig, layout: PageLayout, model: ModelConfig | None, stores: bool
+) -> HostPool:
+    """Whole pages; for a model with sliding layers and no store below the host tier, full
+    parts for every page and sliding parts for `SLIDING_SHARE` of them (`SplitHostPool`). A
+    store cannot yet record that a page lacks its sliding part across a restart, so with one
+    the host tier keeps whole pages."""
+    parts = None if model is None else PageParts.of(model, layout)
+    if parts is None or not parts.has_sliding or stores or config.host_cache_bytes == 0:
+        return HostPool.from_bytes(layout, config.host_cache_bytes)
+    pinned = torch.cuda.is_available()
+    return SplitHostPool.from_bytes(parts, config.host_cache_bytes, SLIDING_SHARE, pinned)
 
 
 def _pin_budgets(config: CacheConfig) -> tuple[int, int]:

@@ -78,17 +78,20 @@ class LayerKinds:
 
 
 def held_by_layer_kind(
-    model: ModelConfig, layout: PageLayout, used_bytes: Callable[[Tier], int]
+    model: ModelConfig, layout: PageLayout, parts_held: Callable[[Tier], tuple[int, int]]
 ) -> dict:
     """For /health: each layer kind's layers, window, bytes a token, and the tokens of it each
-    tier holds (`used_bytes(tier)`: the tier's allocated pages in bytes). Every tier holds
-    whole pages, each with all its layers: both kinds hold the same tokens of each tier."""
+    tier holds (`parts_held(tier)`: the tier's allocated pages, and the sliding parts among
+    them: a split host pool keeps them for some pages, every other pool for all)."""
     kinds = LayerKinds.of(model, layout)
-    held = {tier.label: used_bytes(tier) // layout.page_bytes * layout.page_size for tier in Tier}
+    held = {tier: parts_held(tier) for tier in Tier}
     described = kinds.describe()
-    described["full"]["tokens_by_tier"] = held
+    described["full"]["tokens_by_tier"] = {
+        tier.label: pages * layout.page_size for tier, (pages, _) in held.items()
+    }
     described["sliding"]["tokens_by_tier"] = {
-        tier: tokens if kinds.sliding_layers else 0 for tier, tokens in held.items()
+        tier.label: sliding * layout.page_size if kinds.sliding_layers else 0
+        for tier, (_, sliding) in held.items()
     }
     return described
 

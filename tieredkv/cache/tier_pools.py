@@ -15,6 +15,7 @@ from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.free_list import PagePool
 from tieredkv.cache.pools.host_pool import HostPool
+from tieredkv.cache.pools.split_host_pool import SplitHostPool
 from tieredkv.cache.remote.remote_tier import REMOTE_ERROR_REASONS
 from tieredkv.cache.tier import Tier
 
@@ -89,10 +90,22 @@ class TierPools(Mapping[Tier, PagePool]):
 
     def used_bytes(self, tier: Tier) -> int:
         """Allocated pages (copies, requests' pages, and destinations in flight) in bytes."""
+        if tier is Tier.HOST and isinstance(self.host, SplitHostPool):
+            return self.host.used_bytes
         return (self.num_pages(tier) - self.num_free(tier)) * self.layout.page_bytes
 
     def capacity_bytes(self, tier: Tier) -> int:
+        if tier is Tier.HOST and isinstance(self.host, SplitHostPool):
+            return self.host.capacity_bytes
         return self.num_pages(tier) * self.layout.page_bytes
+
+    def parts_held(self, tier: Tier) -> tuple[int, int]:
+        """(allocated pages, sliding parts among them): a split host pool holds a sliding part
+        for some of its pages, every other pool one for each."""
+        pages = self.num_pages(tier) - self.num_free(tier)
+        if tier is Tier.HOST and isinstance(self.host, SplitHostPool):
+            return pages, self.host.sliding_free.num_used
+        return pages, pages
 
     def disk_page_errors(self) -> dict[DiskErrorReason, int]:
         """Disk records or files refused, by reason; every reason present, 0 without a disk."""

@@ -240,6 +240,10 @@ class TieredCache:
     def tier_capacity_bytes(self, tier: Tier) -> int:
         return self.pools.capacity_bytes(tier)
 
+    def tier_parts_held(self, tier: Tier) -> tuple[int, int]:
+        """(allocated pages, sliding parts among them) in `tier` (`TierPools.parts_held`)."""
+        return self.pools.parts_held(tier)
+
     def disk_page_errors(self) -> dict[DiskErrorReason, int]:
         """Disk records or files refused, by reason; every reason present, 0 without a disk."""
         return self.pools.disk_page_errors()

@@ -28,7 +28,7 @@ from tieredkv.cache.build import build_cache
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.page_listener import PageListener
 from tieredkv.cache.pins import PinError
-from tieredkv.cache.sliding_pages import LayerKinds, held_by_layer_kind
+from tieredkv.cache.sliding_pages import held_by_layer_kind
 from tieredkv.cache.tier import Tier
 from tieredkv.config import CacheConfig, EngineConfig
 from tieredkv.engine.capacity import capacity_lines, capacity_summary
@@ -98,7 +98,7 @@ class AsyncEngine(EngineClient):
         check_device_capacity(cache_config, layout, engine_config.max_model_len)
         cache = build_cache(
             cache_config, layout, model_fingerprint(loaded, layout), device, clock=clock,
-            page_listener=page_listener, sliding_window=LayerKinds.of(loaded.config, layout).window,
+            page_listener=page_listener, model=loaded.config,
         )  # fmt: skip
         runner = ModelRunner(
             loaded.config,
@@ -292,7 +292,7 @@ class AsyncEngine(EngineClient):
                 tiers[tier.label] = "healthy" if cache.tier_healthy(tier) else "degraded"
         # the capacity in effect: a disk store that could not be preallocated starts smaller
         capacity = {tier.label: cache.tier_capacity_bytes(tier) for tier in Tier}
-        used = cache.tier_used_bytes
+        held = cache.tier_parts_held
         ready = self._ready and not self._stopping and not self._dead
         state = "dead" if self._dead else "stopping" if self._stopping else "running"
         return {
@@ -303,7 +303,7 @@ class AsyncEngine(EngineClient):
             "direct_io": cache.disk_direct_io(),  # None: no disk tier
             "capacity": self.capacity,
             "workspace": self._workspace_usage(),
-            "layer_kinds": held_by_layer_kind(self.engine.runner.config, cache.layout, used),
+            "layer_kinds": held_by_layer_kind(self.engine.runner.config, cache.layout, held),
         }
 
     def _workspace_usage(self) -> dict | None:

@@ -31,9 +31,9 @@ def capacity_summary(
         if tier is Tier.REMOTE:
             tiers[tier.label] = {"shared": True}
             continue
-        pages = cache.tier_capacity_bytes(tier) // layout.page_bytes
+        pages = cache.pools.num_pages(tier)  # a split host pool's pages are smaller
         tiers[tier.label] = {
-            "bytes": pages * layout.page_bytes,
+            "bytes": cache.tier_capacity_bytes(tier),
             "pages": pages,
             "tokens": pages * layout.page_size,
         }

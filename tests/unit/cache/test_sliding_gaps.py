@@ -11,14 +11,25 @@ from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.model_config import ModelConfig
 
 LAYOUT = tiny_layout(page_size=4)
 WINDOW = 9  # a continuation from token b reads tokens b - 8 .. b - 1: two or three pages
 
 
+def model(window: int | None) -> ModelConfig | None:
+    """The tiny layout's model: layer 0 sliding (`window`), layer 1 full."""
+    if window is None:
+        return None
+    return ModelConfig(
+        vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=2, num_heads=2,
+        num_kv_heads=1, head_dim=4, layer_windows=(window, None),
+    )  # fmt: skip
+
+
 def history_on_host(window: int | None = WINDOW) -> tuple[TieredCache, list[int]]:
     """A cache whose only copy of a 10-page history is on host."""
-    cache, executor = make_cache(LAYOUT, device_pages=16, host_pages=32, sliding_window=window)
+    cache, executor = make_cache(LAYOUT, device_pages=16, host_pages=32, model=model(window))
     history = list(range(100, 140))
     compute(cache, history)
     cache.evict(Tier.DEVICE, 16)  # demoted to host once the copies are applied
@@ -99,7 +110,7 @@ def test_splits_and_merges_carry_each_copys_gaps() -> None:
 def test_a_copy_written_down_keeps_the_gaps_its_source_had_when_it_started(tmp_path) -> None:
     cache, executor = make_cache(
         LAYOUT, device_pages=16, host_pages=16, disk_pages=32, disk_dir=tmp_path,
-        sliding_window=WINDOW,
+        model=model(WINDOW),
     )  # fmt: skip
     history = list(range(100, 140))
     compute(cache, history)

@@ -129,8 +129,9 @@ def test_health_says_what_each_tier_holds_per_layer_kind() -> None:
         num_kv_heads=2, head_dim=16, layer_windows=(None, 32),
     )  # fmt: skip
     layout = PageLayout.for_model(config, 16, torch.float32)
-    pages = {Tier.DEVICE: 3, Tier.HOST: 5, Tier.DISK: 0, Tier.REMOTE: 0}
-    held = held_by_layer_kind(config, layout, lambda tier: pages[tier] * layout.page_bytes)
+    pages = {Tier.DEVICE: (3, 3), Tier.HOST: (5, 2), Tier.DISK: (0, 0), Tier.REMOTE: (0, 0)}
+    held = held_by_layer_kind(config, layout, pages.__getitem__)
     expected = {"device": 48, "host": 80, "disk": 0, "remote": 0}
     assert held["full"] == {"layers": 1, "token_bytes": 256, "tokens_by_tier": expected}
-    assert held["sliding"]["window"] == 32 and held["sliding"]["tokens_by_tier"] == expected
+    sliding = {"device": 48, "host": 32, "disk": 0, "remote": 0}  # a split host pool: 2 of 5
+    assert held["sliding"]["window"] == 32 and held["sliding"]["tokens_by_tier"] == sliding

@@ -16,7 +16,6 @@ from tests.model_factory import make_tiny_model_dir
 from tests.support.manual_executor import ManualTransferExecutor
 from tests.support.tiny_cache import make_cache
 from tieredkv.cache.page_layout import PageLayout
-from tieredkv.cache.sliding_pages import LayerKinds
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import EngineConfig, SchedulePolicy, WritePolicy
 from tieredkv.engine.engine import Engine
@@ -136,7 +135,7 @@ def make_harness(tiny_model: LoadedModel, tmp_path: Path, write_policy: WritePol
             disk_pages,
             disk_dir=tmp_path / "disk",
             write_policy=write_policy,
-            sliding_window=LayerKinds.of(tiny_model.config, layout).window,
+            model=tiny_model.config,
         )
         runner = ModelRunner(
             tiny_model.config, tiny_model.weights, cache.device_pool, MAX_MODEL_LEN

@@ -1,8 +1,9 @@
-"""Host copies that lack the sliding part of the pages the rule drops, through the real engine:
-the dropped parts are poisoned with NaN in the host pool, and a request reusing the prefix from
-host (the match cut where its window would read a dropped part) still gives transformers' greedy
-tokens (fp32, eager), for Mistral, Qwen2 and Gemma 3 with short windows and prompts several
-windows long."""
+"""Host copies that lack the sliding part of the pages the rule drops, through the real engine,
+for Mistral, Qwen2 and Gemma 3 with short windows and prompts several windows long: a request
+reusing the prefix from host (the match cut where its window would read a dropped part) gives
+transformers' greedy tokens (fp32, eager). In a whole-page host pool (a disk tier below it) the
+dropped parts are marked and poisoned with NaN; in the split host pool (no store below) they
+are never stored, and the same bytes hold more pages of history."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from tests.unit.engine.conftest import PAGE_SIZE, Harness, prompt
 from tests.unit.engine.test_sliding_window_engine import MODELS, hf_greedy
 from tests.unit.model.test_qwen3_gemma3_forward import tiny_family_model
 from tieredkv.cache.page_parts import PageParts
-from tieredkv.cache.sliding_pages import window_pages
+from tieredkv.cache.pools.host_pool import HostPool
+from tieredkv.cache.pools.split_host_pool import SplitHostPool
+from tieredkv.cache.sliding_pages import held_by_layer_kind, window_pages
 from tieredkv.cache.tier import Tier
 from tieredkv.model.loader import LoadedModel, load_model
 
@@ -65,34 +68,77 @@ def drop_and_poison(harness: Harness, tokens: list[int], model: LoadedModel) -> 
     return poisoned
 
 
-def test_a_prefix_reused_from_host_copies_without_their_old_sliding_parts(
+def pushed_to_host(harness: Harness, history: list[int], others: int) -> None:
+    harness.submit("first", history, max_tokens=2)
+    harness.run()
+    for i in range(others):  # other conversations push it out of the device
+        harness.submit(f"other{i}", prompt(60, seed=270 + i), max_tokens=2)
+        harness.run()
+
+
+def reuse_and_diverge(
+    harness: Harness, history: list[int], hf_model, window: int, poisoned: set[int]
+) -> None:
+    """A request continuing the whole history (a reuse point: nothing cut), then one diverging
+    inside it (cut before any window reading a page without its sliding part)."""
+    again = [*history, 7, 8]
+    harness.submit("again", again, max_tokens=8)
+    harness.run()
+    usage = harness.usage("again")
+    assert usage.cached_tokens == 140 and usage.cached_tokens_by_tier["host"] > 0
+    assert harness.tokens("again") == hf_greedy(hf_model, again, 8)
+    diverged = [*history[:50], *prompt(12, seed=280)]
+    harness.submit("diverged", diverged, max_tokens=8)
+    harness.run()
+    reused = harness.usage("diverged").cached_tokens
+    assert reused <= 48 and not poisoned & set(window_pages(reused, window, PAGE_SIZE))
+    if poisoned & set(window_pages(48, window, PAGE_SIZE)):
+        assert reused < 48
+    assert harness.tokens("diverged") == hf_greedy(hf_model, diverged, 8)
+
+
+def longest_window(model: LoadedModel) -> int:
+    return max(w for w in model.config.layer_windows if w is not None)
+
+
+def test_a_whole_page_host_copy_with_dropped_parts_poisoned(
     make_harness, hf_model, tiny_model
 ) -> None:
     history = prompt(140, seed=260)
-    harness = make_harness(device_pages=48, host_pages=160)
-    harness.submit("first", history, max_tokens=2)
-    harness.run()
-    for i in range(5):  # other conversations push it out of the device
-        harness.submit(f"other{i}", prompt(60, seed=270 + i), max_tokens=2)
-        harness.run()
+    harness = make_harness(device_pages=48, host_pages=160, disk_pages=64)
+    assert type(harness.cache.pools.host) is HostPool  # a store below: whole pages
+    pushed_to_host(harness, history, others=5)
     again = [*history, 7, 8]
     match = harness.cache.match(again, "")
     assert match.host.num_pages > 0 and match.matched_len == 140
     poisoned = drop_and_poison(harness, again, tiny_model)
     assert poisoned
-    harness.submit("again", again, max_tokens=8)
-    harness.run()
-    usage = harness.usage("again")
-    assert usage.cached_tokens == 140 and usage.cached_tokens_by_tier["host"] > 0  # not cut
-    assert harness.tokens("again") == hf_greedy(hf_model, again, 8)
-    # a request diverging inside the history: its match is cut before any window that would
-    # read a poisoned page (now on the device, promoted with its gaps)
-    diverged = [*history[:50], *prompt(12, seed=280)]
-    harness.submit("diverged", diverged, max_tokens=8)
-    harness.run()
-    reused = harness.usage("diverged").cached_tokens
-    window = max(w for w in tiny_model.config.layer_windows if w is not None)
-    assert reused <= 48 and not poisoned & set(window_pages(reused, window, PAGE_SIZE))
-    if poisoned & set(window_pages(48, window, PAGE_SIZE)):
-        assert reused < 48
-    assert harness.tokens("diverged") == hf_greedy(hf_model, diverged, 8)
+    reuse_and_diverge(harness, history, hf_model, longest_window(tiny_model), poisoned)
+
+
+def test_a_split_host_pool_stores_no_dropped_part_and_holds_more_history(
+    make_harness, hf_model, tiny_model
+) -> None:
+    history = prompt(140, seed=260)
+    harness = make_harness(device_pages=48, host_pages=160)
+    cache = harness.cache
+    host = cache.pools.host
+    assert isinstance(host, SplitHostPool)
+    whole_pages = cache.tier_capacity_bytes(Tier.HOST) // cache.layout.page_bytes
+    assert host.num_pages > whole_pages  # the same bytes, more pages
+    pushed_to_host(harness, history, others=12)
+    pages, sliding = cache.tier_parts_held(Tier.HOST)
+    assert pages > whole_pages and sliding < pages  # more history than whole pages hold
+    kinds = held_by_layer_kind(tiny_model.config, cache.layout, cache.tier_parts_held)  # /health
+    assert kinds["full"]["tokens_by_tier"]["host"] == pages * PAGE_SIZE
+    assert kinds["sliding"]["tokens_by_tier"]["host"] == sliding * PAGE_SIZE
+    again = [*history, 7, 8]
+    match = cache.match(again, "")
+    assert match.host.num_pages > 0 and match.matched_len == 140
+    first = match.device.num_pages
+    dropped: set[int] = set()
+    for node in match.host.nodes:
+        dropped.update(first + i for i in node.residence.sliding_gaps.get(Tier.HOST, ()))
+        first += node.num_pages
+    assert dropped  # the rule's drops: those pages' sliding layers are nowhere in host
+    reuse_and_diverge(harness, history, hf_model, longest_window(tiny_model), dropped)

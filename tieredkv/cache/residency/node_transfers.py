@@ -21,7 +21,9 @@ from collections.abc import Callable
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.page_record import PageRecord
+from tieredkv.cache.pools.split_host_pool import SplitHostPool
 from tieredkv.cache.residency.residency import Commit, Residency
+from tieredkv.cache.sliding_pages import node_kept_sliding
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.transfer.transfer_jobs import TransferJobs
 from tieredkv.cache.transfer.transfer_queue import (
@@ -100,7 +102,7 @@ class NodeTransfers:
             part_dst = dst_pages[offset : offset + node.num_pages]
             record = node.residence
             part = TransferPart(node, ticket, src, dst, list(record.copies[src]), part_dst, offset)
-            part.sliding_gaps = record.sliding_gaps.get(src, frozenset())
+            part.sliding_gaps = self._gaps_of_copy(node, src, dst, part_dst)
             record.set_inflight(dst, part)
             ticket.parts.append(part)
             src_pages.extend(part.src_pages)
@@ -112,6 +114,20 @@ class NodeTransfers:
             ticket, self.transfer_jobs.job(src, dst, src_pages, dst_pages, records)
         )
         return ticket
+
+    def _gaps_of_copy(
+        self, node: RadixNode, src: Tier, dst: Tier, dst_pages: list[int]
+    ) -> frozenset[int]:
+        """The pages whose sliding part a copy of `node` to `dst_pages` does not carry: its
+        source's gaps, and in a split host pool those the rule drops or no slot is left for."""
+        gaps = node.residence.sliding_gaps.get(src, frozenset())
+        host, window = self.pools.host, self.residency.sliding_window
+        if dst is not Tier.HOST or not isinstance(host, SplitHostPool) or window is None:
+            return gaps
+        kept = node_kept_sliding(node.num_tokens, window, self.residency.tree.page_size)
+        wanted = [page for index, page in enumerate(dst_pages) if kept[index] and index not in gaps]
+        host.attach_sliding(wanted)
+        return gaps | host.lacking(dst_pages)
 
     # --- applying --------------------------------------------------------------------------
 

@@ -83,6 +83,14 @@ class PageRows:
         """Pages first .. first + count - 1: a (count, layers * 2, run) view."""
         return self._array[first : first + count]
 
+    def read(self, first: int, count: int) -> np.ndarray:
+        """Pages first .. first + count - 1 as (count, layers * 2, run) rows to copy from."""
+        return self._array[first : first + count]
+
+    def write(self, first: int, rows: np.ndarray) -> None:
+        """Pages first .. first + len(rows) - 1 <- `rows` (count, layers * 2, run)."""
+        np.copyto(self._array[first : first + len(rows)], rows)
+
     def put(self, page: int, data: memoryview) -> None:
         """Page `page` <- one page's bytes in page-major order (a store's record payload)."""
         row = self._array[page]
@@ -131,7 +139,7 @@ def copy_pages(
 
 def _copy_runs(dst: PageRows, src: PageRows, runs: list[Run]) -> None:
     for src_first, dst_first, count in runs:
-        np.copyto(dst.span(dst_first, count), src.span(src_first, count))
+        dst.write(dst_first, src.read(src_first, count))
 
 
 def _split(runs: list[Run], part_pages: int) -> list[list[Run]]:

@@ -34,10 +34,12 @@ import torch
 
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
+from tieredkv.cache.pools.split_host_pool import SplitHostPool
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.transfer.executors import TransferJob
 from tieredkv.cache.transfer.layout_copy import PageRows, copy_pages, copy_threads, paired_runs
 from tieredkv.cache.transfer.page_staging import HOST_SLOTS, StagingBuffers
+from tieredkv.cache.transfer.split_rows import SplitPageRows
 from tieredkv.kernels.backend import select_backend
 
 if TYPE_CHECKING:
@@ -100,7 +102,9 @@ class TransferJobs:
         layout = device_pool.layout
         self.staging = StagingBuffers(layout, host_pool.pinned, device_pool.device)
         self.stage_pages = max(STAGE_BYTES // layout.page_bytes, 1)
-        self._host_rows = PageRows.page_major(host_pool.kv)
+        split = isinstance(host_pool, SplitHostPool)
+        self._host_rows = SplitPageRows(host_pool) if split else PageRows.page_major(host_pool.kv)
+        self._host_in_place = not split  # a split pool's pages are not one run of bytes
         # the device pool seen page by page: only where it lives in CPU memory
         self._device_rows = None if self.staged else PageRows.layer_major(device_pool.kv)
         self._helpers = ThreadPoolExecutor(HELPER_THREADS, thread_name_prefix=HELPER_THREAD_PREFIX)
@@ -196,7 +200,7 @@ class TransferJobs:
 
     def _in_place(self, tier: Tier, pages: list[int]) -> torch.Tensor | None:
         """The host pages themselves, (n, *page_shape), when they are one consecutive run."""
-        if tier is Tier.HOST and _one_run(pages):
+        if tier is Tier.HOST and self._host_in_place and _one_run(pages):
             return self.host_pool.kv[pages[0] : pages[0] + len(pages)]
         return None
 
