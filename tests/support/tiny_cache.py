@@ -51,6 +51,7 @@ def make_cache(
     page_listener: PageListener | None = None,
     retention_pages: int | None = None,
     model: ModelConfig | None = None,
+    split_host: bool = False,
 ) -> tuple[TieredCache, ManualTransferExecutor]:
     """A cache whose transfers run only when the test completes their tickets."""
     executor = executor or ManualTransferExecutor()
@@ -76,6 +77,7 @@ def make_cache(
         disk_executor=executor,
         page_listener=page_listener,
         model=model,
+        split_host=split_host,
     )
     return cache, executor
 

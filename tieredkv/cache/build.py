@@ -73,6 +73,7 @@ def build_cache(
     clock: Callable[[], float] = time.monotonic,
     page_listener: PageListener | None = None,
     model: ModelConfig | None = None,
+    split_host: bool = False,
 ) -> TieredCache:
     """The tiered cache for `config` (see docs/architecture.md).
 
@@ -82,8 +83,9 @@ def build_cache(
     their prefixes match in the disk tier. Executors and the clock can be replaced (tests).
     `page_listener` hears of every page landing in or leaving a local tier (`page_listener`):
     first that none is held, then the disk's rebuilt pages. `model`'s sliding-window layers,
-    if any, bring in the sliding-page rule (`sliding_pages`) and, without a store below the
-    host tier, a host pool that keeps sliding parts for a share of its pages (`_host_pool`).
+    if any, bring in the sliding-page rule (`sliding_pages`); with `split_host` and no store
+    below the host tier, a host pool that keeps sliding parts for a share of its pages
+    (`_host_pool`).
     """
     device = torch.device(device)
     disk = _open_disk(config, layout, fingerprint, disk_io)
@@ -91,7 +93,7 @@ def build_cache(
     sliding_window = None if model is None else LayerKinds.of(model, layout).window
     pools = TierPools(
         DevicePool.from_bytes(layout, config.device_cache_bytes, device),
-        _host_pool(config, layout, model, stores=disk is not None or remote is not None),
+        _host_pool(config, layout, model, split_host and disk is None and remote is None),
         disk,
         remote,
     )
@@ -160,14 +162,13 @@ def _flush_generations(
 
 
 def _host_pool(
-    config: CacheConfig, layout: PageLayout, model: ModelConfig | None, stores: bool
+    config: CacheConfig, layout: PageLayout, model: ModelConfig | None, split: bool
 ) -> HostPool:
-    """Whole pages; for a model with sliding layers and no store below the host tier, full
-    parts for every page and sliding parts for `SLIDING_SHARE` of them (`SplitHostPool`). A
-    store cannot yet record that a page lacks its sliding part across a restart, so with one
-    the host tier keeps whole pages."""
+    """Whole pages; when `split` for a model with sliding layers, full parts for every page and
+    sliding parts for `SLIDING_SHARE` of them (`SplitHostPool`). Only without a store below
+    the host tier: a store cannot yet record that a page lacks its sliding part."""
     parts = None if model is None else PageParts.of(model, layout)
-    if parts is None or not parts.has_sliding or stores or config.host_cache_bytes == 0:
+    if parts is None or not parts.has_sliding or not split or config.host_cache_bytes == 0:
         return HostPool.from_bytes(layout, config.host_cache_bytes)
     pinned = torch.cuda.is_available()
     return SplitHostPool.from_bytes(parts, config.host_cache_bytes, SLIDING_SHARE, pinned)

@@ -8,6 +8,8 @@ from tests.support.tiny_cache import make_cache, tiny_layout
 from tests.unit.cache.cache_steps import compute, ok, settle
 from tieredkv.cache.index.page_key import namespace_root_key, token_bytes
 from tieredkv.cache.index.radix_tree import RadixTree
+from tieredkv.cache.pools.host_pool import HostPool
+from tieredkv.cache.pools.split_host_pool import SplitHostPool
 from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
@@ -127,3 +129,17 @@ def test_a_copy_written_down_keeps_the_gaps_its_source_had_when_it_started(tmp_p
     assert cache.match([*history[:30], 7, 7, 7]).matched_len == 0
     assert cache.match([*history, 1]).matched_len == 40
     ok(cache)
+
+
+def test_the_host_pool_splits_only_when_asked_and_without_a_store_below(tmp_path) -> None:
+    def host(**kw) -> HostPool:
+        cache, _ = make_cache(LAYOUT, device_pages=4, host_pages=8, **kw)
+        return cache.pools.host
+
+    assert type(host(model=model(WINDOW))) is HostPool
+    split = host(model=model(WINDOW), split_host=True)
+    assert isinstance(split, SplitHostPool) and split.num_pages > 8
+    assert type(host(model=model(WINDOW), split_host=True, disk_pages=8, disk_dir=tmp_path)) is (
+        HostPool
+    )
+    assert type(host(split_host=True)) is HostPool  # no sliding layers: whole pages

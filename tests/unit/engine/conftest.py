@@ -126,6 +126,7 @@ def make_harness(tiny_model: LoadedModel, tmp_path: Path, write_policy: WritePol
         max_batch_tokens: int = 64,
         reuse: bool = True,
         max_queue: int = 256,
+        split_host: bool = False,
     ) -> Harness:
         layout = PageLayout.for_model(tiny_model.config, PAGE_SIZE, torch.float32)
         cache, executor = make_cache(
@@ -136,6 +137,7 @@ def make_harness(tiny_model: LoadedModel, tmp_path: Path, write_policy: WritePol
             disk_dir=tmp_path / "disk",
             write_policy=write_policy,
             model=tiny_model.config,
+            split_host=split_host,
         )
         runner = ModelRunner(
             tiny_model.config, tiny_model.weights, cache.device_pool, MAX_MODEL_LEN

@@ -1,9 +1,9 @@
 """Host copies that lack the sliding part of the pages the rule drops, through the real engine,
 for Mistral, Qwen2 and Gemma 3 with short windows and prompts several windows long: a request
 reusing the prefix from host (the match cut where its window would read a dropped part) gives
-transformers' greedy tokens (fp32, eager). In a whole-page host pool (a disk tier below it) the
-dropped parts are marked and poisoned with NaN; in the split host pool (no store below) they
-are never stored, and the same bytes hold more pages of history."""
+transformers' greedy tokens (fp32, eager). In a whole-page host pool the dropped parts are
+marked and poisoned with NaN; in the split host pool (no store below) they are never stored,
+and the same bytes hold more pages of history."""
 
 from __future__ import annotations
 
@@ -105,8 +105,8 @@ def test_a_whole_page_host_copy_with_dropped_parts_poisoned(
     make_harness, hf_model, tiny_model
 ) -> None:
     history = prompt(140, seed=260)
-    harness = make_harness(device_pages=48, host_pages=160, disk_pages=64)
-    assert type(harness.cache.pools.host) is HostPool  # a store below: whole pages
+    harness = make_harness(device_pages=48, host_pages=160)
+    assert type(harness.cache.pools.host) is HostPool  # whole pages
     pushed_to_host(harness, history, others=5)
     again = [*history, 7, 8]
     match = harness.cache.match(again, "")
@@ -120,7 +120,7 @@ def test_a_split_host_pool_stores_no_dropped_part_and_holds_more_history(
     make_harness, hf_model, tiny_model
 ) -> None:
     history = prompt(140, seed=260)
-    harness = make_harness(device_pages=48, host_pages=160)
+    harness = make_harness(device_pages=48, host_pages=160, split_host=True)
     cache = harness.cache
     host = cache.pools.host
     assert isinstance(host, SplitHostPool)
