@@ -8,7 +8,14 @@ from pathlib import Path
 
 from tieredkv.api_keys import API_KEY_ENV
 from tieredkv.bench import BENCHMARKS
-from tieredkv.config import EngineConfig, SchedulePolicy, ServerConfig, WritePolicy, parse_size
+from tieredkv.config import (
+    CacheConfig,
+    EngineConfig,
+    SchedulePolicy,
+    ServerConfig,
+    WritePolicy,
+    parse_size,
+)
 from tieredkv.errors import ConfigError
 from tieredkv.serve_flags import DEFAULT_DISK_CACHE
 
@@ -52,6 +59,16 @@ def _namespace_share(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"expected `equal` or a fraction, got {text!r}") from None
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
     return value
 
 
@@ -192,6 +209,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FRACTION",
         help="each namespace's share of the device and host tiers: above it, its pages leave "
         "first (default `equal`: an equal part among the namespaces holding pages; 1: plain LRU)",
+    )
+    add(
+        "--host-sliding-share",
+        type=_fraction,
+        default=CacheConfig.host_sliding_share,
+        metavar="FRACTION",
+        help="models with sliding-window layers and no disk or remote tier: the share of host "
+        "pages that keep their sliding layers (the rest keep only full-attention layers, so the "
+        "host holds more history of chats several windows long, less of shorter ones); "
+        "0: every page keeps all its layers",
     )
     add(
         "--session-think-time",

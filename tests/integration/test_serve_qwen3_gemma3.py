@@ -74,6 +74,36 @@ def test_greedy_completion_and_logprobs_equal_transformers(served) -> None:
     assert expected.check(server, ids)["cached_tokens_by_tier"]["device"] > 0
 
 
+def test_a_split_host_tier_serves_gemma3_and_reports_each_layer_kind(tmp_path: Path) -> None:
+    """`--host-sliding-share`: the host tier in two arenas (more pages in the same bytes),
+    reported per layer kind in /health; completions still equal transformers'."""
+    model_dir = tiny_family_model(tmp_path, "gemma3")
+    args = ["--model", str(model_dir), *ARGS, "--host-sliding-share", "0.25"]
+    server = ServerProcess(args, tmp_path / "split.log")
+    try:
+        ids = prompt_of(60, seed=15)
+        expected = Expected(model_dir, ids)
+        assert expected.check(server, ids)["cached_tokens"] == 0
+        assert expected.check(server, ids)["cached_tokens_by_tier"]["device"] > 0
+        health = httpx.get(server.base_url + "/health", timeout=30).json()
+        host = health["capacity"]["tiers"]["host"]
+        assert (
+            host["pages"] * health["layer_kinds"]["full"]["token_bytes"] * PAGE_SIZE
+            < (host["bytes"])
+        )
+        assert host["pages"] > host["bytes"] // (
+            PAGE_SIZE
+            * (
+                health["layer_kinds"]["full"]["token_bytes"]
+                + health["layer_kinds"]["sliding"]["token_bytes"]
+            )
+        )  # more pages than whole ones fit in its bytes
+        kinds = health["layer_kinds"]
+        assert kinds["sliding"]["tokens_by_tier"]["host"] <= kinds["full"]["tokens_by_tier"]["host"]
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])
 def test_a_second_replica_answers_from_redis_as_transformers(
     redis: RedisServer, tmp_path: Path, family: str

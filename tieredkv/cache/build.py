@@ -56,9 +56,6 @@ from tieredkv.model_config import ModelConfig
 log = logging.getLogger(__name__)
 
 IO_WORKERS = 4  # disk and remote transfers at once
-# the host pages that keep a sliding part beside their full part, with sliding layers: a
-# cached path of L tokens needs about (W + page_size) / L of them (one reuse point at its end)
-SLIDING_SHARE = 0.25
 
 
 def build_cache(
@@ -73,7 +70,6 @@ def build_cache(
     clock: Callable[[], float] = time.monotonic,
     page_listener: PageListener | None = None,
     model: ModelConfig | None = None,
-    split_host: bool = False,
 ) -> TieredCache:
     """The tiered cache for `config` (see docs/architecture.md).
 
@@ -83,9 +79,8 @@ def build_cache(
     their prefixes match in the disk tier. Executors and the clock can be replaced (tests).
     `page_listener` hears of every page landing in or leaving a local tier (`page_listener`):
     first that none is held, then the disk's rebuilt pages. `model`'s sliding-window layers,
-    if any, bring in the sliding-page rule (`sliding_pages`); with `split_host` and no store
-    below the host tier, a host pool that keeps sliding parts for a share of its pages
-    (`_host_pool`).
+    if any, bring in the sliding-page rule (`sliding_pages`) and, with no store below the
+    host tier, a host pool that keeps sliding parts for a share of its pages (`_host_pool`).
     """
     device = torch.device(device)
     disk = _open_disk(config, layout, fingerprint, disk_io)
@@ -93,7 +88,7 @@ def build_cache(
     sliding_window = None if model is None else LayerKinds.of(model, layout).window
     pools = TierPools(
         DevicePool.from_bytes(layout, config.device_cache_bytes, device),
-        _host_pool(config, layout, model, split_host and disk is None and remote is None),
+        _host_pool(config, layout, model, split=disk is None and remote is None),
         disk,
         remote,
     )
@@ -165,13 +160,15 @@ def _host_pool(
     config: CacheConfig, layout: PageLayout, model: ModelConfig | None, split: bool
 ) -> HostPool:
     """Whole pages; when `split` for a model with sliding layers, full parts for every page and
-    sliding parts for `SLIDING_SHARE` of them (`SplitHostPool`). Only without a store below
-    the host tier: a store cannot yet record that a page lacks its sliding part."""
+    sliding parts for `--host-sliding-share` of them (`SplitHostPool`). Only without a store
+    below the host tier: a store cannot yet record that a page lacks its sliding part."""
     parts = None if model is None else PageParts.of(model, layout)
-    if parts is None or not parts.has_sliding or not split or config.host_cache_bytes == 0:
+    share = config.host_sliding_share
+    whole = parts is None or not parts.has_sliding or not split
+    if whole or share in (0, 1) or config.host_cache_bytes == 0:
         return HostPool.from_bytes(layout, config.host_cache_bytes)
     pinned = torch.cuda.is_available()
-    return SplitHostPool.from_bytes(parts, config.host_cache_bytes, SLIDING_SHARE, pinned)
+    return SplitHostPool.from_bytes(parts, config.host_cache_bytes, share, pinned)
 
 
 def _pin_budgets(config: CacheConfig) -> tuple[int, int]:

@@ -22,8 +22,9 @@ write that part down nor hold it. `LayerKinds` splits a page's bytes by layer ki
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -121,6 +122,44 @@ def node_kept_sliding(num_tokens: int, window: int, page_size: int) -> np.ndarra
     its end and its descendants' ends; a later end's window reaches no further back than the
     node end's, so the node's own end decides."""
     return kept_sliding_pages(num_tokens // page_size, [num_tokens], window, page_size)
+
+
+# pages kept besides the window before each reuse point: a chat's next turn re-renders the end
+# of the last answer (an end-of-turn token for the end-of-sequence one), so its match ends up to
+# a page before the cached path's end, and its window reaches that much further back
+REUSE_MARGIN_PAGES = 2
+
+
+class TreeNode(Protocol):
+    """What the tree-shaped rule reads of a radix node."""
+
+    num_tokens: int
+    children: Mapping[Any, TreeNode]
+
+
+def tree_kept_sliding(node: TreeNode, window: int, page_size: int) -> np.ndarray:
+    """(num_pages,) bool: whether each page of `node` keeps its sliding part, the tree as it
+    stands, with reuse points where a continuation is expected: the end of a path (a leaf) and
+    a branch (two children or more). A node with one child is the middle of a path (a prefill
+    chunk, a decoded page, an earlier turn since extended): its end is not one, and its pages
+    keep the sliding part only where a reuse point further down the path reaches back into it.
+    Each reuse point keeps `REUSE_MARGIN_PAGES` more pages than its window reads."""
+    span = window - 1 + REUSE_MARGIN_PAGES * page_size
+    reach = _reach_before_end(node, span)
+    kept = np.zeros(node.num_tokens // page_size, dtype=bool)
+    if reach > 0:
+        kept[max(0, node.num_tokens - reach) // page_size :] = True
+    return kept
+
+
+def _reach_before_end(node: TreeNode, span: int) -> int:
+    """How many tokens before `node`'s end a reuse point at or below it keeps (`span` before
+    each; descendants further than `span` below reach no further than their own node)."""
+    reach = span if len(node.children) != 1 else 0
+    for child in node.children.values():
+        if child.num_tokens < span:
+            reach = max(reach, _reach_before_end(child, span) - child.num_tokens)
+    return reach
 
 
 def reusable_tokens(

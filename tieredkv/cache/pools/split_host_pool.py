@@ -101,6 +101,10 @@ class SplitHostPool(HostPool):
         self.sliding_of.update(zip(given, self.sliding_free.alloc(count), strict=True))
         return given
 
+    def detach_sliding(self, pages: list[int]) -> None:
+        """Free the sliding parts of `pages` (each has one); the pages keep their full part."""
+        self.sliding_free.free([self.sliding_of.pop(page) for page in pages])
+
     def lacking(self, pages: list[int]) -> frozenset[int]:
         """The indexes in `pages` of the pages without a sliding part."""
         sliding_of = self.sliding_of

@@ -23,7 +23,7 @@ from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.pools.split_host_pool import SplitHostPool
 from tieredkv.cache.residency.residency import Commit, Residency
-from tieredkv.cache.sliding_pages import node_kept_sliding
+from tieredkv.cache.residency.sliding_room import SlidingRoom
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.transfer.transfer_jobs import TransferJobs
 from tieredkv.cache.transfer.transfer_queue import (
@@ -62,6 +62,10 @@ class NodeTransfers:
         self.transfer_queue = transfer_queue
         self.clock = clock
         self._pending_free = dict.fromkeys(Tier, 0)  # source pages in-flight demotions free
+        host, window = self.pools.host, residency.sliding_window
+        split = isinstance(host, SplitHostPool) and window is not None
+        # a split host pool's sliding arena (None: every host page holds all its layers)
+        self.sliding_room = SlidingRoom(residency, host, window) if split else None
 
     def pending_free(self, tier: Tier) -> int:
         """Pages of `tier` that demotions in flight free when applied."""
@@ -121,13 +125,10 @@ class NodeTransfers:
         """The pages whose sliding part a copy of `node` to `dst_pages` does not carry: its
         source's gaps, and in a split host pool those the rule drops or no slot is left for."""
         gaps = node.residence.sliding_gaps.get(src, frozenset())
-        host, window = self.pools.host, self.residency.sliding_window
-        if dst is not Tier.HOST or not isinstance(host, SplitHostPool) or window is None:
+        room = self.sliding_room
+        if dst is not Tier.HOST or room is None:
             return gaps
-        kept = node_kept_sliding(node.num_tokens, window, self.residency.tree.page_size)
-        wanted = [page for index, page in enumerate(dst_pages) if kept[index] and index not in gaps]
-        host.attach_sliding(wanted)
-        return gaps | host.lacking(dst_pages)
+        return room.give(node, gaps, dst_pages)
 
     # --- applying --------------------------------------------------------------------------
 

@@ -1,0 +1,213 @@
+"""How much chat history the host tier holds for a sliding-window model, and what a next turn
+reuses from it: the same host bytes as whole pages (`--host-sliding-share 0`) and split
+(`--host-sliding-share F`: full-attention layers for every page, sliding layers for a share F).
+
+The cache under test is the real one (`build_cache`: device and host pools, write-through,
+demotion, the split host pool's sliding arena, its reclaim and eviction, the match cut where a
+window would read a missing sliding part); no model runs, since what a tier holds and what a
+match reuses depend on pages and the tree, not on the values in them. The model is Gemma 3 1B's
+layer shape (26 layers, a global one every sixth, 512-token windows) with small heads, so the
+host tier is a few MiB; the bytes scale with the heads, the ratios do not.
+
+Workload: chats interleaved turn by turn (every chat's turn 1, then every chat's turn 2, ...),
+each turn a user message and an answer; a turn's request inserts its prompt a prefill chunk at a
+time, then its whole sequence with the answer (as the engine does, so the tree holds a node per
+chunk). Before each turn its prompt is matched: the tokens it would reuse, and from which tier.
+The rule the figures are judged by is the cache's own arithmetic, outside the code under test:
+a turn can reuse at most its history in whole pages (`reusable`).
+
+    .venv/bin/python -m benchmarks.sliding_history [--chats N] [--turns T] [--shares 0,0.25,0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import random
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from tieredkv.bench.result_file import machine_line, write_result
+from tieredkv.cache.build import build_cache
+from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.sliding_pages import LayerKinds
+from tieredkv.cache.tier import Tier
+from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.config import CacheConfig, WritePolicy
+from tieredkv.model_config import ModelConfig
+
+REPO = Path(__file__).resolve().parent.parent
+PAGE_SIZE = 16
+CHUNK = 512  # the engine's prefill chunk: one insert (one node) per chunk
+
+
+class Workload(NamedTuple):
+    name: str
+    chats: int
+    turns: int
+    user_tokens: int
+    answer_tokens: int
+
+    @property
+    def history_tokens(self) -> int:
+        return self.chats * self.turns * (self.user_tokens + self.answer_tokens)
+
+
+# long chats (3,072 tokens, six windows) and short ones (384 tokens, within one window), each
+# at several working sets against the host tier's 36,864 tokens of whole pages
+WORKLOADS = (
+    Workload("long", 16, 8, 256, 128),
+    Workload("long", 32, 8, 256, 128),
+    Workload("long", 48, 8, 256, 128),
+    Workload("short", 128, 4, 64, 32),
+    Workload("short", 256, 4, 64, 32),
+)
+
+
+def gemma3_1b_shape(window: int = 512) -> ModelConfig:
+    """Gemma 3 1B's layers (26, every sixth global, the rest sliding) with small heads."""
+    windows = tuple(None if (layer + 1) % 6 == 0 else window for layer in range(26))
+    return ModelConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=64, num_layers=26, num_heads=1,
+        num_kv_heads=1, head_dim=8, layer_windows=windows, architecture="gemma3",
+    )  # fmt: skip
+
+
+def _settle(cache: TieredCache) -> None:
+    cache.poll()
+    while cache.transfer_queue.in_flight:
+        time.sleep(0.001)
+        cache.poll()
+
+
+def _request(cache: TieredCache, prompt: list[int], sequence: list[int]) -> None:
+    """A request that computes `sequence` (its prompt, then its answer) and inserts its full
+    pages a prefill chunk at a time, then with the answer; pages the tree already holds are
+    its, the request's copies of them go back."""
+    for end in [*range(CHUNK, len(prompt), CHUNK), len(prompt), len(sequence)]:
+        while (pages := cache.allocate(end // PAGE_SIZE)) is None:
+            _settle(cache)
+        result = cache.insert(sequence[:end], "default", pages)
+        taken = set(result.device_pages)
+        cache.free([page for page in pages if page not in taken])
+        _settle(cache)
+
+
+def replay(model: ModelConfig, share: float, workload: Workload, args: argparse.Namespace) -> dict:
+    """`workload` on a fresh cache whose host tier has `args.host_pages` whole pages' bytes."""
+    layout = PageLayout.for_model(model, PAGE_SIZE, torch.float32)
+    config = CacheConfig(
+        page_size=PAGE_SIZE,
+        device_cache_bytes=args.device_pages * layout.page_bytes,
+        host_cache_bytes=args.host_pages * layout.page_bytes,
+        write_policy=WritePolicy.WRITE_THROUGH,
+        host_sliding_share=share,
+    )
+    cache = build_cache(config, layout, b"sliding-history", "cpu", model=model)
+    rng = random.Random(args.seed)
+    histories: list[list[int]] = [[] for _ in range(workload.chats)]
+    reused = reusable = from_host = 0
+    for turn in range(workload.turns):
+        for chat, history in enumerate(histories):
+            prompt = [*history, *(rng.randrange(1, 256) for _ in range(workload.user_tokens))]
+            match = cache.match(prompt)
+            if turn > 0:
+                reused += match.matched_len
+                reusable += len(history) - len(history) % PAGE_SIZE
+                from_host += match.host.num_pages * PAGE_SIZE
+            sequence = [*prompt, *(rng.randrange(1, 256) for _ in range(workload.answer_tokens))]
+            _request(cache, prompt, sequence)
+            histories[chat] = sequence
+    _settle(cache)
+    integrity = cache.check_integrity()
+    pages, sliding = cache.tier_parts_held(Tier.HOST)
+    record = {
+        **workload._asdict(),
+        "host_sliding_share": share,
+        "split": pages != sliding or cache.pools.num_pages(Tier.HOST) != args.host_pages,
+        "host_capacity_bytes": cache.tier_capacity_bytes(Tier.HOST),
+        "host_pages": cache.pools.num_pages(Tier.HOST),
+        "host_full_tokens": pages * PAGE_SIZE,
+        "host_sliding_tokens": sliding * PAGE_SIZE,
+        "reused_tokens": reused,
+        "reusable_tokens": reusable,
+        "reused_from_host_tokens": from_host,
+        "reuse_of_reusable": reused / reusable if reusable else 0.0,
+        "integrity_ok": integrity.ok,
+    }
+    cache.close()
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--device-pages", type=int, default=512)
+    parser.add_argument("--host-pages", type=int, default=2304, help="whole pages' bytes")
+    parser.add_argument("--shares", default="0,0.25,0.5")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    model = gemma3_1b_shape()
+    layout = PageLayout.for_model(model, PAGE_SIZE, torch.float32)
+    kinds = LayerKinds.of(model, layout)
+    records = []
+    for workload in WORKLOADS:
+        for share in (float(text) for text in args.shares.split(",")):
+            record = replay(model, share, workload, args)
+            print(record, flush=True)
+            records.append(record)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M")
+    out = args.out or REPO / "benchmarks" / "results" / "sliding_history" / stamp
+    summary = {
+        "full_layers": kinds.full_layers,
+        "sliding_layers": kinds.sliding_layers,
+        "window": kinds.window,
+        "host_whole_tokens": args.host_pages * PAGE_SIZE,
+    }
+    settings = {key: value for key, value in vars(args).items() if key != "out"}
+    settings |= {"page_size": PAGE_SIZE, "prefill_chunk": CHUNK}
+    write_result(out, "sliding_history", settings=settings, summary=summary, records=records)
+    print(f"wrote {out}")
+    return 0
+
+
+def render_markdown(results: list[dict]) -> str:
+    """The latest result: per workload and share, what the host holds and what the next turns
+    reused of what they could."""
+    result = results[-1]
+    summary, settings = result["summary"], result["settings"]
+    lines = [
+        "## Sliding-window layers: history the host tier holds",
+        "",
+        f"`{result['dir']}`, {machine_line(result)}; `python -m benchmarks.sliding_history` "
+        "(the cache alone, no model runs: counts, not timings).",
+        "",
+        f"Gemma 3 1B's layer shape ({summary['full_layers']} full-attention layers, "
+        f"{summary['sliding_layers']} sliding with a {summary['window']}-token window), page "
+        f"{settings['page_size']}; chats interleaved turn by turn, each turn a user message and "
+        f"an answer, inserted a {settings['prefill_chunk']}-token prefill chunk at a time; "
+        f"device tier {settings['device_pages']} pages, host tier the bytes of "
+        f"{summary['host_whole_tokens']:,} tokens of whole pages; write-through. The limit: a "
+        "turn reuses at most its history in whole pages (reusable).",
+        "",
+        "| chats | tokens a chat | history, all chats | --host-sliding-share | host tokens, "
+        "full layers | host tokens, sliding layers | reused / reusable, turns 2+ |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for record in result["records"]:
+        chat_tokens = record["turns"] * (record["user_tokens"] + record["answer_tokens"])
+        lines.append(
+            f"| {record['chats']} ({record['name']}) | {chat_tokens:,} | "
+            f"{record['chats'] * chat_tokens:,} | {record['host_sliding_share']:g} | "
+            f"{record['host_full_tokens']:,} | {record['host_sliding_tokens']:,} | "
+            f"{record['reuse_of_reusable']:.1%} ({record['reused_tokens']:,} / "
+            f"{record['reusable_tokens']:,}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,37 @@
+"""benchmarks/sliding_history.py on a small workload: the split host pool holds more tokens of
+long chats than whole pages in the same bytes and their next turns reuse more; every run leaves
+the cache consistent; the result renders."""
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.sliding_history import Workload, gemma3_1b_shape, render_markdown, replay
+from tieredkv.bench.result_file import load_results, write_result
+
+ARGS = argparse.Namespace(device_pages=256, host_pages=320, seed=0)
+LONG = Workload("long", 4, 8, 256, 128)  # 3,072 tokens a chat, six windows
+
+
+def test_long_chats_keep_more_history_split_than_whole(tmp_path: Path) -> None:
+    model = gemma3_1b_shape()
+    whole = replay(model, 0.0, LONG, ARGS)
+    split = replay(model, 0.25, LONG, ARGS)
+    assert whole["integrity_ok"] and split["integrity_ok"]
+    assert not whole["split"] and split["split"]
+    assert whole["host_capacity_bytes"] >= split["host_capacity_bytes"]  # the same bytes
+    assert split["host_full_tokens"] > whole["host_full_tokens"]
+    assert split["host_sliding_tokens"] < split["host_full_tokens"]
+    assert whole["reusable_tokens"] == split["reusable_tokens"] > 0
+    assert split["reused_tokens"] > whole["reused_tokens"]
+    assert split["reused_tokens"] <= split["reusable_tokens"]
+    write_result(
+        tmp_path / "sliding_history" / "x", "sliding_history",
+        settings={**vars(ARGS), "page_size": 16, "prefill_chunk": 512},
+        summary={"full_layers": 4, "sliding_layers": 22, "window": 512, "host_whole_tokens": 5120},
+        records=[whole, split],
+    )  # fmt: skip
+    (result,) = load_results(tmp_path)["sliding_history"]
+    page = render_markdown([result])
+    assert "| 4 (long) | 3,072 | 12,288 | 0.25 |" in page
+    assert json.loads((tmp_path / "sliding_history" / "x" / "result.json").read_text())
