@@ -127,9 +127,9 @@ def replay(model: ModelConfig, share: float, workload: Workload, args: argparse.
     record = {
         **workload._asdict(),
         "host_sliding_share": share,
-        "split": pages != sliding or cache.pools.num_pages(Tier.HOST) != args.host_pages,
+        "split": pages != sliding or cache.tier_num_pages(Tier.HOST) != args.host_pages,
         "host_capacity_bytes": cache.tier_capacity_bytes(Tier.HOST),
-        "host_pages": cache.pools.num_pages(Tier.HOST),
+        "host_pages": cache.tier_num_pages(Tier.HOST),
         "host_full_tokens": pages * PAGE_SIZE,
         "host_sliding_tokens": sliding * PAGE_SIZE,
         "reused_tokens": reused,

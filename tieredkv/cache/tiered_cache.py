@@ -240,6 +240,10 @@ class TieredCache:
     def tier_capacity_bytes(self, tier: Tier) -> int:
         return self.pools.capacity_bytes(tier)
 
+    def tier_num_pages(self, tier: Tier) -> int:
+        """The pages `tier` holds in all (a split host pool's are smaller than whole ones)."""
+        return self.pools.num_pages(tier)
+
     def tier_parts_held(self, tier: Tier) -> tuple[int, int]:
         """(allocated pages, sliding parts among them) in `tier` (`TierPools.parts_held`)."""
         return self.pools.parts_held(tier)

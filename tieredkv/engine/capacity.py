@@ -31,7 +31,7 @@ def capacity_summary(
         if tier is Tier.REMOTE:
             tiers[tier.label] = {"shared": True}
             continue
-        pages = cache.pools.num_pages(tier)  # a split host pool's pages are smaller
+        pages = cache.tier_num_pages(tier)
         tiers[tier.label] = {
             "bytes": cache.tier_capacity_bytes(tier),
             "pages": pages,
