@@ -116,14 +116,6 @@ def kept_sliding_pages(
     return kept
 
 
-def node_kept_sliding(num_tokens: int, window: int, page_size: int) -> np.ndarray:
-    """(num_pages,) bool: whether each page of a radix node of `num_tokens` tokens keeps its
-    sliding part, the tree as it stands. The reuse points at or after a page of the node are
-    its end and its descendants' ends; a later end's window reaches no further back than the
-    node end's, so the node's own end decides."""
-    return kept_sliding_pages(num_tokens // page_size, [num_tokens], window, page_size)
-
-
 # pages kept besides the window before each reuse point: a chat's next turn re-renders the end
 # of the last answer (an end-of-turn token for the end-of-sequence one), so its match ends up to
 # a page before the cached path's end, and its window reaches that much further back

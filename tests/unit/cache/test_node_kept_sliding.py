@@ -1,6 +1,7 @@
-"""The sliding-page rule over a real radix tree: a node's pages keep their sliding part exactly
-where some root-to-leaf path through the node keeps it (`kept_sliding_pages` over that path's
-node ends), however the tree branches."""
+"""The per-node sliding-page rule the gap tests drop by (`tests/support/sliding_drop.py`) over
+a real radix tree: a node's pages keep their sliding part exactly where some root-to-leaf path
+through the node keeps it (`kept_sliding_pages` over that path's node ends), however the tree
+branches."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import random
 import numpy as np
 import pytest
 
+from tests.support.sliding_drop import node_kept_sliding
 from tieredkv.cache.index.page_key import namespace_root_key, token_bytes
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.residency.residence import Residence
-from tieredkv.cache.sliding_pages import kept_sliding_pages, node_kept_sliding
+from tieredkv.cache.sliding_pages import kept_sliding_pages
 
 PS = 4
 

@@ -4,6 +4,7 @@ never hands a request the tree's gapped pages in place of its own."""
 
 from __future__ import annotations
 
+from tests.support.sliding_drop import drop_sliding_parts
 from tests.support.tiny_cache import make_cache, tiny_layout
 from tests.unit.cache.cache_steps import compute, ok, settle
 from tieredkv.cache.index.page_key import namespace_root_key, token_bytes
@@ -43,7 +44,7 @@ def history_on_host(window: int | None = WINDOW) -> tuple[TieredCache, list[int]
 def test_a_copy_without_sliding_parts_serves_matches_up_to_its_windows() -> None:
     cache, history = history_on_host()
     node = cache.match([*history, 1]).last_node
-    assert cache.residency.drop_sliding_parts(node, Tier.HOST) == frozenset(range(8))
+    assert drop_sliding_parts(cache.residency, node, Tier.HOST) == frozenset(range(8))
     ok(cache)
     assert cache.match([*history, 1]).matched_len == 40  # its end kept its window
     # diverging at token 30: page 7 lacks the sliding part a continuation from 28 reads, and
@@ -60,7 +61,7 @@ def test_a_copy_without_sliding_parts_serves_matches_up_to_its_windows() -> None
 
 def test_promotion_carries_the_gaps_to_the_device_copy() -> None:
     cache, history = history_on_host()
-    cache.residency.drop_sliding_parts(cache.match([*history, 1]).last_node, Tier.HOST)
+    drop_sliding_parts(cache.residency, cache.match([*history, 1]).last_node, Tier.HOST)
     match = cache.match([*history, 1])
     ticket = cache.promote(match)
     settle(cache, cache.transfer_queue.memory_executor)
@@ -73,7 +74,7 @@ def test_promotion_carries_the_gaps_to_the_device_copy() -> None:
 
 def test_an_insert_stops_before_a_gapped_device_copy_of_pages_it_computed() -> None:
     cache, history = history_on_host()
-    cache.residency.drop_sliding_parts(cache.match([*history, 1]).last_node, Tier.HOST)
+    drop_sliding_parts(cache.residency, cache.match([*history, 1]).last_node, Tier.HOST)
     ticket = cache.promote(cache.match([*history, 1]))
     settle(cache, cache.transfer_queue.memory_executor)
     pages = cache.allocate(10)  # a request that computed the whole history itself
@@ -119,7 +120,7 @@ def test_a_copy_written_down_keeps_the_gaps_its_source_had_when_it_started(tmp_p
     cache.evict(Tier.DEVICE, 16)
     settle(cache, executor)
     node = cache.match([*history, 1]).last_node
-    cache.residency.drop_sliding_parts(node, Tier.HOST)
+    drop_sliding_parts(cache.residency, node, Tier.HOST)
     cache.evict(Tier.HOST, 16)  # written to disk from the host copy, then freed there
     (part,) = node.residence.inflight.values()
     assert part.dst_tier is Tier.DISK and part.sliding_gaps == frozenset(range(8))

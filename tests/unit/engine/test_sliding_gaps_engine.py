@@ -12,6 +12,7 @@ import torch
 import transformers
 
 from tests.model_factory import make_tiny_model_dir
+from tests.support.sliding_drop import drop_sliding_parts
 from tests.unit.engine.conftest import PAGE_SIZE, Harness, prompt
 from tests.unit.engine.test_sliding_window_engine import MODELS, hf_greedy
 from tests.unit.model.test_qwen3_gemma3_forward import tiny_family_model
@@ -55,7 +56,7 @@ def drop_and_poison(harness: Harness, tokens: list[int], model: LoadedModel) -> 
     first = match.device.num_pages  # the host segment's first page in the path
     poisoned: set[int] = set()
     for node in match.host.nodes:
-        gaps = sorted(cache.residency.drop_sliding_parts(node, Tier.HOST))
+        gaps = sorted(drop_sliding_parts(cache.residency, node, Tier.HOST))
         pages = [node.residence.copies[Tier.HOST][index] for index in gaps]
         if pages:
             rows = host_kv[pages]

@@ -29,7 +29,6 @@ from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.residency.eviction import LruEvictionPolicy, copy_may_leave
 from tieredkv.cache.residency.fair_share import Claim, FairTierHeap, tier_heap
 from tieredkv.cache.residency.page_events import PageEvents
-from tieredkv.cache.sliding_pages import node_kept_sliding
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tier_pools import TierPools
 from tieredkv.cache.transfer.transfer_queue import PartState, TransferPart
@@ -187,21 +186,6 @@ class Residency:
         finally:
             for changed in self.tree.lock_path(node, -1):
                 self.refresh(changed)
-
-    # --- sliding parts ----------------------------------------------------------------------
-
-    def drop_sliding_parts(self, node: RadixNode, tier: Tier) -> frozenset[int]:
-        """Mark `node`'s copy in `tier` without the sliding part of the pages no reuse point
-        reads (`node_kept_sliding`: those before the window of the node's end); returns their
-        indexes. Matches served from it are cut where a window reads one of them."""
-        record = node.residence
-        window = self.sliding_window
-        assert tier in record.copies and window is not None, f"{node}: no {tier} copy to drop"
-        kept = node_kept_sliding(node.num_tokens, window, self.tree.page_size)
-        gaps = record.sliding_gaps.get(tier, frozenset())
-        gaps = gaps.union(index for index, keep in enumerate(kept.tolist()) if not keep)
-        record.set_gaps(tier, gaps)
-        return gaps
 
     # --- committing arrived copies --------------------------------------------------------
 
