@@ -168,11 +168,24 @@ def slots_holding_keys(node: RedisServer) -> list[int]:
         client.close()
 
 
+def wait_node_known(cluster: RedisCluster, known_id: str, timeout_s: float = READY_S) -> None:
+    """Wait until every node of `cluster` lists `known_id` among its peers: cluster_state:ok
+    comes before gossip has told every node of a newly added one, and a node that has not heard
+    of it answers `CLUSTER SETSLOT ... NODE` with "Unknown node"."""
+    deadline = time.monotonic() + timeout_s
+    for node in cluster.nodes:
+        while known_id not in node.cli("CLUSTER", "NODES"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node {node.port} has not heard of {known_id}")
+            time.sleep(0.05)
+
+
 def move_slots(cluster: RedisCluster, source: RedisServer, target: RedisServer, slots: list[int]):
     """Migrate `slots` and their keys from `source` to `target` as `redis-cli --cluster
     reshard` does (IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE on every master), but only these
     slots: clients meet ASK while a slot moves and MOVED after."""
     source_id, target_id = node_id(source), node_id(target)
+    wait_node_known(cluster, target_id)
     clients = {node.port: node.client() for node in cluster.nodes}
     try:
         src, dst = clients[source.port], clients[target.port]
