@@ -20,6 +20,8 @@ import transformers
 from tests.integration.server_process import ServerProcess
 from tests.redis_servers import RedisServer
 from tests.unit.model.test_qwen3_gemma3_forward import hf_greedy, prompt_of, tiny_family_model
+from tieredkv.cache.remote.keys import KEY_PREFIX
+from tieredkv.cache.sliding_pages import REUSE_MARGIN_PAGES
 from tieredkv.model.tokenizer import ChatTokenizer
 
 SERVE = [sys.executable, "-c", "from tieredkv.cli import main; raise SystemExit(main())", "serve"]
@@ -104,38 +106,52 @@ def test_a_split_host_tier_serves_gemma3_and_reports_each_layer_kind(tmp_path: P
         server.stop()
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize(
+    ("family", "window", "prompt_tokens"),
+    [("qwen3", None, 100), ("gemma3", 128, 100), ("gemma3", 32, 200)],
+    ids=["qwen3", "gemma3-within-the-window", "gemma3-six-windows"],
+)
 def test_a_second_replica_answers_from_redis_as_transformers(
-    redis: RedisServer, tmp_path: Path, family: str
+    redis: RedisServer, tmp_path: Path, family: str, window: int | None, prompt_tokens: int
 ) -> None:
-    overrides = {"sliding_window": 128} if family == "gemma3" else {}
+    """The first replica writes each page's full part, and the sliding part only of the pages
+    within the window (and margin) before the path's end, though its prefill inserted a node
+    every 48 tokens; the second reuses every whole page."""
+    overrides = {"sliding_window": window} if window else {}
     model_dir = tiny_family_model(tmp_path, family, **overrides)
-    ids = prompt_of(100, seed=13)  # 6 whole pages with the output, inside Gemma's window
+    ids = prompt_of(prompt_tokens, seed=13)
     expected = Expected(model_dir, ids)
     args = ["--model", str(model_dir), *ARGS, *redis.serve_flags()]
-    args += ["--debug-endpoints", "--remote-budget-scale", "20"]
+    args += ["--debug-endpoints", "--remote-budget-scale", "20", "--max-batch-tokens", "48"]
     first = ServerProcess(args, tmp_path / "first.log")
     second = ServerProcess(args, tmp_path / "second.log")
+    pages = (len(ids) + NEW_TOKENS - 1) // PAGE_SIZE  # the KV computed: the last token's is not
+    kept = 0
+    if window is not None:  # the path's end is its one reuse point
+        span = window - 1 + REUSE_MARGIN_PAGES * PAGE_SIZE
+        kept = pages - max(0, pages * PAGE_SIZE - span) // PAGE_SIZE
     try:
         expected.check(first, ids)
-        pages = (len(ids) + NEW_TOKENS - 1) // PAGE_SIZE
-        wait_for_remote_writes(first, pages)
+        wait_for_remote_writes(first, pages + kept)
+        assert len(redis.client().keys(KEY_PREFIX + "*")) == pages + kept
         by_tier = expected.check(second, ids)["cached_tokens_by_tier"]
         assert by_tier["remote"] == len(ids) // PAGE_SIZE * PAGE_SIZE  # every whole page
     finally:
         first.stop()
         second.stop()
+    if window == 32:
+        assert kept < pages / 2  # most pages' sliding layers never reached Redis
 
 
 def wait_for_remote_writes(server: ServerProcess, pages: int, timeout_s: float = 60.0) -> None:
-    """Until `server` has written `pages` pages to Redis (its writes are asynchronous)."""
+    """Until `server` has written `pages` values to Redis (its writes are asynchronous)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         debug = httpx.get(server.base_url + "/debug/cache", timeout=30).json()
         if debug["remote_store"]["writes"] >= pages:
             return
         time.sleep(0.2)  # test code: waiting for another process's background writes
-    raise AssertionError(f"fewer than {pages} remote writes after {timeout_s} s: {debug}")
+    raise AssertionError(f"fewer than {pages} remote values after {timeout_s} s: {debug}")
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])

@@ -79,16 +79,18 @@ def build_cache(
     their prefixes match in the disk tier. Executors and the clock can be replaced (tests).
     `page_listener` hears of every page landing in or leaving a local tier (`page_listener`):
     first that none is held, then the disk's rebuilt pages. `model`'s sliding-window layers,
-    if any, bring in the sliding-page rule (`sliding_pages`) and, with no store below the
-    host tier, a host pool that keeps sliding parts for a share of its pages (`_host_pool`).
+    if any, bring in the sliding-page rule (`sliding_pages`), a remote tier that stores the
+    sliding part only where the rule keeps it (`remote.part_values`) and, with no disk below
+    the host tier, a host pool that keeps sliding parts for a share of its pages (`_host_pool`).
     """
     device = torch.device(device)
+    parts = None if model is None else PageParts.of(model, layout)
     disk = _open_disk(config, layout, fingerprint, disk_io)
-    remote = _open_remote(config, layout, fingerprint)
+    remote = _open_remote(config, layout, fingerprint, parts)
     sliding_window = None if model is None else LayerKinds.of(model, layout).window
     pools = TierPools(
         DevicePool.from_bytes(layout, config.device_cache_bytes, device),
-        _host_pool(config, layout, model, split=disk is None and remote is None),
+        _host_pool(config, layout, parts, split=disk is None),
         disk,
         remote,
     )
@@ -113,6 +115,7 @@ def build_cache(
     write_through = config.write_policy is WritePolicy.WRITE_THROUGH
     demoter = Demoter(pools, residency, transfers, write_through)
     index.after_insert = demoter.path_inserted
+    index.after_unlock = demoter.path_unlocked
     promoter = Promoter(residency, transfers, demoter, index, counters, clock)
     generations = _flush_generations(config, disk, remote)
     index.generation_of = generations.of
@@ -157,12 +160,12 @@ def _flush_generations(
 
 
 def _host_pool(
-    config: CacheConfig, layout: PageLayout, model: ModelConfig | None, split: bool
+    config: CacheConfig, layout: PageLayout, parts: PageParts | None, split: bool
 ) -> HostPool:
     """Whole pages; when `split` for a model with sliding layers, full parts for every page and
-    sliding parts for `--host-sliding-share` of them (`SplitHostPool`). Only without a store
-    below the host tier: a store cannot yet record that a page lacks its sliding part."""
-    parts = None if model is None else PageParts.of(model, layout)
+    sliding parts for `--host-sliding-share` of them (`SplitHostPool`). Only without a disk
+    below the host tier: its records cannot yet say that a page lacks its sliding part (the
+    remote tier's values can: `remote.part_values`)."""
     share = config.host_sliding_share
     whole = parts is None or not parts.has_sliding or not split
     if whole or share in (0, 1) or config.host_cache_bytes == 0:
@@ -200,7 +203,9 @@ def _open_disk(
     return DiskStore(config.disk_cache_dir, fingerprint, layout, config.disk_cache_bytes, io=io)
 
 
-def _open_remote(config: CacheConfig, layout: PageLayout, fingerprint: bytes) -> RemoteTier | None:
+def _open_remote(
+    config: CacheConfig, layout: PageLayout, fingerprint: bytes, parts: PageParts | None
+) -> RemoteTier | None:
     if not config.remote_enabled:
         return None
     assert config.remote_cache_url is not None
@@ -219,7 +224,7 @@ def _open_remote(config: CacheConfig, layout: PageLayout, fingerprint: bytes) ->
         timeouts=RemoteTimeouts().scaled(config.remote_budget_scale),
         secret=config.remote_secret,
     )
-    return RemoteTier(store, layout)
+    return RemoteTier(store, layout, parts=parts)
 
 
 def _default_memory_executor(device: torch.device) -> TransferExecutor:

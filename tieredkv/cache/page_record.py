@@ -14,7 +14,7 @@ each carries its own format version.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 
 import xxhash
@@ -35,6 +35,9 @@ class PageRecord:
     key: bytes  # 16 bytes: page_key(parent_key, tokens)
     parent_key: bytes  # 16 bytes: the parent page's key, or the namespace root key
     tokens: tuple[int, ...]  # page_size tokens
+    # whether the copy written or read keeps the page's sliding-window layers (a store that
+    # keeps parts apart: the remote tier's `part_values`); every layer of a whole page does
+    sliding_held: bool = field(default=True, kw_only=True, compare=False)
 
 
 def fingerprint_digest(fingerprint: bytes) -> bytes:

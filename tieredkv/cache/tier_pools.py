@@ -100,11 +100,14 @@ class TierPools(Mapping[Tier, PagePool]):
         return self.num_pages(tier) * self.layout.page_bytes
 
     def parts_held(self, tier: Tier) -> tuple[int, int]:
-        """(allocated pages, sliding parts among them): a split host pool holds a sliding part
-        for some of its pages, every other pool one for each."""
+        """(allocated pages, sliding parts among them): a split host pool and a remote tier
+        that keeps parts hold a sliding part for some of their pages, every other pool one for
+        each."""
         pages = self.num_pages(tier) - self.num_free(tier)
         if tier is Tier.HOST and isinstance(self.host, SplitHostPool):
             return pages, self.host.sliding_free.num_used
+        if tier is Tier.REMOTE and self.remote is not None:
+            return pages, self.remote.num_sliding_held
         return pages, pages
 
     def disk_page_errors(self) -> dict[DiskErrorReason, int]:

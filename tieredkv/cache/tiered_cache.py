@@ -91,7 +91,7 @@ class TieredCache:
             return 0
         match = self.index.match(tokens, namespace)
         query = packed_bytes(tokens)
-        keys = remote_keys_past(remote, self.tree, match, query)
+        keys, gaps = remote_keys_past(remote, self.tree, match, query)
         if not keys:
             return 0
         last = match.last_node
@@ -101,7 +101,8 @@ class TieredCache:
             if not self.demoter.make_room(Tier.REMOTE, len(keys)):
                 return 0
             slots = self.pools.alloc(Tier.REMOTE, len(keys))
-            if self.index.attach_found(query, namespace, match, keys, Tier.REMOTE, slots):
+            remote.note_gaps(slots[index] for index in gaps)
+            if self.index.attach_found(query, namespace, match, keys, Tier.REMOTE, slots, gaps):
                 return len(keys)
             self.pools.free(Tier.REMOTE, slots)
             return 0

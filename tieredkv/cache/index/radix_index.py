@@ -44,8 +44,11 @@ class TreeEvents(Protocol):
     def new_device_copy(self, node: RadixNode, pages: list[int]) -> None:
         """`insert` made `node` for a request's `pages`: its device copy."""
 
-    def found_copy(self, node: RadixNode, tier: Tier, pages: list[int]) -> None:
-        """`attach_found` made `node` for `pages` a store of `tier` holds: its only copy."""
+    def found_copy(
+        self, node: RadixNode, tier: Tier, pages: list[int], gaps: frozenset[int]
+    ) -> None:
+        """`attach_found` made `node` for `pages` a store of `tier` holds: its only copy
+        (`gaps`: the pages it holds without their sliding part)."""
 
     def released(self, node: RadixNode) -> None:
         """`node`'s last lock went: it may now be empty and leave the tree."""
@@ -70,6 +73,8 @@ class RadixIndex:
         self.events = events
         # what follows an insert that left a path (the write policy's copies: `Demoter`)
         self.after_insert: Callable[[RadixNode], None] = _nothing
+        # what follows the last lock on a node going (the writes a running sequence held back)
+        self.after_unlock: Callable[[RadixNode], None] = _nothing
         self.access_clock = 0
         self.private_pages: set[int] = set()  # device pages lent to requests
         self.lock_holders: Counter[RadixNode] = Counter()
@@ -215,9 +220,11 @@ class RadixIndex:
         keys: Sequence[bytes],
         tier: Tier,
         pages: Sequence[int],
+        gaps: frozenset[int] = frozenset(),
     ) -> RadixNode | None:
         """Attach the `len(keys)` pages of packed `query` after `match`'s last page as a new
-        node whose only copy is `pages` of `tier` (pages a store was found to hold by key).
+        node whose only copy is `pages` of `tier` (pages a store was found to hold by key;
+        `gaps`: those it holds without their sliding part).
         None, nothing attached, where the tree already has a node there (an emptied one that
         a lock keeps) or the match's path left the tree since."""
         root = self.tree.root(match.namespace_key, create=True, name=namespace)
@@ -231,7 +238,7 @@ class RadixIndex:
         if run[:page_bytes] in parent.children:
             return None
         node = self.tree.attach(parent, run, list(keys))
-        self.events.found_copy(node, tier, list(pages))
+        self.events.found_copy(node, tier, list(pages), gaps)
         self._touch([node])
         self.events.refresh(node)
         self.events.refresh(parent)
@@ -306,6 +313,8 @@ class RadixIndex:
             del self.lock_holders[node]
         for changed in self.tree.lock_path(node, -1):
             self.events.released(changed)
+        if not node.lock_count and node.attached:
+            self.after_unlock(node)
 
 
 def _nothing(node: RadixNode) -> None:

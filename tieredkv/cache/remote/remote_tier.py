@@ -20,15 +20,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterable
 
 import numpy as np
 import torch
 
 from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.page_parts import PageParts
 from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.pools.free_list import PageFreeList, PagePool
+from tieredkv.cache.remote.delivery import PageSink
+from tieredkv.cache.remote.part_values import RemotePageParts, sliding_key
 from tieredkv.cache.remote.record import RefusalReason, RemotePage
-from tieredkv.cache.remote.store import PageSink, RemoteStore
+from tieredkv.cache.remote.store import RemoteStore
 from tieredkv.cache.tier import Tier
 
 logger = logging.getLogger(__name__)
@@ -54,13 +58,39 @@ class RemoteTier(PagePool):
     hands_pages_on = True  # `read_pages_into`: pages go from the fetch to their destination
 
     def __init__(
-        self, store: RemoteStore, layout: PageLayout, num_pages: int = REMOTE_INDEX_PAGES
+        self,
+        store: RemoteStore,
+        layout: PageLayout,
+        num_pages: int = REMOTE_INDEX_PAGES,
+        parts: PageParts | None = None,
     ) -> None:
+        """`parts` with sliding layers: a page is stored as its parts (`part_values`), the
+        sliding one only where the copy keeps it."""
         self.store = store
         self.layout = layout
         self.num_pages = num_pages
         self.page_bytes = layout.page_bytes
         self.free_list = PageFreeList(num_pages, self.tier.label)
+        self.page_parts = RemotePageParts(parts) if parts and parts.has_sliding else None
+        self.gap_slots: set[int] = set()  # slots whose copy keeps no sliding part
+
+    def note_gaps(self, slots: Iterable[int]) -> None:
+        """The copies in `slots` keep no sliding part (until freed)."""
+        self.gap_slots.update(slots)
+
+    def free(self, pages: list[int]) -> None:
+        self.gap_slots.difference_update(pages)
+        super().free(pages)
+
+    @property
+    def num_sliding_held(self) -> int:
+        """Allocated slots whose copy keeps its sliding part."""
+        return self.num_used - len(self.gap_slots)
+
+    @property
+    def keeps_parts(self) -> bool:
+        """Does a page's copy here keep its sliding part only where the rule wants it?"""
+        return self.page_parts is not None
 
     @property  # type: ignore[override]
     def degraded(self) -> bool:
@@ -86,15 +116,22 @@ class RemoteTier(PagePool):
             "memory_policy": self.store.memory_policy,
         }
 
-    def lookup(self, keys: list[bytes]) -> int:
-        """How many leading `keys` the store holds (one round trip; 0 while degraded)."""
-        return self.store.lookup(keys)
+    def lookup(self, keys: list[bytes]) -> tuple[int, frozenset[int]]:
+        """How many leading `keys` the store holds, and which of those pages it holds without
+        their sliding part (one round trip; 0 while degraded)."""
+        if self.page_parts is None:
+            return self.store.lookup(keys), frozenset()
+        count, held = self.store.lookup_also(keys, [sliding_key(key) for key in keys])
+        return count, frozenset(index for index in range(count) if not held[index])
 
     def write_pages(
         self, slots: list[int], records: list[PageRecord], payload: torch.Tensor
     ) -> None:
         """Queue `payload`'s pages (n, *page_shape) for writing under their records' keys."""
         assert len(slots) == len(records) == payload.shape[0], "one record and page per slot"
+        if self.page_parts is not None:
+            self.store.put(self.page_parts.values(records, payload))
+            return
         rows = _rows(payload.contiguous()).numpy()
         self.store.put(
             [
@@ -105,12 +142,15 @@ class RemoteTier(PagePool):
 
     def retain(self, keys: list[bytes], ttl_s: float) -> None:
         """Give the pages of `keys` (a retained prompt's) `ttl_s` to live in the store from now
-        (queued for the store's writer thread)."""
+        (queued for the store's writer thread): both values of a page kept as parts."""
+        if self.page_parts is not None:
+            keys = [*keys, *(sliding_key(key) for key in keys)]
         self.store.retain(keys, ttl_s)
 
     def take_lost(self) -> set[bytes]:
         """Keys of retained pages the store no longer held when their expiry was set (to be
-        written again); each reported once."""
+        written again); each reported once. A sliding part's key names no page of the tree:
+        its loss costs reuse (the match is cut there), not a write."""
         return self.store.take_lost()
 
     def read_pages(
@@ -132,7 +172,13 @@ class RemoteTier(PagePool):
         in order, never after this returns). True for the pages handed on, up to the first
         the store no longer has (or refused): from there on they are misses, to be computed."""
         assert len(slots) == len(records), "one record per slot"
-        delivered = self.store.fetch_into([record.key for record in records], sink)
+        parts = self.page_parts
+        if parts is None:
+            delivered = self.store.fetch_into([record.key for record in records], sink)
+        else:
+            plan = parts.plan(records)
+            values = self.store.fetch_into(plan.keys, parts.assembling(plan, sink), plan.sizes)
+            delivered = parts.pages_delivered(plan, values, len(records))
         page_ok: list[bool] = []
         for found in delivered:
             page_ok.append(found and (not page_ok or page_ok[-1]))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +31,7 @@ from tieredkv.cache.page_record import fingerprint_digest, lz4_block
 from tieredkv.cache.read_priority import ReadPriority
 from tieredkv.cache.remote.client import RemoteClient
 from tieredkv.cache.remote.connection import RemoteTimeouts, check_url, connection_errors
+from tieredkv.cache.remote.delivery import Delivery, PageSink
 from tieredkv.cache.remote.get_replies import ReplyStream, read_get_replies
 from tieredkv.cache.remote.keys import redis_key
 from tieredkv.cache.remote.record import (
@@ -53,33 +53,6 @@ T = TypeVar("T")
 # and the first page arriving at once, while the second window hides the round trip.
 WINDOW_KEYS = 8
 WINDOWS_IN_FLIGHT = 2
-PageSink = Callable[[int, memoryview], None]  # (index of the key, the page's verified bytes)
-
-
-class _Delivery:
-    """Hands verified pages to a fetch's sink until `close()`; once `close()` returns, never
-    again (a call that ran past its budget may still be reading: its pages are dropped, and
-    the pages it was writing into may belong to someone else by then)."""
-
-    def __init__(self, sink: PageSink, count: int) -> None:
-        self._sink = sink
-        self._lock = threading.Lock()
-        self._open = True
-        self.delivered = [False] * count
-
-    def __call__(self, index: int, data: memoryview) -> bool:
-        """Deliver page `index`; False once closed (the reader stops)."""
-        with self._lock:
-            if not self._open:
-                return False
-            self._sink(index, data)
-            self.delivered[index] = True
-            return True
-
-    def close(self) -> list[bool]:
-        with self._lock:
-            self._open = False
-            return list(self.delivered)
 
 
 class RemoteStore:
@@ -162,24 +135,39 @@ class RemoteStore:
     def lookup(self, keys: Sequence[bytes]) -> int:
         """How many leading `keys` the store holds: one pipelined EXISTS round trip (one per
         cluster node holding them). 0 when degraded, failed or over budget."""
-        self._counters.on_lookup()
-        if not keys:
-            return 0
-        keys = [self._keys.name(key) for key in keys]
-        return self._call(lambda client: self._leading(client, keys), 0, self.timeouts.lookup_s)
+        return self.lookup_also(keys, ())[0]
 
-    def fetch_into(self, keys: Sequence[bytes], sink: PageSink) -> list[bool]:
-        """Hand each key's page bytes (page_bytes long, verified) to `sink(index, data)`, in
-        order, on the store's call thread; `data` is valid only during the call. Returns, per
+    def lookup_also(self, keys: Sequence[bytes], also: Sequence[bytes]) -> tuple[int, list[bool]]:
+        """`lookup(keys)`, and in the same round trip whether the store holds each of `also`
+        (all False when degraded, failed or over budget)."""
+        self._counters.on_lookup()
+        nothing = (0, [False] * len(also))
+        if not keys:
+            return nothing
+        names = [self._keys.name(key) for key in keys]
+        also_names = [self._keys.name(key) for key in also]
+        return self._call(
+            lambda client: self._leading(client, names, also_names),
+            nothing,
+            self.timeouts.lookup_s,
+        )
+
+    def fetch_into(
+        self, keys: Sequence[bytes], sink: PageSink, sizes: Sequence[int] | None = None
+    ) -> list[bool]:
+        """Hand each key's page bytes (verified, `sizes[index]` long: page_bytes when not given)
+        to `sink(index, data)`, in order, on the store's call thread; `data` is valid only
+        during the call. Returns, per
         key, whether it was delivered: not when the store no longer holds it, refused it
         (counted by reason), or the call failed or ran over its budget before reaching it.
         Once this returns, `sink` is never called again."""
         if not keys:
             return []
-        delivery = _Delivery(sink, len(keys))
+        delivery = Delivery(sink, len(keys))
         keys = [self._keys.name(key) for key in keys]
-        budget_s = self.timeouts.fetch_budget_s(len(keys) * self.page_bytes)
-        self._call(lambda client: self._get_into(client, keys, delivery), None, budget_s)
+        sizes = [self.page_bytes] * len(keys) if sizes is None else list(sizes)
+        budget_s = self.timeouts.fetch_budget_s(sum(sizes))
+        self._call(lambda client: self._get_into(client, keys, sizes, delivery), None, budget_s)
         delivered = delivery.close()
         found = sum(delivered)
         self._counters.on_fetch(found, len(keys) - found)
@@ -197,10 +185,11 @@ class RemoteStore:
 
     def put(self, pages: Sequence[RemotePage]) -> None:
         """Queue pages for the writer thread; returns at once. Pages the store is known to hold
-        are skipped (counted as dedup skips)."""
+        are skipped (counted as dedup skips). A value holds a page or a part of one: at most
+        page_bytes (the reader names the size it expects)."""
         for page in pages:
             assert len(page.tokens) == self.page_size, (len(page.tokens), self.page_size)
-            assert memoryview(page.data).nbytes == self.page_bytes, (
+            assert 0 < memoryview(page.data).nbytes <= self.page_bytes, (
                 memoryview(page.data).nbytes,
                 self.page_bytes,
             )
@@ -257,9 +246,11 @@ class RemoteStore:
             self._client.mark_degraded(error)
         return nothing
 
-    def _leading(self, client: Any, keys: Sequence[bytes]) -> int:
+    def _leading(
+        self, client: Any, keys: Sequence[bytes], also: Sequence[bytes]
+    ) -> tuple[int, list[bool]]:
         pipe = client.pipeline(transaction=False)
-        for key in keys:
+        for key in (*keys, *also):
             pipe.exists(redis_key(key))
         found = pipe.execute()
         count = 0
@@ -267,9 +258,11 @@ class RemoteStore:
             count += 1
         if count < len(keys):  # evicted (or never written): write it again when put
             self._writer.forget(keys[count : count + 1])
-        return count
+        return count, [bool(held) for held in found[len(keys) :]]
 
-    def _get_into(self, client: Any, keys: Sequence[bytes], delivery: _Delivery) -> None:
+    def _get_into(
+        self, client: Any, keys: Sequence[bytes], sizes: Sequence[int], delivery: Delivery
+    ) -> None:
         """GET every key (stored names), pipelined a window at a time, verifying and delivering
         the values in order."""
         missing: list[bytes] = []
@@ -281,7 +274,7 @@ class RemoteStore:
                 missing.append(keys[index])
                 return True
             received += len(value)
-            data = self._verify(keys[index], value)
+            data = self._verify(keys[index], value, sizes[index])
             return data is None or delivery(index, data)
 
         try:
@@ -341,8 +334,8 @@ class RemoteStore:
             pool.release(connection)
         return True
 
-    def _verify(self, name: bytes, value: bytes | memoryview) -> memoryview | None:
-        result = decode_value(value, name, self._keys, self.page_size, self.page_bytes)
+    def _verify(self, name: bytes, value: bytes | memoryview, size: int) -> memoryview | None:
+        result = decode_value(value, name, self._keys, self.page_size, size)
         if result.refused is not None:
             self._counters.on_refused(result.refused.value)
         return result.data

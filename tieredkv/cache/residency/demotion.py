@@ -26,6 +26,7 @@ from tieredkv.cache.residency.fair_share import Claim
 from tieredkv.cache.residency.node_transfers import NodeTransfers
 from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.residency.residency import Residency
+from tieredkv.cache.sliding_pages import REUSE_MARGIN_PAGES
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tier_pools import TierPools
 
@@ -166,10 +167,44 @@ class Demoter:
             for path_node in node.path():
                 if Tier.DEVICE in path_node.residence.copies:
                     self.write_through(path_node, Tier.DEVICE)
-        if self.pools.healthy(Tier.REMOTE):
-            missing = self.residency.path_missing(node, Tier.DEVICE, Tier.REMOTE)
-            if missing and self.make_room(Tier.REMOTE, sum(n.num_pages for n in missing)):
-                self.transfers.start_copy(missing, Tier.REMOTE, frees_source=False)
+        self._write_remote(node, settled_only=True)
+
+    def path_unlocked(self, node: RadixNode) -> None:
+        """After the last lock on `node` went: the pages of its path a running sequence kept
+        from the remote store (`_settled`) start there."""
+        if self._keeps_remote_parts():
+            self._write_remote(node, settled_only=False)
+
+    def _write_remote(self, node: RadixNode, settled_only: bool) -> None:
+        if not self.pools.healthy(Tier.REMOTE):
+            return
+        missing = self.residency.path_missing(node, Tier.DEVICE, Tier.REMOTE)
+        if settled_only:
+            missing = self._settled(node, missing)
+        if missing and self.make_room(Tier.REMOTE, sum(n.num_pages for n in missing)):
+            self.transfers.start_copy(missing, Tier.REMOTE, frees_source=False)
+
+    def _settled(self, end: RadixNode, nodes: list[RadixNode]) -> list[RadixNode]:
+        """Of `nodes` (on the path to `end`, just inserted by a sequence that goes on), those
+        whose remote copy is settled now. A remote tier that keeps sliding parts apart writes
+        them where the rule keeps them as the tree stands (`sliding_pages.tree_kept_sliding`):
+        within a window of the sequence's end, which moves on with every chunk and decoded
+        page, so a node ending there waits until the sequence lets go of it (`path_unlocked`).
+        Every node is settled for a tier that keeps whole pages."""
+        window = self.residency.sliding_window
+        if window is None or not self._keeps_remote_parts():
+            return nodes
+        page_size = self.residency.tree.page_size
+        span = window - 1 + REUSE_MARGIN_PAGES * page_size
+        ends, depth = {}, 0
+        for path_node in end.path():
+            depth += path_node.num_tokens
+            ends[path_node] = depth
+        return [node for node in nodes if ends[node] <= depth - span]
+
+    def _keeps_remote_parts(self) -> bool:
+        remote = self.pools.remote
+        return remote is not None and remote.keeps_parts
 
     def keep_in_remote(self, node: RadixNode, ttl_s: float) -> None:
         """Give the path to `node` (a retained prefix) `ttl_s` to live in the remote store from

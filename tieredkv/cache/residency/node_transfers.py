@@ -24,6 +24,7 @@ from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.pools.split_host_pool import SplitHostPool
 from tieredkv.cache.residency.residency import Commit, Residency
 from tieredkv.cache.residency.sliding_room import SlidingRoom
+from tieredkv.cache.sliding_pages import tree_kept_sliding
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.transfer.transfer_jobs import TransferJobs
 from tieredkv.cache.transfer.transfer_queue import (
@@ -35,13 +36,16 @@ from tieredkv.cache.transfer.transfer_queue import (
 )
 
 
-def page_records(node: RadixNode, tree: RadixTree) -> list[PageRecord]:
-    """The disk identity of each page of `node`: key, parent page's key, tokens. The first
-    time a page needs its key (`RadixTree.page_keys`)."""
+def page_records(
+    node: RadixNode, tree: RadixTree, gaps: frozenset[int] = frozenset()
+) -> list[PageRecord]:
+    """The store identity of each page of `node`: key, parent page's key, tokens, and whether
+    the copy keeps its sliding part (not the pages of `gaps`). The first time a page needs
+    its key (`RadixTree.page_keys`)."""
     keys = tree.page_keys(node)
     parents = [tree.parent_key(node), *keys[:-1]]
     return [
-        PageRecord(key, parent_key, node.page_ids(i, tree.page_size))
+        PageRecord(key, parent_key, node.page_ids(i, tree.page_size), sliding_held=i not in gaps)
         for i, (key, parent_key) in enumerate(zip(keys, parents, strict=True))
     ]
 
@@ -107,11 +111,13 @@ class NodeTransfers:
             record = node.residence
             part = TransferPart(node, ticket, src, dst, list(record.copies[src]), part_dst, offset)
             part.sliding_gaps = self._gaps_of_copy(node, src, dst, part_dst)
+            if dst is Tier.REMOTE and part.sliding_gaps and self.pools.remote is not None:
+                self.pools.remote.note_gaps(part_dst[index] for index in part.sliding_gaps)
             record.set_inflight(dst, part)
             ticket.parts.append(part)
             src_pages.extend(part.src_pages)
             if src.is_store or dst.is_store:
-                records.extend(page_records(node, self.residency.tree))
+                records.extend(page_records(node, self.residency.tree, part.sliding_gaps))
         if frees_source:
             self._pending_free[src] += num_pages
         self.transfer_queue.submit(
@@ -123,12 +129,17 @@ class NodeTransfers:
         self, node: RadixNode, src: Tier, dst: Tier, dst_pages: list[int]
     ) -> frozenset[int]:
         """The pages whose sliding part a copy of `node` to `dst_pages` does not carry: its
-        source's gaps, and in a split host pool those the rule drops or no slot is left for."""
+        source's gaps, in a split host pool those the rule drops or no slot is left for, and
+        in a remote tier that keeps parts those the rule drops as the tree stands."""
         gaps = node.residence.sliding_gaps.get(src, frozenset())
-        room = self.sliding_room
-        if dst is not Tier.HOST or room is None:
-            return gaps
-        return room.give(node, gaps, dst_pages)
+        room, window = self.sliding_room, self.residency.sliding_window
+        if dst is Tier.HOST and room is not None:
+            return room.give(node, gaps, dst_pages)
+        remote = self.pools.remote
+        if dst is Tier.REMOTE and window is not None and remote is not None and remote.keeps_parts:
+            kept = tree_kept_sliding(node, window, self.residency.tree.page_size)
+            return gaps.union(index for index in range(node.num_pages) if not kept[index])
+        return gaps
 
     # --- applying --------------------------------------------------------------------------
 

@@ -130,8 +130,10 @@ class Residency:
         if self.events is not None:
             self.events.stored(node, Tier.DEVICE)
 
-    def found_copy(self, node: RadixNode, tier: Tier, pages: list[int]) -> None:
-        node.residence.set_copy(tier, pages)
+    def found_copy(
+        self, node: RadixNode, tier: Tier, pages: list[int], gaps: frozenset[int] = frozenset()
+    ) -> None:
+        node.residence.set_copy(tier, pages, gaps)
         if self.events is not None:
             self.events.stored(node, tier)
 

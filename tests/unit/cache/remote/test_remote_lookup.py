@@ -40,7 +40,8 @@ def look_up(tokens: list[int], computed: int, held: int) -> tuple[list[bytes], H
     store = HoldingStore(held)
     remote = RemoteTier(store, LAYOUT)  # type: ignore[arg-type]
     match = cache.match(tokens, NAMESPACE)
-    keys = remote_keys_past(remote, cache.tree, match, packed_bytes(tokens))
+    keys, gaps = remote_keys_past(remote, cache.tree, match, packed_bytes(tokens))
+    assert gaps == frozenset()  # a page without sliding layers is whole
     cache.close()
     return keys, store
 
