@@ -26,7 +26,7 @@ from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import EngineConfig
-from tieredkv.engine.metrics import EngineRecorder, StepFigures
+from tieredkv.engine.engine_recorder import EngineRecorder, StepFigures
 from tieredkv.engine.output import OutputProcessor
 from tieredkv.engine.protocol import (
     FinishReason,

@@ -6,7 +6,8 @@ from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import DEFAULT_NAMESPACE
-from tieredkv.engine.metrics import EngineMetrics, EngineRecorder, StepFigures
+from tieredkv.engine.engine_recorder import EngineRecorder, StepFigures
+from tieredkv.engine.metrics import EngineMetrics
 from tieredkv.engine.protocol import GenerationRequest
 from tieredkv.engine.request import Request
 from tieredkv.model.sampler import SamplingParams
