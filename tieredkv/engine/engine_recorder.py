@@ -34,6 +34,7 @@ class StepFigures:
     cache_counters: CacheCounters
     tier_used_bytes: Mapping[Tier, int]
     tier_capacity_bytes: Mapping[Tier, int]
+    tier_cached_tokens: Mapping[str, Mapping[Tier, int]]  # layer kind -> tier -> tokens
     disk_page_errors: Mapping[DiskErrorReason, int]
     remote_page_errors: Mapping[str, int]
     retention: RetentionFigures | None = None
@@ -90,6 +91,7 @@ class EngineRecorder:
         self.metrics.on_step(figures.step_seconds, figures.scheduler_seconds)
         self.metrics.set_queue_sizes(figures.num_running, figures.num_waiting)
         self.metrics.set_tier_bytes(figures.tier_used_bytes, figures.tier_capacity_bytes)
+        self.metrics.set_tier_cached_tokens(figures.tier_cached_tokens)
         self.metrics.set_cache_totals(
             figures.cache_counters, figures.disk_page_errors, figures.remote_page_errors
         )

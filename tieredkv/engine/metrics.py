@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.metrics import EVICTION_ACTIONS, CacheCounters
+from tieredkv.cache.sliding_pages import LAYER_KIND_LABELS
 from tieredkv.cache.tier import Tier
 from tieredkv.engine.protocol import FinishReason
 from tieredkv.prometheus_format import Counter, Gauge, Histogram, Registry
@@ -59,10 +60,16 @@ class EngineMetrics:
             pairs,
         )
         self.tier_used_bytes = self._gauge(
-            "tier_used_bytes", "Bytes allocated in a tier, in-flight destinations included.", tiers
+            "tier_used_bytes",
+            "Bytes allocated in a tier, in-flight destinations included.",
+            ("tier",),
+            tiers,
         )
         self.tier_capacity_bytes = self._gauge(
-            "tier_capacity_bytes", "Capacity of a tier in bytes (0 when disabled).", tiers
+            "tier_capacity_bytes",
+            "Capacity of a tier in bytes (0 when disabled).",
+            ("tier",),
+            tiers,
         )
         self.evicted_pages = self._counter(
             "evicted_pages_total",
@@ -131,10 +138,20 @@ class EngineMetrics:
             "kv_events_dropped_total", "KV events lost unsent: the publisher's queue was full."
         )
         self.retained_pages = self._gauge(
-            "retained_pages", 'Pages of prompts retained 24 h ("24h"), per tier with a copy.', tiers
+            "retained_pages",
+            'Pages of prompts retained 24 h ("24h"), per tier with a copy.',
+            ("tier",),
+            tiers,
         )
         self.retention_evicted = self._counter(
             "retention_evicted_total", "Retained prompts released by --retention-budget, LRU first."
+        )
+        self.tier_cached_tokens = self._gauge(
+            "tier_cached_tokens",
+            "Tokens of KV a tier holds per layer kind: full, its allocated pages; sliding, the "
+            "sliding parts among them (0 for a model without sliding-window layers).",
+            ("tier", "layer_kind"),
+            [(t, kind) for t in TIER_LABELS for kind in LAYER_KIND_LABELS],
         )
 
     # -- events ------------------------------------------------------------------------------------
@@ -198,6 +215,12 @@ class EngineMetrics:
             self.tier_used_bytes.set(used_bytes.get(tier, 0), tier=tier.label)
             self.tier_capacity_bytes.set(capacity_bytes.get(tier, 0), tier=tier.label)
 
+    def set_tier_cached_tokens(self, tokens: Mapping[str, Mapping[Tier, int]]) -> None:
+        """Each tier's tokens of KV by layer kind (`sliding_pages.tokens_by_layer_kind`)."""
+        for kind, by_tier in tokens.items():
+            for tier, num_tokens in by_tier.items():
+                self.tier_cached_tokens.set(num_tokens, tier=tier.label, layer_kind=kind)
+
     def set_cache_totals(
         self,
         counters: CacheCounters,
@@ -241,9 +264,12 @@ class EngineMetrics:
         return metric
 
     def _gauge(
-        self, name: str, help_text: str, label_values: list[tuple[str, ...]] | None = None
+        self,
+        name: str,
+        help_text: str,
+        label_names: tuple[str, ...] = (),
+        label_values: list[tuple[str, ...]] | None = None,
     ) -> Gauge:
-        label_names = ("tier",) if label_values else ()
         metric = Gauge(PREFIX + name, help_text, label_names, label_values or ())
         self.registry.register(metric)
         return metric
