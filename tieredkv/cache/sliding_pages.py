@@ -16,8 +16,9 @@ preempted sequence's tokens) or branches (two sequences that share a prefix). Th
   previous reuse point, where the rule kept the window.
 
 Pages whose sliding part no reuse point needs are read by no continuation: the tiers need not
-write that part down nor hold it. `LayerKinds` splits a page's bytes by layer kind and
-`history_tokens` turns the rule into the tokens of history a tier of a given size holds.
+write that part down nor hold it. `LayerKinds` splits a page's bytes by layer kind,
+`tokens_by_layer_kind` counts the tokens of each kind a tier holds, and `history_tokens` turns
+the rule into the tokens of history a tier of a given size holds.
 """
 
 from __future__ import annotations
@@ -78,22 +79,34 @@ class LayerKinds:
         }
 
 
+LAYER_KIND_LABELS = ("full", "sliding")  # the keys of `describe()` and `tokens_by_layer_kind`
+
+
+def tokens_by_layer_kind(
+    model: ModelConfig, page_size: int, parts_held: Callable[[Tier], tuple[int, int]]
+) -> dict[str, dict[Tier, int]]:
+    """The tokens of KV each tier holds for each layer kind (`LAYER_KIND_LABELS`), from
+    `parts_held(tier)`: the tier's allocated pages (`full`) and the sliding parts among them
+    (`sliding`: a split host pool keeps them for some pages, every other pool for all; 0 for a
+    model without a sliding layer). /health and the `tier_cached_tokens` gauge report these."""
+    held = {tier: parts_held(tier) for tier in Tier}
+    has_sliding = model.has_sliding_layers
+    return {
+        "full": {tier: pages * page_size for tier, (pages, _) in held.items()},
+        "sliding": {
+            tier: sliding * page_size if has_sliding else 0 for tier, (_, sliding) in held.items()
+        },
+    }
+
+
 def held_by_layer_kind(
     model: ModelConfig, layout: PageLayout, parts_held: Callable[[Tier], tuple[int, int]]
 ) -> dict:
     """For /health: each layer kind's layers, window, bytes a token, and the tokens of it each
-    tier holds (`parts_held(tier)`: the tier's allocated pages, and the sliding parts among
-    them: a split host pool keeps them for some pages, every other pool for all)."""
-    kinds = LayerKinds.of(model, layout)
-    held = {tier: parts_held(tier) for tier in Tier}
-    described = kinds.describe()
-    described["full"]["tokens_by_tier"] = {
-        tier.label: pages * layout.page_size for tier, (pages, _) in held.items()
-    }
-    described["sliding"]["tokens_by_tier"] = {
-        tier.label: sliding * layout.page_size if kinds.sliding_layers else 0
-        for tier, (_, sliding) in held.items()
-    }
+    tier holds (`tokens_by_layer_kind`)."""
+    described = LayerKinds.of(model, layout).describe()
+    for kind, by_tier in tokens_by_layer_kind(model, layout.page_size, parts_held).items():
+        described[kind]["tokens_by_tier"] = {tier.label: tokens for tier, tokens in by_tier.items()}
     return described
 
 

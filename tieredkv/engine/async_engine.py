@@ -33,7 +33,8 @@ from tieredkv.cache.tier import Tier
 from tieredkv.config import CacheConfig, EngineConfig
 from tieredkv.engine.capacity import capacity_lines, capacity_summary
 from tieredkv.engine.engine import Engine
-from tieredkv.engine.metrics import EngineMetrics, EngineRecorder
+from tieredkv.engine.engine_recorder import EngineRecorder
+from tieredkv.engine.metrics import EngineMetrics
 from tieredkv.engine.output_streams import OutputStreams
 from tieredkv.engine.protocol import (
     EngineClient,
@@ -284,12 +285,9 @@ class AsyncEngine(EngineClient):
 
     def health(self) -> dict:
         cache = self.engine.cache
-        tiers = {}
-        for tier in Tier:
-            if not cache.tier_enabled(tier):
-                tiers[tier.label] = "disabled"
-            else:
-                tiers[tier.label] = "healthy" if cache.tier_healthy(tier) else "degraded"
+        tiers = {tier.label: "disabled" for tier in Tier}
+        for tier in filter(cache.tier_enabled, Tier):
+            tiers[tier.label] = "healthy" if cache.tier_healthy(tier) else "degraded"
         # the capacity in effect: a disk store that could not be preallocated starts smaller
         capacity = {tier.label: cache.tier_capacity_bytes(tier) for tier in Tier}
         held = cache.tier_parts_held

@@ -23,10 +23,11 @@ import time
 from collections.abc import Callable
 
 from tieredkv.cache.cache_handle import CacheHandle
+from tieredkv.cache.sliding_pages import tokens_by_layer_kind
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import EngineConfig
-from tieredkv.engine.metrics import EngineRecorder, StepFigures
+from tieredkv.engine.engine_recorder import EngineRecorder, StepFigures
 from tieredkv.engine.output import OutputProcessor
 from tieredkv.engine.protocol import (
     FinishReason,
@@ -273,7 +274,7 @@ class Engine:
                 self.pages.insert_computed(request)
 
     def _step_figures(self, step_s: float, scheduler_s: float) -> StepFigures:
-        cache, queues = self.cache, self.scheduler.queue_sizes()
+        cache, model, queues = self.cache, self.runner.config, self.scheduler.queue_sizes()
         return StepFigures(
             step_seconds=step_s,
             scheduler_seconds=scheduler_s,
@@ -282,6 +283,7 @@ class Engine:
             cache_counters=cache.counters,
             tier_used_bytes={tier: cache.tier_used_bytes(tier) for tier in Tier},
             tier_capacity_bytes={tier: cache.tier_capacity_bytes(tier) for tier in Tier},
+            tier_cached_tokens=tokens_by_layer_kind(model, cache.page_size, cache.tier_parts_held),
             disk_page_errors=cache.disk_page_errors(),
             remote_page_errors=cache.remote_page_errors(),
             retention=cache.retention.figures(self.clock()),

@@ -1,29 +1,20 @@
-"""Every `tieredkv_*` Prometheus metric of the public contract (docs/operations.md, "Metrics"),
-and what the engine reports to them, at the moments the contract defines.
+"""Every `tieredkv_*` Prometheus metric of the public contract (docs/operations.md, "Metrics").
 
 `EngineMetrics` owns the registry: events are recorded by `on_<event>` methods, gauges and
 totals mirrored from the cache by `set_<figure>` methods (each a few locked additions), and the
 server calls `render()` for `GET /metrics`. The metric objects are public attributes too, for
-reading a series. `EngineRecorder` turns the engine's requests into those calls; once a step
-the engine hands it `StepFigures`, the figures the gauges and the mirrored cache counters need,
-never the engine itself.
-
-`cache_hit_tokens_total` counts what requests report in `cached_tokens_by_tier` (first
-admission only, as usage does), not the cache's raw hit counter, which a preempted request's
-re-admission would count twice.
+reading a series. What the engine reports to them, and when, is `engine_recorder`'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.metrics import EVICTION_ACTIONS, CacheCounters
-from tieredkv.cache.retention import RetentionFigures
+from tieredkv.cache.sliding_pages import LAYER_KIND_LABELS
 from tieredkv.cache.tier import Tier
 from tieredkv.engine.protocol import FinishReason
-from tieredkv.engine.request import Request
 from tieredkv.prometheus_format import Counter, Gauge, Histogram, Registry
 
 PREFIX = "tieredkv_"
@@ -69,10 +60,16 @@ class EngineMetrics:
             pairs,
         )
         self.tier_used_bytes = self._gauge(
-            "tier_used_bytes", "Bytes allocated in a tier, in-flight destinations included.", tiers
+            "tier_used_bytes",
+            "Bytes allocated in a tier, in-flight destinations included.",
+            ("tier",),
+            tiers,
         )
         self.tier_capacity_bytes = self._gauge(
-            "tier_capacity_bytes", "Capacity of a tier in bytes (0 when disabled).", tiers
+            "tier_capacity_bytes",
+            "Capacity of a tier in bytes (0 when disabled).",
+            ("tier",),
+            tiers,
         )
         self.evicted_pages = self._counter(
             "evicted_pages_total",
@@ -141,10 +138,20 @@ class EngineMetrics:
             "kv_events_dropped_total", "KV events lost unsent: the publisher's queue was full."
         )
         self.retained_pages = self._gauge(
-            "retained_pages", 'Pages of prompts retained 24 h ("24h"), per tier with a copy.', tiers
+            "retained_pages",
+            'Pages of prompts retained 24 h ("24h"), per tier with a copy.',
+            ("tier",),
+            tiers,
         )
         self.retention_evicted = self._counter(
             "retention_evicted_total", "Retained prompts released by --retention-budget, LRU first."
+        )
+        self.tier_cached_tokens = self._gauge(
+            "tier_cached_tokens",
+            "Tokens of KV a tier holds per layer kind: full, its allocated pages; sliding, the "
+            "sliding parts among them (0 for a model without sliding-window layers).",
+            ("tier", "layer_kind"),
+            [(t, kind) for t in TIER_LABELS for kind in LAYER_KIND_LABELS],
         )
 
     # -- events ------------------------------------------------------------------------------------
@@ -208,6 +215,12 @@ class EngineMetrics:
             self.tier_used_bytes.set(used_bytes.get(tier, 0), tier=tier.label)
             self.tier_capacity_bytes.set(capacity_bytes.get(tier, 0), tier=tier.label)
 
+    def set_tier_cached_tokens(self, tokens: Mapping[str, Mapping[Tier, int]]) -> None:
+        """Each tier's tokens of KV by layer kind (`sliding_pages.tokens_by_layer_kind`)."""
+        for kind, by_tier in tokens.items():
+            for tier, num_tokens in by_tier.items():
+                self.tier_cached_tokens.set(num_tokens, tier=tier.label, layer_kind=kind)
+
     def set_cache_totals(
         self,
         counters: CacheCounters,
@@ -251,9 +264,12 @@ class EngineMetrics:
         return metric
 
     def _gauge(
-        self, name: str, help_text: str, label_values: list[tuple[str, ...]] | None = None
+        self,
+        name: str,
+        help_text: str,
+        label_names: tuple[str, ...] = (),
+        label_values: list[tuple[str, ...]] | None = None,
     ) -> Gauge:
-        label_names = ("tier",) if label_values else ()
         metric = Gauge(PREFIX + name, help_text, label_names, label_values or ())
         self.registry.register(metric)
         return metric
@@ -269,82 +285,3 @@ class EngineMetrics:
         metric = Histogram(PREFIX + name, help_text, buckets, label_names, label_values or ())
         self.registry.register(metric)
         return metric
-
-
-@dataclass(frozen=True)
-class StepFigures:
-    """The step's time (and the scheduler's share of it: applying transfers, queue order,
-    admission, page reservation and inserting computed pages), the queue sizes and the cache's
-    counters and sizes at the end of a step."""
-
-    step_seconds: float
-    scheduler_seconds: float
-    num_running: int
-    num_waiting: int  # queued or promoting
-    cache_counters: CacheCounters
-    tier_used_bytes: Mapping[Tier, int]
-    tier_capacity_bytes: Mapping[Tier, int]
-    disk_page_errors: Mapping[DiskErrorReason, int]
-    remote_page_errors: Mapping[str, int]
-    retention: RetentionFigures | None = None
-
-
-class EngineRecorder:
-    """The engine's events, from its requests, to `EngineMetrics` (on the engine thread)."""
-
-    def __init__(self, metrics: EngineMetrics) -> None:
-        self.metrics = metrics
-        self.hit_tokens = dict.fromkeys(Tier, 0)
-
-    def on_request_arrived(self, request: Request) -> None:
-        if request.num_preemptions == 0:
-            self.metrics.on_request_arrived(len(request.spec.prompt_ids))
-
-    def on_promotion_done(self, request: Request) -> None:
-        if request.num_preemptions:
-            return
-        for tier, tokens in request.cached_by_tier.items():
-            self.hit_tokens[tier] += tokens
-            if tier is not Tier.DEVICE and tokens and request.promotion_seconds is not None:
-                self.metrics.on_promotion(tier, request.promotion_seconds)
-
-    def on_first_forward(self, request: Request) -> None:
-        assert request.first_forward_at is not None
-        self.metrics.on_first_forward(request.first_forward_at - request.spec.arrival_time)
-
-    def on_prefill(self, num_tokens: int) -> None:
-        """Prompt tokens forwarded in a step."""
-        self.metrics.on_prefill(num_tokens)
-
-    def on_token(self, request: Request, now: float) -> None:
-        self.metrics.on_tokens_generated(1)
-        if request.first_token_at is None:
-            request.first_token_at = now
-            self.metrics.on_first_token(now - request.spec.arrival_time)
-        request.last_token_at = now
-
-    def on_preemption(self) -> None:
-        self.metrics.on_preemption()
-
-    def on_deferred_admission(self) -> None:
-        """A request first waited for a running request computing a prefix it shares."""
-        self.metrics.on_deferred_admission()
-
-    def on_request_finished(self, request: Request, reason: FinishReason, now: float) -> None:
-        arrival = request.spec.arrival_time
-        ttft = None if request.first_token_at is None else request.first_token_at - arrival
-        self.metrics.on_request_finished(reason, now - arrival, len(request.output_ids), ttft)
-
-    def on_step(self, figures: StepFigures) -> None:
-        """Step times, queue sizes and the cache's counters and sizes, once per step."""
-        self.metrics.on_step(figures.step_seconds, figures.scheduler_seconds)
-        self.metrics.set_queue_sizes(figures.num_running, figures.num_waiting)
-        self.metrics.set_tier_bytes(figures.tier_used_bytes, figures.tier_capacity_bytes)
-        self.metrics.set_cache_totals(
-            figures.cache_counters, figures.disk_page_errors, figures.remote_page_errors
-        )
-        self.metrics.set_hit_tokens(self.hit_tokens)
-        if figures.retention is not None:  # the retained prompts' pages and releases
-            for tier, pages in figures.retention.pages_by_tier.items():
-                self.metrics.retained_pages.set(pages, tier=tier.label)
-            self.metrics.retention_evicted.set_total(figures.retention.evicted_total)

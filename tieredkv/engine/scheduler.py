@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from tieredkv.cache.cache_handle import WarmHold
 from tieredkv.config import EngineConfig, SchedulePolicy
 from tieredkv.engine.admission import DeviceRoom, prefix_being_computed, shared_prompt_tokens
-from tieredkv.engine.metrics import EngineRecorder
+from tieredkv.engine.engine_recorder import EngineRecorder
 from tieredkv.engine.owner_shares import SeatShares, preemption_victim, round_robin
 from tieredkv.engine.protocol import FinishReason, QueueFullError
 from tieredkv.engine.queue_order import QueueOrder

@@ -19,6 +19,7 @@ from tieredkv.cache.sliding_pages import (
     history_tokens,
     kept_sliding_pages,
     reusable_tokens,
+    tokens_by_layer_kind,
     window_pages,
 )
 from tieredkv.cache.tier import Tier
@@ -135,3 +136,14 @@ def test_health_says_what_each_tier_holds_per_layer_kind() -> None:
     assert held["full"] == {"layers": 1, "token_bytes": 256, "tokens_by_tier": expected}
     sliding = {"device": 48, "host": 32, "disk": 0, "remote": 0}  # a split host pool: 2 of 5
     assert held["sliding"]["window"] == 32 and held["sliding"]["tokens_by_tier"] == sliding
+
+
+def test_a_model_without_sliding_layers_holds_no_sliding_tokens() -> None:
+    config = ModelConfig(
+        vocab_size=8, hidden_size=64, intermediate_size=8, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=16,
+    )  # fmt: skip
+    pages = {Tier.DEVICE: (3, 3), Tier.HOST: (5, 5), Tier.DISK: (2, 2), Tier.REMOTE: (0, 0)}
+    tokens = tokens_by_layer_kind(config, 16, pages.__getitem__)
+    assert tokens["full"] == {Tier.DEVICE: 48, Tier.HOST: 80, Tier.DISK: 32, Tier.REMOTE: 0}
+    assert tokens["sliding"] == dict.fromkeys(Tier, 0)  # the same series, at 0

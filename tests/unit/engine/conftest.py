@@ -19,7 +19,8 @@ from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import EngineConfig, SchedulePolicy, WritePolicy
 from tieredkv.engine.engine import Engine
-from tieredkv.engine.metrics import EngineMetrics, EngineRecorder
+from tieredkv.engine.engine_recorder import EngineRecorder
+from tieredkv.engine.metrics import EngineMetrics
 from tieredkv.engine.protocol import GenerationRequest, RequestOutput
 from tieredkv.engine.request import RequestStatus
 from tieredkv.model.loader import LoadedModel, load_model

@@ -6,7 +6,8 @@ from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.metrics import CacheCounters
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import DEFAULT_NAMESPACE
-from tieredkv.engine.metrics import EngineMetrics, EngineRecorder, StepFigures
+from tieredkv.engine.engine_recorder import EngineRecorder, StepFigures
+from tieredkv.engine.metrics import EngineMetrics
 from tieredkv.engine.protocol import GenerationRequest
 from tieredkv.engine.request import Request
 from tieredkv.model.sampler import SamplingParams
@@ -32,6 +33,10 @@ def _figures(counters: CacheCounters) -> StepFigures:
         cache_counters=counters,
         tier_used_bytes={Tier.DEVICE: 100},
         tier_capacity_bytes={Tier.DEVICE: 400},
+        tier_cached_tokens={
+            "full": {Tier.DEVICE: 48, Tier.HOST: 32, Tier.DISK: 0, Tier.REMOTE: 0},
+            "sliding": {Tier.DEVICE: 48, Tier.HOST: 16, Tier.DISK: 0, Tier.REMOTE: 0},
+        },
         disk_page_errors=dict.fromkeys(DiskErrorReason, 0),
         remote_page_errors={"corrupt": 0, "fingerprint": 0, "key": 0, "unavailable": 3},
     )
@@ -60,6 +65,9 @@ def test_a_step_moves_its_times_queue_sizes_and_the_cache_figures() -> None:
     assert metrics.requests_running.value() == 1 and metrics.requests_waiting.value() == 2
     assert metrics.tier_used_bytes.value(tier="device") == 100
     assert metrics.tier_capacity_bytes.value(tier="host") == 0
+    assert metrics.tier_cached_tokens.value(tier="host", layer_kind="full") == 32
+    assert metrics.tier_cached_tokens.value(tier="host", layer_kind="sliding") == 16
+    assert metrics.tier_cached_tokens.value(tier="device", layer_kind="sliding") == 48
     assert metrics.transfer_bytes.value(from_tier="device", to_tier="host") == 4096
     assert metrics.evicted_pages.value(tier="host", action="dropped") == 2
     assert metrics.remote_page_errors.value(reason="unavailable") == 3

@@ -15,7 +15,8 @@ from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import EngineConfig, SchedulePolicy, WritePolicy
-from tieredkv.engine.metrics import EngineMetrics, EngineRecorder
+from tieredkv.engine.engine_recorder import EngineRecorder
+from tieredkv.engine.metrics import EngineMetrics
 from tieredkv.engine.protocol import FinishReason, GenerationRequest
 from tieredkv.engine.queue_order import QueueOrder
 from tieredkv.engine.request import Request, RequestStatus

@@ -48,6 +48,7 @@ EXTENSIONS = {
     "tieredkv_kv_events_dropped_total": ("counter", ()),
     "tieredkv_retained_pages": ("gauge", ("tier",)),
     "tieredkv_retention_evicted_total": ("counter", ()),
+    "tieredkv_tier_cached_tokens": ("gauge", ("tier", "layer_kind")),
 }
 DECLARED = CONTRACT | EXTENSIONS
 
