@@ -80,7 +80,7 @@ def build_cache(
     `page_listener` hears of every page landing in or leaving a local tier (`page_listener`):
     first that none is held, then the disk's rebuilt pages. `model`'s sliding-window layers,
     if any, bring in the sliding-page rule (`sliding_pages`), a remote tier that stores the
-    sliding part only where the rule keeps it (`remote.part_values`) and, with no disk below
+    sliding part only where the rule keeps it (`remote.part_values`) and, with no store below
     the host tier, a host pool that keeps sliding parts for a share of its pages (`_host_pool`).
     """
     device = torch.device(device)
@@ -90,7 +90,7 @@ def build_cache(
     sliding_window = None if model is None else LayerKinds.of(model, layout).window
     pools = TierPools(
         DevicePool.from_bytes(layout, config.device_cache_bytes, device),
-        _host_pool(config, layout, parts, split=disk is None),
+        _host_pool(config, layout, parts, split=disk is None and remote is None),
         disk,
         remote,
     )
@@ -163,9 +163,9 @@ def _host_pool(
     config: CacheConfig, layout: PageLayout, parts: PageParts | None, split: bool
 ) -> HostPool:
     """Whole pages; when `split` for a model with sliding layers, full parts for every page and
-    sliding parts for `--host-sliding-share` of them (`SplitHostPool`). Only without a disk
-    below the host tier: its records cannot yet say that a page lacks its sliding part (the
-    remote tier's values can: `remote.part_values`)."""
+    sliding parts for `--host-sliding-share` of them (`SplitHostPool`). Only without a store
+    below the host tier: the disk's records cannot yet say that a page lacks its sliding part,
+    and the split pool's eviction beside a remote tier that keeps parts is untested."""
     share = config.host_sliding_share
     whole = parts is None or not parts.has_sliding or not split
     if whole or share in (0, 1) or config.host_cache_bytes == 0:

@@ -140,6 +140,13 @@ class RemoteTier(PagePool):
             ]
         )
 
+    def drop_sliding(self, keys: list[bytes], slots: list[int]) -> None:
+        """The copies in `slots` (pages of `keys`) keep their sliding part no longer: its
+        values are deleted from the store (queued for the writer thread)."""
+        assert self.page_parts is not None, "whole pages have no part to drop"
+        self.note_gaps(slots)
+        self.store.discard([sliding_key(key) for key in keys])
+
     def retain(self, keys: list[bytes], ttl_s: float) -> None:
         """Give the pages of `keys` (a retained prompt's) `ttl_s` to live in the store from now
         (queued for the store's writer thread): both values of a page kept as parts."""

@@ -96,7 +96,7 @@ class RemoteStore:
             self._keys,
             COMPRESSIONS[compression],
             self.timeouts,
-            max_pending_pages,
+            max_pending_pages * page_bytes,
         )
         self._value_buffer = bytearray(max_value_bytes(page_bytes))  # call thread's
         self._retained_names: OrderedDict[bytes, bytes] = OrderedDict()  # name -> page key
@@ -195,6 +195,10 @@ class RemoteStore:
             )
         name = self._keys.name
         self._writer.put(dataclasses.replace(page, key=name(page.key)) for page in pages)
+
+    def discard(self, keys: Sequence[bytes]) -> None:
+        """Queue the deletion of the values of `keys` (no reader needs them); returns at once."""
+        self._writer.unlink([self._keys.name(key) for key in keys])
 
     def retain(self, keys: Sequence[bytes], ttl_s: float) -> None:
         """Queue an expiry `ttl_s` from now for the pages of `keys` (retained prompts'): set by

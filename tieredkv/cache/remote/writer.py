@@ -52,7 +52,7 @@ class RemoteWriter:
         store_keys: StoreKeys,
         codec: int,
         timeouts: RemoteTimeouts,
-        max_pending_pages: int,
+        max_pending_bytes: int,
         batch_pages: int = BATCH_PAGES,
         known_keys: int = 1 << 16,
     ) -> None:
@@ -62,7 +62,8 @@ class RemoteWriter:
         self._digest = store_keys
         self._codec = codec
         self._timeouts = timeouts
-        self._max_pending = max_pending_pages
+        self._max_pending_bytes = max_pending_bytes  # a page kept as parts: two smaller values
+        self._pending_bytes = 0
         self._batch_pages = batch_pages
         self._known: OrderedDict[bytes, None] = OrderedDict()  # keys the store holds, LRU
         self._known_limit = known_keys
@@ -74,6 +75,7 @@ class RemoteWriter:
         self._to_expire: dict[bytes, None] = {}
         self._expiring: set[bytes] = set()  # keys of the expiry batch in flight
         self._lost: set[bytes] = set()  # retained keys an expiry found absent, not queued
+        self._to_unlink: list[bytes] = []  # keys of values no reader needs any more
         self._stop = False
         self._cond = threading.Condition()
         client.on_degraded = self._wake
@@ -85,7 +87,8 @@ class RemoteWriter:
         self._thread.start()
 
     def put(self, pages: Iterable[RemotePage]) -> None:
-        """Queue pages; never blocks on the network. Over the queue's bound, pages are dropped.
+        """Queue pages; never blocks on the network. Over the queue's bound (bytes), pages are
+        dropped.
         A page known written is skipped, unless its expiry is still to be set: the store may
         have lost it since."""
         skipped = dropped = 0
@@ -95,10 +98,11 @@ class RemoteWriter:
                 known = page.key in self._known and not expiry_due
                 if known or page.key in self._queued:
                     skipped += 1
-                elif len(self._pending) >= self._max_pending:
+                elif self._pending_bytes >= self._max_pending_bytes:
                     dropped += 1
                 else:
                     self._pending.append(page)
+                    self._pending_bytes += memoryview(page.data).nbytes
                     self._queued.add(page.key)
             self._cond.notify_all()
         self._counters.on_put(skipped, dropped)
@@ -135,6 +139,16 @@ class RemoteWriter:
             lost, self._lost = self._lost, set()
         return lost
 
+    def unlink(self, keys: Iterable[bytes]) -> None:
+        """Delete the values of `keys` from the store (best effort: a value left behind costs
+        memory until the store's own eviction takes it). Never blocks on the network."""
+        with self._cond:
+            for key in keys:
+                self._known.pop(key, None)
+                if len(self._to_unlink) < RETAINED_KEYS:
+                    self._to_unlink.append(key)
+            self._cond.notify_all()
+
     def remember(self, keys: Iterable[bytes]) -> None:
         with self._cond:
             for key in keys:
@@ -156,7 +170,7 @@ class RemoteWriter:
         self._thread.join(self._timeouts.io_s + self._timeouts.connect_s + 1.0)
 
     def _idle(self) -> bool:
-        return not (self._queued or self._to_expire or self._expiring)
+        return not (self._queued or self._to_expire or self._expiring or self._to_unlink)
 
     def _expiries_ms(self, keys: Iterable[bytes]) -> list[int | None]:
         """Each key's expiry as milliseconds from now; None for a key not retained (or due)."""
@@ -175,7 +189,11 @@ class RemoteWriter:
             with self._cond:
                 self._cond.wait_for(
                     lambda: (
-                        self._stop or self._pending or self._to_expire or not self._client.healthy
+                        self._stop
+                        or self._pending
+                        or self._to_expire
+                        or self._to_unlink
+                        or not self._client.healthy
                     )
                 )
                 if self._stop:
@@ -193,14 +211,19 @@ class RemoteWriter:
             with self._cond:
                 count = min(len(self._pending), self._batch_pages)
                 batch = [self._pending.popleft() for _ in range(count)]
+                self._pending_bytes -= sum(memoryview(page.data).nbytes for page in batch)
                 expiring = [] if batch else list(self._to_expire)[:EXPIRY_BATCH_KEYS]
                 for key in expiring:
                     del self._to_expire[key]
                 self._expiring = set(expiring)
+                unlinking = [] if batch or expiring else self._to_unlink[:EXPIRY_BATCH_KEYS]
+                del self._to_unlink[: len(unlinking)]
             if batch:
                 self._write(batch)
-            else:
+            elif expiring:
                 self._set_expiries(expiring)
+            else:
+                self._unlink(unlinking)
             with self._cond:
                 self._queued.difference_update(page.key for page in batch)
                 self._expiring.clear()
@@ -228,6 +251,16 @@ class RemoteWriter:
             if len(self._lost) < RETAINED_KEYS:
                 self._lost.update(key for key in absent if key not in self._queued)
         self._counters.on_expiries_set(sum(bool(held) for held in found))
+
+    def _unlink(self, keys: list[bytes]) -> None:
+        try:
+            pipe = self._client.redis.pipeline(transaction=False)
+            for key in keys:
+                pipe.unlink(redis_key(key))
+            pipe.execute()
+        except connection_errors() as error:  # left to the store's eviction
+            self._counters.on_batch_failed(0)
+            self._client.mark_degraded(error)
 
     def _write(self, batch: list[RemotePage]) -> None:
         names = [redis_key(page.key) for page in batch]

@@ -26,7 +26,7 @@ from tieredkv.cache.residency.fair_share import Claim
 from tieredkv.cache.residency.node_transfers import NodeTransfers
 from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.residency.residency import Residency
-from tieredkv.cache.sliding_pages import REUSE_MARGIN_PAGES
+from tieredkv.cache.sliding_pages import REUSE_MARGIN_PAGES, tree_kept_sliding
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tier_pools import TierPools
 
@@ -174,6 +174,29 @@ class Demoter:
         from the remote store (`_settled`) start there."""
         if self._keeps_remote_parts():
             self._write_remote(node, settled_only=False)
+            self._reclaim_remote(node)
+
+    def _reclaim_remote(self, end: RadixNode) -> None:
+        """Delete from the remote store the sliding parts of the path's remote copies that no
+        reuse point reads as the tree stands now (a turn the chat has since extended), as the
+        split host pool takes its back (`SlidingRoom.reclaim`). Copies locked or being read
+        keep theirs: a match was cut by the gaps it saw."""
+        remote, window = self.pools.remote, self.residency.sliding_window
+        assert remote is not None and window is not None
+        tree = self.residency.tree
+        for node in end.path():
+            record = node.residence
+            slots = record.copies.get(Tier.REMOTE)
+            reading = any(part.src_tier is Tier.REMOTE for part in record.inflight.values())
+            if slots is None or node.lock_count or reading:
+                continue
+            gaps = record.sliding_gaps.get(Tier.REMOTE, frozenset())
+            kept = tree_kept_sliding(node, window, tree.page_size)
+            dropped = [i for i in range(node.num_pages) if not kept[i] and i not in gaps]
+            if dropped:
+                keys = tree.page_keys(node)
+                remote.drop_sliding([keys[i] for i in dropped], [slots[i] for i in dropped])
+                record.set_gaps(Tier.REMOTE, gaps.union(dropped))
 
     def _write_remote(self, node: RadixNode, settled_only: bool) -> None:
         if not self.pools.healthy(Tier.REMOTE):
