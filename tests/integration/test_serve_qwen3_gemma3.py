@@ -143,6 +143,44 @@ def test_a_second_replica_answers_from_redis_as_transformers(
         assert kept < pages / 2  # most pages' sliding layers never reached Redis
 
 
+def test_pages_from_redis_without_their_sliding_layers_survive_a_disk_restart(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """A replica promotes a Gemma 3 history from Redis (most pages without their sliding
+    layers) and writes it through to its disk; restarted on that disk alone, it reuses the
+    history as far as the kept windows allow and answers as transformers."""
+    model_dir = tiny_family_model(tmp_path, "gemma3", sliding_window=32)
+    ids = prompt_of(200, seed=13)
+    expected = Expected(model_dir, ids)
+    common = ["--model", str(model_dir), *ARGS, "--max-batch-tokens", "48"]
+    disk = ["--disk-cache-dir", str(tmp_path / "disk"), "--disk-cache-size", "64MiB"]
+    remote = [*redis.serve_flags(), "--debug-endpoints", "--remote-budget-scale", "20"]
+    first = ServerProcess([*common, *remote], tmp_path / "first.log")
+    try:
+        expected.check(first, ids)
+        wait_for_remote_writes(first, 12 + 4)  # 12 pages, the last 4 with sliding layers
+    finally:
+        first.stop()
+    second = ServerProcess([*common, *remote, *disk], tmp_path / "second.log")
+    try:
+        assert expected.check(second, ids)["cached_tokens_by_tier"]["remote"] == 192
+        # pinned: kept on host, and so written through to disk, with the gaps Redis gave
+        pinned = httpx.post(second.base_url + "/v1/cache/pin", json={"prompt": ids}, timeout=60)
+        assert pinned.status_code == 200, pinned.text
+    finally:
+        second.stop()  # lets the write-through to disk finish
+    third = ServerProcess([*common, *disk], tmp_path / "third.log")
+    try:
+        # from disk (the pin, kept in the disk directory, brought it up again at start)
+        assert expected.check(third, ids)["cached_tokens"] == 192  # its end kept its window
+        # a prompt diverging at 150 could reuse 144 tokens, but that window's pages came
+        # without their sliding layers: it reuses none and still answers as transformers
+        shorter = [*ids[:150], 5]
+        assert Expected(model_dir, shorter).check(third, shorter)["cached_tokens"] == 0
+    finally:
+        third.stop()
+
+
 def wait_for_remote_writes(server: ServerProcess, pages: int, timeout_s: float = 60.0) -> None:
     """Until `server` has written `pages` values to Redis (its writes are asynchronous)."""
     deadline = time.monotonic() + timeout_s

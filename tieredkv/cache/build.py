@@ -85,7 +85,7 @@ def build_cache(
     """
     device = torch.device(device)
     parts = None if model is None else PageParts.of(model, layout)
-    disk = _open_disk(config, layout, fingerprint, disk_io)
+    disk = _open_disk(config, layout, fingerprint, disk_io, parts)
     remote = _open_remote(config, layout, fingerprint, parts)
     sliding_window = None if model is None else LayerKinds.of(model, layout).window
     pools = TierPools(
@@ -195,12 +195,24 @@ def _retention_budget(config: CacheConfig) -> int:
 
 
 def _open_disk(
-    config: CacheConfig, layout: PageLayout, fingerprint: bytes, io: DiskIOBackend | None
+    config: CacheConfig,
+    layout: PageLayout,
+    fingerprint: bytes,
+    io: DiskIOBackend | None,
+    parts: PageParts | None,
 ) -> DiskStore | None:
     if not config.disk_enabled:
         return None
     assert config.disk_cache_dir is not None
-    return DiskStore(config.disk_cache_dir, fingerprint, layout, config.disk_cache_bytes, io=io)
+    described = parts.describe() if parts is not None and parts.has_sliding else ""
+    return DiskStore(
+        config.disk_cache_dir,
+        fingerprint,
+        layout,
+        config.disk_cache_bytes,
+        io=io,
+        parts=described,
+    )
 
 
 def _open_remote(

@@ -110,7 +110,7 @@ def test_splits_and_merges_carry_each_copys_gaps() -> None:
     assert merged.residence.sliding_gaps == {}
 
 
-def test_a_copy_written_down_keeps_the_gaps_its_source_had_when_it_started(tmp_path) -> None:
+def test_a_copy_written_down_keeps_its_sources_gaps_across_a_restart(tmp_path) -> None:
     cache, executor = make_cache(
         LAYOUT, device_pages=16, host_pages=16, disk_pages=32, disk_dir=tmp_path,
         model=model(WINDOW),
@@ -130,6 +130,19 @@ def test_a_copy_written_down_keeps_the_gaps_its_source_had_when_it_started(tmp_p
     assert cache.match([*history[:30], 7, 7, 7]).matched_len == 0
     assert cache.match([*history, 1]).matched_len == 40
     ok(cache)
+    cache.close()
+    # the records say which pages lack the part: a restart rebuilds the same gaps and cut
+    again, _ = make_cache(
+        LAYOUT, device_pages=16, host_pages=16, disk_pages=32, disk_dir=tmp_path,
+        model=model(WINDOW),
+    )  # fmt: skip
+    rebuilt = again.match([*history, 1])
+    assert rebuilt.disk.num_pages == 10 and rebuilt.matched_len == 40
+    (rebuilt_node,) = rebuilt.disk.nodes
+    assert rebuilt_node.residence.sliding_gaps == {Tier.DISK: frozenset(range(8))}
+    assert again.match([*history[:30], 7, 7, 7]).matched_len == 0
+    ok(again)
+    again.close()
 
 
 def test_the_host_pool_splits_only_when_asked_and_without_a_store_below(tmp_path) -> None:

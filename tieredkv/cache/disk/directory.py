@@ -52,8 +52,12 @@ class OpenedFile:
     intact_bytes: int  # file length found at open; records beyond it were lost to truncation
 
 
-def superblock_for(layout: PageLayout, fingerprint: bytes, capacity_bytes: int) -> Superblock:
-    """The geometry of a store for `layout` that fits in `capacity_bytes`."""
+def superblock_for(
+    layout: PageLayout, fingerprint: bytes, capacity_bytes: int, parts: str = ""
+) -> Superblock:
+    """The geometry of a store for `layout` that fits in `capacity_bytes`; `parts` (a model
+    with sliding layers: `PageParts.describe()`) joins the layout text, so a store whose records
+    may lack sliding parts is set aside by a build that would not know it."""
     header_bytes = header_bytes_for(layout.page_size)
     record_bytes = align_up(layout.page_bytes)
     num_slots = (capacity_bytes - SUPERBLOCK_BYTES) // (header_bytes + record_bytes)
@@ -64,7 +68,7 @@ def superblock_for(layout: PageLayout, fingerprint: bytes, capacity_bytes: int) 
         page_size=layout.page_size,
         dtype=str(layout.dtype).removeprefix("torch."),
         fingerprint_digest=fingerprint_digest(fingerprint),
-        layout=layout.describe(),
+        layout=layout.describe() + (f";{parts}" if parts else ""),
     )
     while block.num_slots > 0 and block.file_bytes > capacity_bytes:  # header region padding
         block = dataclasses.replace(block, num_slots=block.num_slots - 1)

@@ -47,4 +47,6 @@ def _live_record(
     payload_end = block.payload_offset + slot * block.record_bytes + header.payload_len
     if header.payload_len > block.record_bytes or payload_end > intact_bytes:
         return None
-    return PageRecord(header.key, header.parent_key, header.tokens)
+    return PageRecord(
+        header.key, header.parent_key, header.tokens, sliding_held=header.sliding_held
+    )

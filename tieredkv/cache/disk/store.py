@@ -64,8 +64,12 @@ MIN_CHUNK_BYTES = 1 << 20
 PagesVerified = Callable[[int, int, list[bool]], None]
 
 
-def _key(expected: PageRecord | bytes) -> bytes:
-    return expected.key if isinstance(expected, PageRecord) else expected
+def _serves(header: RecordHeader, expected: PageRecord | bytes) -> bool:
+    """The record is the page asked for, and holds the layers the reader's copy counts on (a
+    record without its sliding part never stands in for a copy that keeps it)."""
+    if not isinstance(expected, PageRecord):
+        return header.key == expected
+    return header.key == expected.key and (header.sliding_held or not expected.sliding_held)
 
 
 def _page_rows(pages: torch.Tensor, layout: PageLayout) -> np.ndarray:
@@ -96,6 +100,7 @@ class DiskStore(PagePool):
         io: DiskIOBackend | None = None,
         codec: str = "raw",
         chunk_bytes: int = CHUNK_BYTES,
+        parts: str = "",
     ) -> None:
         if codec not in CODECS:
             raise DiskStoreError(f"disk store codec must be one of {sorted(CODECS)}, got {codec!r}")
@@ -107,7 +112,7 @@ class DiskStore(PagePool):
         self.io = io if io is not None else DiskIOBackend()
         self.error_counts = dict.fromkeys(DiskErrorReason, 0)
         self._lock = threading.Lock()  # error counts and the degraded flag: workers report too
-        wanted = superblock_for(layout, fingerprint, capacity_bytes)
+        wanted = superblock_for(layout, fingerprint, capacity_bytes, parts)
         prepare_directory(self.directory)
         self._lock_handle: int | None = lock_directory(self.io, self.directory)
         try:
@@ -193,7 +198,9 @@ class DiskStore(PagePool):
             self.read_priority.before_write()
             stored = [self._file.encode(row, self.codec) for row in rows[start:end]]
             headers = b"".join(
-                encode_header(header_bytes, codec, r.key, r.parent_key, r.tokens, data)
+                encode_header(
+                    header_bytes, codec, r.key, r.parent_key, r.tokens, data, r.sliding_held
+                )
                 for r, (codec, data) in zip(records[start:end], stored, strict=True)
             )
             return stored, headers
@@ -248,7 +255,7 @@ class DiskStore(PagePool):
             if done is None:  # the raw bytes landed in place, unverified
                 done = self._file.verify_in_place(headers[start:end], rows[start:end])
             flags = [
-                ok and header is not None and header.key == _key(want)
+                ok and header is not None and _serves(header, want)
                 for ok, header, want in zip(
                     done, headers[start:end], expected[start:end], strict=True
                 )

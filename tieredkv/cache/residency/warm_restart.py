@@ -1,5 +1,8 @@
 """Warm restart: index the disk store's records again so their prefixes match in the disk tier.
 
+A record written without its page's sliding part (`PageRecord.sliding_held`) makes that page a
+gap of the rebuilt disk copy, so a match through it is cut as before the restart.
+
 Records chain by parent key: a record whose parent key is no record's key hangs from that key
 as a namespace root (the namespace string is never stored; `match` recomputes the root key from
 (fingerprint, namespace), so a restarted server finds the same chain again). Duplicate keys and
@@ -51,7 +54,8 @@ def rebuild_from_disk(tree: RadixTree, disk: DiskStore, residency: Residency) ->
         parent, parent_key = stack.pop()
         for slot, record in children.pop(parent_key, []):
             node = tree.attach(parent, token_bytes(record.tokens), [record.key])
-            residency.found_copy(node, Tier.DISK, [slot])
+            gaps = frozenset() if record.sliding_held else frozenset({0})
+            residency.found_copy(node, Tier.DISK, [slot], gaps)
             attached.append(node)
             stack.append((node, record.key))
     unreached = [slot for group in children.values() for slot, _ in group]  # key cycles

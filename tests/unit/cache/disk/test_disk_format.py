@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import struct
 
 import numpy as np
 import pytest
+import xxhash
 
+from tieredkv.cache.disk import format as disk_format
 from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.format import (
     FORMAT_VERSION,
@@ -21,7 +24,7 @@ from tieredkv.cache.disk.format import (
     payload_ok,
 )
 from tieredkv.cache.index.page_key import page_key
-from tieredkv.cache.page_record import fingerprint_digest
+from tieredkv.cache.page_record import fingerprint_digest, record_checksum
 
 PAGE_SIZE = 4
 BLOCK = Superblock(
@@ -123,3 +126,23 @@ def test_key_that_does_not_chain_is_detected() -> None:
 def test_header_tokens_are_int32_little_endian() -> None:
     _, data = _header(b"p", tokens=(70000, 1, 2, 3))
     assert np.frombuffer(data, dtype="<i4", count=4, offset=48).tolist() == [70000, 1, 2, 3]
+
+
+def test_a_record_says_whether_it_holds_the_sliding_layers() -> None:
+    payload = memoryview(bytes(range(64)))
+    parent = b"\x01" * 16
+    key = page_key(parent, (1, 2, 3, 4))
+    whole = decode_header(
+        encode_header(BLOCK.header_bytes, 0, key, parent, (1, 2, 3, 4), payload), PAGE_SIZE
+    )
+    assert whole is not None and whole.sliding_held
+    raw = encode_header(BLOCK.header_bytes, 0, key, parent, (1, 2, 3, 4), payload, False)
+    without = decode_header(raw, PAGE_SIZE)
+    assert without is not None and not without.sliding_held and payload_ok(without, payload)
+    assert raw[5] == 1 and whole.fields != without.fields  # under both checksums
+    # a flag this build does not know, under valid checksums, is a corrupt header
+    tokens = np.asarray((1, 2, 3, 4), dtype="<i4")
+    fields = disk_format._fields(0, 2, len(payload), key, parent, tokens)
+    with_sum = fields + struct.pack("<Q", record_checksum(fields, payload))
+    unknown = with_sum + xxhash.xxh3_64_digest(with_sum)
+    assert decode_header(unknown.ljust(BLOCK.header_bytes, b"\0"), PAGE_SIZE) is None
