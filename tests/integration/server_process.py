@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-STARTUP_TIMEOUT_SECONDS = 180.0
+STARTUP_TIMEOUT_SECONDS = 300.0
 
 
 def free_port() -> int:
