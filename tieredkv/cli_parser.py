@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_fraction,
         default=CacheConfig.host_sliding_share,
         metavar="FRACTION",
-        help="models with sliding-window layers and no disk or remote tier: the share of host "
+        help="models with sliding-window layers: the share of host "
         "pages that keep their sliding layers (the rest keep only full-attention layers, so the "
         "host holds more history of chats several windows long, less of shorter ones); "
         "0: every page keeps all its layers",

@@ -83,7 +83,7 @@ class CacheConfig:
     # its pages leave first when the tier makes room (None: an equal part among the namespaces
     # holding pages there; 1.0: plain LRU across namespaces)
     namespace_share: float | None = None
-    # models with sliding-window layers, host tier with no store below: the share of host pages
+    # models with sliding-window layers: the share of host pages
     # that keep their sliding layers beside their full ones (0: every page keeps all its layers;
     # a share pays when chats run several windows long, see docs/architecture.md)
     host_sliding_share: float = 0.0

@@ -146,9 +146,10 @@ def test_a_second_replica_answers_from_redis_as_transformers(
 def test_pages_from_redis_without_their_sliding_layers_survive_a_disk_restart(
     redis: RedisServer, tmp_path: Path
 ) -> None:
-    """A replica promotes a Gemma 3 history from Redis (most pages without their sliding
-    layers) and writes it through to its disk; restarted on that disk alone, it reuses the
-    history as far as the kept windows allow and answers as transformers."""
+    """A replica with a split host pool promotes a Gemma 3 history from Redis (most pages
+    without their sliding layers) and writes it through to its disk; restarted on that disk
+    alone, it reuses the history as far as the kept windows allow and answers as
+    transformers."""
     model_dir = tiny_family_model(tmp_path, "gemma3", sliding_window=32)
     ids = prompt_of(200, seed=13)
     expected = Expected(model_dir, ids)
@@ -161,12 +162,16 @@ def test_pages_from_redis_without_their_sliding_layers_survive_a_disk_restart(
         wait_for_remote_writes(first, 12 + 4)  # 12 pages, the last 4 with sliding layers
     finally:
         first.stop()
-    second = ServerProcess([*common, *remote, *disk], tmp_path / "second.log")
+    split = ["--host-sliding-share", "0.5"]  # its host keeps sliding parts for half its pages
+    second = ServerProcess([*common, *remote, *disk, *split], tmp_path / "second.log")
     try:
         assert expected.check(second, ids)["cached_tokens_by_tier"]["remote"] == 192
         # pinned: kept on host, and so written through to disk, with the gaps Redis gave
         pinned = httpx.post(second.base_url + "/v1/cache/pin", json={"prompt": ids}, timeout=60)
         assert pinned.status_code == 200, pinned.text
+        kinds = httpx.get(second.base_url + "/health", timeout=30).json()["layer_kinds"]
+        held = {kind: kinds[kind]["tokens_by_tier"]["host"] for kind in ("full", "sliding")}
+        assert held["full"] >= 192 > held["sliding"]  # the split host kept no more than Redis
     finally:
         second.stop()  # lets the write-through to disk finish
     third = ServerProcess([*common, *disk], tmp_path / "third.log")

@@ -80,8 +80,9 @@ def build_cache(
     `page_listener` hears of every page landing in or leaving a local tier (`page_listener`):
     first that none is held, then the disk's rebuilt pages. `model`'s sliding-window layers,
     if any, bring in the sliding-page rule (`sliding_pages`), a remote tier that stores the
-    sliding part only where the rule keeps it (`remote.part_values`) and, with no store below
-    the host tier, a host pool that keeps sliding parts for a share of its pages (`_host_pool`).
+    sliding part only where the rule keeps it (`remote.part_values`), disk records that say
+    which pages lack it, and, when asked, a host pool that keeps sliding parts for a share of
+    its pages (`_host_pool`).
     """
     device = torch.device(device)
     parts = None if model is None else PageParts.of(model, layout)
@@ -90,7 +91,7 @@ def build_cache(
     sliding_window = None if model is None else LayerKinds.of(model, layout).window
     pools = TierPools(
         DevicePool.from_bytes(layout, config.device_cache_bytes, device),
-        _host_pool(config, layout, parts, split=disk is None and remote is None),
+        _host_pool(config, layout, parts),
         disk,
         remote,
     )
@@ -159,15 +160,13 @@ def _flush_generations(
     return generations
 
 
-def _host_pool(
-    config: CacheConfig, layout: PageLayout, parts: PageParts | None, split: bool
-) -> HostPool:
-    """Whole pages; when `split` for a model with sliding layers, full parts for every page and
-    sliding parts for `--host-sliding-share` of them (`SplitHostPool`). Only without a store
-    below the host tier: the disk's records cannot yet say that a page lacks its sliding part,
-    and the split pool's eviction beside a remote tier that keeps parts is untested."""
+def _host_pool(config: CacheConfig, layout: PageLayout, parts: PageParts | None) -> HostPool:
+    """Whole pages; for a model with sliding layers and a `--host-sliding-share` strictly
+    between 0 and 1, full parts for every page and sliding parts for that share of them
+    (`SplitHostPool`). A copy it writes down carries its gaps: the disk's records and the
+    remote tier's values say which pages lack the sliding part."""
     share = config.host_sliding_share
-    whole = parts is None or not parts.has_sliding or not split
+    whole = parts is None or not parts.has_sliding
     if whole or share in (0, 1) or config.host_cache_bytes == 0:
         return HostPool.from_bytes(layout, config.host_cache_bytes)
     pinned = torch.cuda.is_available()

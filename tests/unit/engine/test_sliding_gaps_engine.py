@@ -13,6 +13,7 @@ import transformers
 
 from tests.model_factory import make_tiny_model_dir
 from tests.support.sliding_drop import drop_sliding_parts
+from tests.unit.cache.cache_steps import settle
 from tests.unit.engine.conftest import PAGE_SIZE, Harness, prompt
 from tests.unit.engine.test_sliding_window_engine import MODELS, hf_greedy
 from tests.unit.model.test_qwen3_gemma3_forward import tiny_family_model
@@ -144,3 +145,39 @@ def test_a_split_host_pool_stores_no_dropped_part_and_holds_more_history(
         first += node.num_pages
     assert dropped  # the rule's drops: those pages' sliding layers are nowhere in host
     reuse_and_diverge(harness, history, hf_model, longest_window(tiny_model), dropped)
+
+
+def test_a_split_host_pool_writes_its_gaps_to_the_disk_below(
+    make_harness, hf_model, tiny_model
+) -> None:
+    """With a disk below, the split host pool's copies go down with their gaps in the records;
+    a history that left host is reused from disk as transformers would continue it, the match
+    cut where a window would read a part the records say is missing."""
+    history = prompt(140, seed=260)
+    harness = make_harness(device_pages=48, host_pages=96, disk_pages=800, split_host=True)
+    cache = harness.cache
+    assert isinstance(cache.pools.host, SplitHostPool)
+    pushed_to_host(harness, history, others=8)
+    while not cache.evict(Tier.HOST, cache.tier_num_pages(Tier.HOST)):  # down to disk
+        settle(cache, harness.executor)  # write-back: freed once the copies down are applied
+    again = [*history, 7, 8]
+    match = cache.match(again, "")
+    assert match.matched_len == 140 and match.disk.num_pages == 35  # all of it, from disk
+    gapped: set[int] = set()
+    first = 0
+    for node in match.disk.nodes:
+        gapped.update(first + i for i in node.residence.sliding_gaps.get(Tier.DISK, ()))
+        first += node.num_pages
+    assert gapped  # written from host copies without the parts the rule dropped
+    harness.submit("again", again, max_tokens=8)
+    harness.run()
+    assert harness.usage("again").cached_tokens == 140  # from disk (prefetched through host)
+    assert harness.tokens("again") == hf_greedy(hf_model, again, 8)
+    diverged = [*history[:50], *prompt(12, seed=280)]
+    harness.submit("diverged", diverged, max_tokens=8)
+    harness.run()
+    reused = harness.usage("diverged").cached_tokens
+    window = longest_window(tiny_model)
+    assert not gapped & set(window_pages(reused, window, PAGE_SIZE))
+    assert harness.tokens("diverged") == hf_greedy(hf_model, diverged, 8)
+    assert cache.check_integrity().ok

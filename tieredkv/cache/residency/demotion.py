@@ -125,24 +125,26 @@ class Demoter:
                 if not self.make_room(lower, num_pages, claimant=node.root_key):
                     return False
         if lower is Tier.HOST:
-            self._sliding_room(node)  # best effort: pages given no sliding part are gaps
+            self.sliding_room_for(node)  # best effort: pages given no sliding part are gaps
         if len(chain) > 1:
             self.transfers.start_copy(chain[:-1], lower, frees_source=False)
         self.transfers.start_copy([node], lower, frees_source=frees_source)
         return True
 
-    def _sliding_room(self, node: RadixNode) -> None:
-        """In a split host pool, free sliding parts for the pages of `node` a copy gives one
-        (`sliding_room`), as far as copies may leave."""
+    def sliding_room_for(self, node: RadixNode) -> bool:
+        """In a split host pool, free sliding parts for the pages of `node` a copy to host gives
+        one (`sliding_room`), as far as copies may leave now: a demotion's, a prefetch's. True
+        when they are free (always without a split host pool); copies that must first move
+        down free theirs later."""
         room = self.transfers.sliding_room
         if room is None:
-            return
+            return True
         source = node.residence.copy_source(Tier.HOST)
         gaps = (
             frozenset() if source is None else node.residence.sliding_gaps.get(source, frozenset())
         )
         with self.residency.pinned(node):
-            room.make_room(len(room.wanted(node, gaps)), self._evict_from_host)
+            return room.make_room(len(room.wanted(node, gaps)), self._evict_from_host)
 
     def _evict_from_host(self, node: RadixNode) -> bool:
         return self._evict(node, Tier.HOST)

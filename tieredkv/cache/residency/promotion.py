@@ -274,6 +274,13 @@ class Promoter:
             num_pages, claimant = sum(n.num_pages for n in chosen), chosen[0].root_key
             if not self.demoter.make_room(Tier.HOST, num_pages, claimant):
                 return []
+            # a split host pool without room for a node's sliding parts now would copy it with
+            # gaps, and the match would be cut there: the promotion reads it from the store
+            # straight to the device instead
+            for index, node in enumerate(chosen):
+                if not self.demoter.sliding_room_for(node):
+                    chosen = chosen[:index]
+                    break
             return self.transfers.start_copy(chosen, Tier.HOST, frees_source=False)
         finally:
             self.locks.unlock(match.last_node)
