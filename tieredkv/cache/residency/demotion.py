@@ -193,6 +193,8 @@ class Demoter:
             if slots is None or node.lock_count or reading:
                 continue
             gaps = record.sliding_gaps.get(Tier.REMOTE, frozenset())
+            if len(gaps) == node.num_pages:
+                continue  # nothing left to take back (most of a long path, after a turn or two)
             kept = tree_kept_sliding(node, window, tree.page_size)
             dropped = [i for i in range(node.num_pages) if not kept[i] and i not in gaps]
             if dropped:
