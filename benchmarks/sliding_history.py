@@ -1,6 +1,6 @@
 """How much chat history the host tier holds for a sliding-window model, and what a next turn
-reuses from it: the same host bytes as whole pages (`--host-sliding-share 0`) and split
-(`--host-sliding-share F`: full-attention layers for every page, sliding layers for a share F).
+reuses from it: the same host bytes as whole pages (`--host-whole-pages`) and split (the
+default: full-attention layers for every page, sliding layers where a next turn reads them).
 
 The cache under test is the real one (`build_cache`: device and host pools, write-through,
 demotion, the split host pool's sliding arena, its reclaim and eviction, the match cut where a
@@ -16,7 +16,7 @@ chunk). Before each turn its prompt is matched: the tokens it would reuse, and f
 The rule the figures are judged by is the cache's own arithmetic, outside the code under test:
 a turn can reuse at most its history in whole pages (`reusable`).
 
-    .venv/bin/python -m benchmarks.sliding_history [--chats N] [--turns T] [--shares 0,0.25,0.5]
+    .venv/bin/python -m benchmarks.sliding_history
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def _request(cache: TieredCache, prompt: list[int], sequence: list[int]) -> None
         _settle(cache)
 
 
-def replay(model: ModelConfig, share: float, workload: Workload, args: argparse.Namespace) -> dict:
+def replay(model: ModelConfig, split: bool, workload: Workload, args: argparse.Namespace) -> dict:
     """`workload` on a fresh cache whose host tier has `args.host_pages` whole pages' bytes."""
     layout = PageLayout.for_model(model, PAGE_SIZE, torch.float32)
     config = CacheConfig(
@@ -104,7 +104,7 @@ def replay(model: ModelConfig, share: float, workload: Workload, args: argparse.
         device_cache_bytes=args.device_pages * layout.page_bytes,
         host_cache_bytes=args.host_pages * layout.page_bytes,
         write_policy=WritePolicy.WRITE_THROUGH,
-        host_sliding_share=share,
+        host_whole_pages=not split,
     )
     cache = build_cache(config, layout, b"sliding-history", "cpu", model=model)
     rng = random.Random(args.seed)
@@ -126,8 +126,7 @@ def replay(model: ModelConfig, share: float, workload: Workload, args: argparse.
     pages, sliding = cache.tier_parts_held(Tier.HOST)
     record = {
         **workload._asdict(),
-        "host_sliding_share": share,
-        "split": pages != sliding or cache.tier_num_pages(Tier.HOST) != args.host_pages,
+        "split": split,
         "host_capacity_bytes": cache.tier_capacity_bytes(Tier.HOST),
         "host_pages": cache.tier_num_pages(Tier.HOST),
         "host_full_tokens": pages * PAGE_SIZE,
@@ -147,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--device-pages", type=int, default=512)
     parser.add_argument("--host-pages", type=int, default=2304, help="whole pages' bytes")
-    parser.add_argument("--shares", default="0,0.25,0.5")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     model = gemma3_1b_shape()
@@ -155,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     kinds = LayerKinds.of(model, layout)
     records = []
     for workload in WORKLOADS:
-        for share in (float(text) for text in args.shares.split(",")):
-            record = replay(model, share, workload, args)
+        for split in (False, True):
+            record = replay(model, split, workload, args)
             print(record, flush=True)
             records.append(record)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M")
@@ -175,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render_markdown(results: list[dict]) -> str:
-    """The latest result: per workload and share, what the host holds and what the next turns
+    """The latest result: per workload, whole or split, what the host holds and what the next turns
     reused of what they could."""
     result = results[-1]
     summary, settings = result["summary"], result["settings"]
@@ -193,7 +191,7 @@ def render_markdown(results: list[dict]) -> str:
         f"{summary['host_whole_tokens']:,} tokens of whole pages; write-through. The limit: a "
         "turn reuses at most its history in whole pages (reusable).",
         "",
-        "| chats | tokens a chat | history, all chats | --host-sliding-share | host tokens, "
+        "| chats | tokens a chat | history, all chats | host pages | host tokens, "
         "full layers | host tokens, sliding layers | reused / reusable, turns 2+ |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -201,7 +199,7 @@ def render_markdown(results: list[dict]) -> str:
         chat_tokens = record["turns"] * (record["user_tokens"] + record["answer_tokens"])
         lines.append(
             f"| {record['chats']} ({record['name']}) | {chat_tokens:,} | "
-            f"{record['chats'] * chat_tokens:,} | {record['host_sliding_share']:g} | "
+            f"{record['chats'] * chat_tokens:,} | {'split' if record['split'] else 'whole'} | "
             f"{record['host_full_tokens']:,} | {record['host_sliding_tokens']:,} | "
             f"{record['reuse_of_reusable']:.1%} ({record['reused_tokens']:,} / "
             f"{record['reusable_tokens']:,}) |"

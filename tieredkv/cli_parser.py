@@ -9,7 +9,6 @@ from pathlib import Path
 from tieredkv.api_keys import API_KEY_ENV
 from tieredkv.bench import BENCHMARKS
 from tieredkv.config import (
-    CacheConfig,
     EngineConfig,
     SchedulePolicy,
     ServerConfig,
@@ -59,16 +58,6 @@ def _namespace_share(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"expected `equal` or a fraction, got {text!r}") from None
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction, got {text!r}") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
     return value
 
 
@@ -211,14 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
         "first (default `equal`: an equal part among the namespaces holding pages; 1: plain LRU)",
     )
     add(
-        "--host-sliding-share",
-        type=_fraction,
-        default=CacheConfig.host_sliding_share,
-        metavar="FRACTION",
-        help="models with sliding-window layers: the share of host "
-        "pages that keep their sliding layers (the rest keep only full-attention layers, so the "
-        "host holds more history of chats several windows long, less of shorter ones); "
-        "0: every page keeps all its layers",
+        "--host-whole-pages",
+        action="store_true",
+        help="models with sliding-window layers: every host page keeps all its layers (by "
+        "default a page keeps its sliding layers only within the window a next turn reads, so "
+        "the host holds more history of conversations several windows long)",
     )
     add(
         "--session-think-time",

@@ -83,10 +83,10 @@ class CacheConfig:
     # its pages leave first when the tier makes room (None: an equal part among the namespaces
     # holding pages there; 1.0: plain LRU across namespaces)
     namespace_share: float | None = None
-    # models with sliding-window layers: the share of host pages
-    # that keep their sliding layers beside their full ones (0: every page keeps all its layers;
-    # a share pays when chats run several windows long, see docs/architecture.md)
-    host_sliding_share: float = 0.0
+    # models with sliding-window layers: every host page keeps all its layers (by default a page
+    # keeps its sliding layers only where a next turn's window reads them, see
+    # docs/architecture.md)
+    host_whole_pages: bool = False
     # the CPU attention's workspaces, carved out of device_cache_bytes (None: what the running
     # sequences can need, see tieredkv.model.workspace_budget)
     workspace_bytes: int | None = None
@@ -104,10 +104,6 @@ class CacheConfig:
         share = self.namespace_share
         if share is not None and not 0 < share <= 1:
             raise ConfigError(f"CacheConfig.namespace_share must be in (0, 1], got {share}")
-        if not 0 <= self.host_sliding_share <= 1:
-            raise ConfigError(
-                f"CacheConfig.host_sliding_share must be in [0, 1], got {self.host_sliding_share}"
-            )
         for name in ("pin_budget_bytes", "pin_budget_total_bytes"):
             value = getattr(self, name)
             if value is not None and value < 0:

@@ -1,6 +1,7 @@
-"""benchmarks/sliding_history.py on a small workload: the split host pool holds more tokens of
-long chats than whole pages in the same bytes and their next turns reuse more; every run leaves
-the cache consistent; the result renders."""
+"""benchmarks/sliding_history.py on small workloads: the split host pool holds more tokens of
+long chats than whole pages in the same bytes and their next turns reuse more, short chats
+(within one window) exactly as much; every run leaves the cache consistent; the result
+renders."""
 
 import argparse
 import json
@@ -11,15 +12,15 @@ from tieredkv.bench.result_file import load_results, write_result
 
 ARGS = argparse.Namespace(device_pages=256, host_pages=320, seed=0)
 LONG = Workload("long", 4, 8, 256, 128)  # 3,072 tokens a chat, six windows
+SHORT = Workload("short", 24, 4, 64, 32)  # 384 tokens a chat, within one window
 
 
 def test_long_chats_keep_more_history_split_than_whole(tmp_path: Path) -> None:
     model = gemma3_1b_shape()
-    whole = replay(model, 0.0, LONG, ARGS)
-    split = replay(model, 0.25, LONG, ARGS)
+    whole = replay(model, False, LONG, ARGS)
+    split = replay(model, True, LONG, ARGS)
     assert whole["integrity_ok"] and split["integrity_ok"]
-    assert not whole["split"] and split["split"]
-    assert whole["host_capacity_bytes"] >= split["host_capacity_bytes"]  # the same bytes
+    assert whole["host_capacity_bytes"] == split["host_capacity_bytes"]  # the same bytes
     assert split["host_full_tokens"] > whole["host_full_tokens"]
     assert split["host_sliding_tokens"] < split["host_full_tokens"]
     assert whole["reusable_tokens"] == split["reusable_tokens"] > 0
@@ -33,5 +34,14 @@ def test_long_chats_keep_more_history_split_than_whole(tmp_path: Path) -> None:
     )  # fmt: skip
     (result,) = load_results(tmp_path)["sliding_history"]
     page = render_markdown([result])
-    assert "| 4 (long) | 3,072 | 12,288 | 0.25 |" in page
+    assert "| 4 (long) | 3,072 | 12,288 | split |" in page
     assert json.loads((tmp_path / "sliding_history" / "x" / "result.json").read_text())
+
+
+def test_short_chats_keep_every_layer_and_reuse_as_much_as_whole_pages() -> None:
+    model = gemma3_1b_shape()
+    whole = replay(model, False, SHORT, ARGS)
+    split = replay(model, True, SHORT, ARGS)
+    assert split["integrity_ok"]
+    assert split["host_full_tokens"] == split["host_sliding_tokens"]  # all within the window
+    assert split["reused_tokens"] == whole["reused_tokens"] > 0

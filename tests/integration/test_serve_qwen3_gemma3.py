@@ -76,31 +76,29 @@ def test_greedy_completion_and_logprobs_equal_transformers(served) -> None:
     assert expected.check(server, ids)["cached_tokens_by_tier"]["device"] > 0
 
 
-def test_a_split_host_tier_serves_gemma3_and_reports_each_layer_kind(tmp_path: Path) -> None:
-    """`--host-sliding-share`: the host tier in two arenas (more pages in the same bytes),
-    reported per layer kind in /health; completions still equal transformers'."""
+@pytest.mark.parametrize("whole", [False, True], ids=["split-by-default", "host-whole-pages"])
+def test_the_host_tier_splits_gemma3_pages_unless_asked_and_reports_each_kind(
+    tmp_path: Path, whole: bool
+) -> None:
+    """By default the host tier stores a Gemma 3 page a layer at a time (more pages in the same
+    bytes as fewer keep their sliding layers), reported per layer kind in /health;
+    `--host-whole-pages` keeps whole pages; completions equal transformers' either way."""
     model_dir = tiny_family_model(tmp_path, "gemma3")
-    args = ["--model", str(model_dir), *ARGS, "--host-sliding-share", "0.25"]
-    server = ServerProcess(args, tmp_path / "split.log")
+    flags = ["--host-whole-pages"] if whole else []
+    server = ServerProcess(["--model", str(model_dir), *ARGS, *flags], tmp_path / "host.log")
     try:
         ids = prompt_of(60, seed=15)
         expected = Expected(model_dir, ids)
         assert expected.check(server, ids)["cached_tokens"] == 0
         assert expected.check(server, ids)["cached_tokens_by_tier"]["device"] > 0
         health = httpx.get(server.base_url + "/health", timeout=30).json()
-        host = health["capacity"]["tiers"]["host"]
-        assert (
-            host["pages"] * health["layer_kinds"]["full"]["token_bytes"] * PAGE_SIZE
-            < (host["bytes"])
-        )
-        assert host["pages"] > host["bytes"] // (
-            PAGE_SIZE
-            * (
-                health["layer_kinds"]["full"]["token_bytes"]
-                + health["layer_kinds"]["sliding"]["token_bytes"]
-            )
-        )  # more pages than whole ones fit in its bytes
-        kinds = health["layer_kinds"]
+        host, kinds = health["capacity"]["tiers"]["host"], health["layer_kinds"]
+        token_bytes = kinds["full"]["token_bytes"] + kinds["sliding"]["token_bytes"]
+        whole_pages = host["bytes"] // (PAGE_SIZE * token_bytes)
+        if whole:
+            assert host["pages"] == whole_pages
+        else:  # pages without their sliding part need only their full layers' bytes
+            assert host["pages"] > whole_pages
         assert kinds["sliding"]["tokens_by_tier"]["host"] <= kinds["full"]["tokens_by_tier"]["host"]
     finally:
         server.stop()
@@ -146,9 +144,9 @@ def test_a_second_replica_answers_from_redis_as_transformers(
 def test_pages_from_redis_without_their_sliding_layers_survive_a_disk_restart(
     redis: RedisServer, tmp_path: Path
 ) -> None:
-    """A replica with a split host pool promotes a Gemma 3 history from Redis (most pages
-    without their sliding layers) and writes it through to its disk; restarted on that disk
-    alone, it reuses the history as far as the kept windows allow and answers as
+    """A replica (its host pool split, the default) promotes a Gemma 3 history from Redis (most
+    pages without their sliding layers) and writes it through to its disk; restarted on that
+    disk alone, it reuses the history as far as the kept windows allow and answers as
     transformers."""
     model_dir = tiny_family_model(tmp_path, "gemma3", sliding_window=32)
     ids = prompt_of(200, seed=13)
@@ -162,8 +160,7 @@ def test_pages_from_redis_without_their_sliding_layers_survive_a_disk_restart(
         wait_for_remote_writes(first, 12 + 4)  # 12 pages, the last 4 with sliding layers
     finally:
         first.stop()
-    split = ["--host-sliding-share", "0.5"]  # its host keeps sliding parts for half its pages
-    second = ServerProcess([*common, *remote, *disk, *split], tmp_path / "second.log")
+    second = ServerProcess([*common, *remote, *disk], tmp_path / "second.log")
     try:
         assert expected.check(second, ids)["cached_tokens_by_tier"]["remote"] == 192
         # pinned: kept on host, and so written through to disk, with the gaps Redis gave

@@ -63,7 +63,7 @@ def make_cache(
         disk_cache_bytes=disk_bytes_for(layout, disk_pages),
         write_policy=write_policy,
         namespace_share=namespace_share,
-        host_sliding_share=0.25 if split_host else 0.0,  # whole host pages unless asked
+        host_whole_pages=not split_host,  # whole host pages unless asked
         retention_budget_bytes=(
             None if retention_pages is None else retention_pages * layout.page_bytes
         ),

@@ -81,8 +81,8 @@ def build_cache(
     first that none is held, then the disk's rebuilt pages. `model`'s sliding-window layers,
     if any, bring in the sliding-page rule (`sliding_pages`), a remote tier that stores the
     sliding part only where the rule keeps it (`remote.part_values`), disk records that say
-    which pages lack it, and, when asked, a host pool that keeps sliding parts for a share of
-    its pages (`_host_pool`).
+    which pages lack it, and a host pool that keeps sliding parts only where the rule does
+    (`_host_pool`).
     """
     device = torch.device(device)
     parts = None if model is None else PageParts.of(model, layout)
@@ -161,16 +161,15 @@ def _flush_generations(
 
 
 def _host_pool(config: CacheConfig, layout: PageLayout, parts: PageParts | None) -> HostPool:
-    """Whole pages; for a model with sliding layers and a `--host-sliding-share` strictly
-    between 0 and 1, full parts for every page and sliding parts for that share of them
-    (`SplitHostPool`). A copy it writes down carries its gaps: the disk's records and the
-    remote tier's values say which pages lack the sliding part."""
-    share = config.host_sliding_share
-    whole = parts is None or not parts.has_sliding
-    if whole or share in (0, 1) or config.host_cache_bytes == 0:
+    """For a model with sliding layers, a host pool that stores pages a layer at a time and
+    keeps their sliding part only where a copy is given one (`SplitHostPool`); whole pages with
+    `--host-whole-pages` and for every other model. A copy it writes down carries its gaps: the
+    disk's records and the remote tier's values say which pages lack the sliding part."""
+    whole = parts is None or not parts.has_sliding or config.host_whole_pages
+    if whole or config.host_cache_bytes == 0:
         return HostPool.from_bytes(layout, config.host_cache_bytes)
     pinned = torch.cuda.is_available()
-    return SplitHostPool.from_bytes(parts, config.host_cache_bytes, share, pinned)
+    return SplitHostPool.from_bytes(parts, config.host_cache_bytes, pinned)
 
 
 def _pin_budgets(config: CacheConfig) -> tuple[int, int]:

@@ -87,8 +87,9 @@ def tokens_by_layer_kind(
 ) -> dict[str, dict[Tier, int]]:
     """The tokens of KV each tier holds for each layer kind (`LAYER_KIND_LABELS`), from
     `parts_held(tier)`: the tier's allocated pages (`full`) and the sliding parts among them
-    (`sliding`: a split host pool keeps them for some pages, every other pool for all; 0 for a
-    model without a sliding layer). /health and the `tier_cached_tokens` gauge report these."""
+    (`sliding`: a split host pool and the remote tier keep them for some pages, every other pool
+    for all; 0 for a model without a sliding layer). /health and the `tier_cached_tokens` gauge
+    report these."""
     held = {tier: parts_held(tier) for tier in Tier}
     has_sliding = model.has_sliding_layers
     return {

@@ -105,7 +105,7 @@ class TierPools(Mapping[Tier, PagePool]):
         each."""
         pages = self.num_pages(tier) - self.num_free(tier)
         if tier is Tier.HOST and isinstance(self.host, SplitHostPool):
-            return pages, self.host.sliding_free.num_used
+            return pages, self.host.num_sliding_held
         if tier is Tier.REMOTE and self.remote is not None:
             return pages, self.remote.num_sliding_held
         return pages, pages

@@ -1,7 +1,8 @@
-"""The split host pool's sliding arena kept in step with the tree: the rule over the tree's
+"""The split host pool's sliding parts kept in step with the tree: the rule over the tree's
 shape (a node in the middle of a path keeps nothing for its own end), parts no reuse point reads
-any more taken back, and the least recently used copies holding parts evicted whole when the
-arena is full, while every match stays cut where a window would read a missing part."""
+any more taken back, the least recently used copies evicted whole when the arena is full, and
+the arena holding as many pages as whole pages where every page keeps its part and more where
+few do, while every match stays cut where a window would read a missing part."""
 
 from __future__ import annotations
 
@@ -40,13 +41,15 @@ def test_the_rule_follows_the_trees_shape() -> None:
 
 
 def split_cache(host_pages: int = 40):
-    """Write-through into a split host pool (64 pages, 16 sliding parts for 40 whole pages)."""
+    """Write-through into a split host pool: the bytes of `host_pages` whole pages, two layer
+    pages each (the tiny model: one sliding layer, one full)."""
     cache, executor = make_cache(
         LAYOUT, device_pages=32, host_pages=host_pages, model=model(WINDOW), split_host=True,
         write_policy=WritePolicy.WRITE_THROUGH,
     )  # fmt: skip
     host = cache.pools.host
     assert isinstance(host, SplitHostPool) and cache.demoter.transfers.sliding_room is not None
+    assert host.num_units == 2 * host_pages
     return cache, executor, host
 
 
@@ -59,14 +62,15 @@ def test_parts_an_extended_path_no_longer_reads_are_taken_back() -> None:
     turn1 = history(100)
     compute(cache, turn1)
     settle(cache, executor)
-    assert host.sliding_free.num_used == 4  # the leaf's last 16 tokens
+    assert host.num_sliding_held == 4  # the leaf's last 16 tokens
     turn2 = [*turn1, *history(300, 40)]
     compute(cache, turn2)
     settle(cache, executor)
-    assert host.sliding_free.num_used == 8  # each copy was a leaf when written
+    assert host.num_sliding_held == 8  # each copy was a leaf when written
     room = cache.demoter.transfers.sliding_room
     assert room.reclaim() == 4  # turn 1's end is the middle of the path now
-    assert host.sliding_free.num_used == 4
+    assert host.num_sliding_held == 4
+    assert host.used_bytes == (20 + 4) * host.unit_bytes  # 20 pages, 4 with their part
     ok(cache)
     cache.evict(Tier.DEVICE, 32)  # host copies serve from here on
     settle(cache, executor)
@@ -75,28 +79,45 @@ def test_parts_an_extended_path_no_longer_reads_are_taken_back() -> None:
     ok(cache)
 
 
-def test_a_full_arena_evicts_the_least_recently_used_copies_holding_parts() -> None:
-    cache, executor, host = split_cache()
-    chats = [history(1000 * (i + 1)) for i in range(5)]
-    for chat in chats[:4]:
+def test_the_arena_holds_whole_pages_within_a_window_and_more_beyond() -> None:
+    cache, executor, _ = split_cache(host_pages=20)
+    for chat in range(12):  # 2 pages each, within one window: every page keeps its part
+        compute(cache, history(1000 * (chat + 1), 8))
+        settle(cache, executor)
+    assert cache.tier_parts_held(Tier.HOST) == (20, 20)  # as many as whole pages
+    ok(cache)
+    cache, executor, _ = split_cache(host_pages=35)  # 70 layer pages, 35 whole pages
+    for chat in range(5):  # 10 pages each, 4 of them in the window before the end
+        compute(cache, history(1000 * (chat + 1)))
+        settle(cache, executor)
+    assert cache.tier_parts_held(Tier.HOST) == (50, 20)  # five chats where 3.5 fit whole
+    ok(cache)
+
+
+def host_copy(cache, chat: list[int]):
+    node = cache.match([*chat, 1]).last_node
+    return node.residence.copies.get(Tier.HOST), node.residence.sliding_gaps.get(Tier.HOST)
+
+
+def test_a_full_arena_evicts_the_least_recently_used_copies_whole() -> None:
+    cache, executor, host = split_cache(host_pages=20)  # 40 layer pages: 14 a chat
+    chats = [history(1000 * (i + 1)) for i in range(3)]
+    for chat in chats[:2]:
         compute(cache, chat)
         settle(cache, executor)
-    assert host.sliding_free.num_free == 0
     cache.match([*chats[0], 1])  # chat 0 used again: chat 1 is now the oldest
-    compute(cache, chats[4])
+    compute(cache, chats[2])
     settle(cache, executor)
-    cache.evict(Tier.DEVICE, 32)
-    settle(cache, executor)
-    assert cache.match([*chats[1], 1]).matched_len == 0  # evicted whole
-    for chat in (chats[0], chats[2], chats[3], chats[4]):
-        match = cache.match([*chat, 1])
-        assert match.matched_len == 40 and match.host.num_pages == 10
-    assert host.sliding_free.num_used == 16
+    assert host_copy(cache, chats[1])[0] is None  # evicted whole
+    for chat in (chats[0], chats[2]):
+        pages, gaps = host_copy(cache, chat)
+        assert len(pages) == 10 and gaps == frozenset(range(6))  # its window kept
+    assert host.num_sliding_held == 8
     ok(cache)
 
 
 def test_a_copy_that_finds_no_room_lacks_the_parts_and_its_match_is_cut() -> None:
-    cache, executor, _ = split_cache()
+    cache, executor, _ = split_cache(host_pages=34)  # 68 layer pages: four chats and 12
     chats = [history(1000 * (i + 1)) for i in range(4)]
     for chat in chats:
         compute(cache, chat)
@@ -104,16 +125,17 @@ def test_a_copy_that_finds_no_room_lacks_the_parts_and_its_match_is_cut() -> Non
     cache.evict(Tier.DEVICE, 32)
     settle(cache, executor)
     locked = [cache.match([*chat, 1]).last_node for chat in chats]
-    for node in locked:  # every copy holding parts is being read by a request
+    for node in locked:  # every host copy is being read by a request
         cache.lock(node)
-    compute(cache, history(9000))
+    compute(cache, history(9000))  # room for its full parts and two sliding ones
     settle(cache, executor)
     node = cache.match([*history(9000), 1]).last_node
-    assert node.residence.sliding_gaps[Tier.HOST] == frozenset(range(10))
+    assert node.residence.sliding_gaps[Tier.HOST] == frozenset({0, 1, 2, 3, 4, 5, 8, 9})
     for node in locked:
         cache.unlock(node)
     cache.evict(Tier.DEVICE, 32)
     settle(cache, executor)
-    assert cache.match([*history(9000), 1]).matched_len == 0  # no window kept: cut to 0
+    # its window lacks parts: cut back to the last boundary whose window has them
+    assert cache.match([*history(9000), 1]).matched_len == 32
     assert cache.match([*chats[0], 1]).matched_len == 40
     ok(cache)

@@ -113,7 +113,7 @@ def test_a_llama_reports_its_pages_as_full_tokens_and_no_sliding_ones(llama) -> 
 
 
 def test_a_gemma3_split_host_reports_each_layer_kind_as_health_does(gemma3) -> None:
-    cache = CacheConfig(**SIZES, host_sliding_share=0.25)
+    cache = CacheConfig(**SIZES)  # a split host pool: the default for sliding layers
     with served(gemma3, cache) as (engine, client):
         complete_and_settle(engine, client)
         series, health = cached_tokens(client), tokens_by_tier_in_health(client)

@@ -124,18 +124,19 @@ class Demoter:
             with self.residency.pinned(node):  # the chain's own lower copies must stay
                 if not self.make_room(lower, num_pages, claimant=node.root_key):
                     return False
-        if lower is Tier.HOST:
-            self.sliding_room_for(node)  # best effort: pages given no sliding part are gaps
+        if lower is Tier.HOST:  # best effort: pages given no sliding part are gaps
+            self.sliding_room_for(node, num_pages)
         if len(chain) > 1:
             self.transfers.start_copy(chain[:-1], lower, frees_source=False)
         self.transfers.start_copy([node], lower, frees_source=frees_source)
         return True
 
-    def sliding_room_for(self, node: RadixNode) -> bool:
+    def sliding_room_for(self, node: RadixNode, pages: int = 0) -> bool:
         """In a split host pool, free sliding parts for the pages of `node` a copy to host gives
-        one (`sliding_room`), as far as copies may leave now: a demotion's, a prefetch's. True
-        when they are free (always without a split host pool); copies that must first move
-        down free theirs later."""
+        one (`sliding_room`) beside the full parts of `pages` pages still to be allocated, as
+        far as copies may leave now: a demotion's, a prefetch's. True when there is room
+        (always without a split host pool); copies that must first move down free theirs
+        later."""
         room = self.transfers.sliding_room
         if room is None:
             return True
@@ -144,7 +145,7 @@ class Demoter:
             frozenset() if source is None else node.residence.sliding_gaps.get(source, frozenset())
         )
         with self.residency.pinned(node):
-            return room.make_room(len(room.wanted(node, gaps)), self._evict_from_host)
+            return room.make_room(len(room.wanted(node, gaps)), self._evict_from_host, pages)
 
     def _evict_from_host(self, node: RadixNode) -> bool:
         return self._evict(node, Tier.HOST)

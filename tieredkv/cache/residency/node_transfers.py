@@ -68,7 +68,7 @@ class NodeTransfers:
         self._pending_free = dict.fromkeys(Tier, 0)  # source pages in-flight demotions free
         host, window = self.pools.host, residency.sliding_window
         split = isinstance(host, SplitHostPool) and window is not None
-        # a split host pool's sliding arena (None: every host page holds all its layers)
+        # a split host pool's sliding parts (None: every host page holds all its layers)
         self.sliding_room = SlidingRoom(residency, host, window) if split else None
 
     def pending_free(self, tier: Tier) -> int:

@@ -1,14 +1,13 @@
 """Sliding parts in a split host pool: which pages a copy gives one, and room for them.
 
-A split host pool (`pools.split_host_pool`) holds every page's full part and sliding parts for a
-share of its pages. A copy into it gives a sliding part to the pages the rule keeps as the tree
-stands (`sliding_pages.tree_kept_sliding`) that its source holds. The tree changes after the
-copy: a leaf that was a chat's last turn gets the next turn below it, a prefill chunk gets the
-next chunk. When the sliding arena is short, `make_room` first takes back the sliding parts no
-reuse point reads any more (`reclaim`), then evicts the least recently used host copies that
-hold sliding parts, whole: a path whose windows are gone is reused from nowhere after them, so
-its full parts would hold nothing worth keeping. The walk over the tree runs once an eighth of
-the arena was given out since the last one, not at every copy.
+A split host pool (`pools.split_host_pool`) holds every page's full part and a sliding part
+only where a copy gave one, all from one arena of layer pages. A copy into it gives a sliding
+part to the pages the rule keeps as the tree stands (`sliding_pages.tree_kept_sliding`) that its
+source holds. The tree changes after the copy: a leaf that was a chat's last turn gets the next
+turn below it, a prefill chunk gets the next chunk. When the arena is short of layer pages for
+the parts a copy wants, `make_room` first takes back the sliding parts no reuse point reads any
+more (`reclaim`), then evicts the least recently used host copies, whole. The walk over the tree
+runs once an eighth of the arena was given out since the last one, not at every copy.
 
 A copy a request or a transfer is reading keeps its sliding parts: a match was cut by the gaps
 it saw, and a promotion copies the parts its source held when it started.
@@ -27,7 +26,7 @@ from tieredkv.cache.tier import Tier
 
 
 class SlidingRoom:
-    """The sliding arena of a split host pool, kept in step with the tree (engine thread)."""
+    """The sliding parts of a split host pool, kept in step with the tree (engine thread)."""
 
     def __init__(self, residency: Residency, host: SplitHostPool, window: int) -> None:
         self.residency = residency
@@ -57,28 +56,23 @@ class SlidingRoom:
         self._given_since_reclaim += len(given)
         return source_gaps | self.host.lacking(pages)
 
-    def make_room(self, count: int, evict: Callable[[RadixNode], bool]) -> bool:
-        """Try to have `count` free sliding parts: take back the unread ones, then `evict`
-        least recently used host copies holding some (whole). True if `count` are free."""
-        free = self.host.sliding_free
-        if free.num_free >= count:
+    def make_room(self, count: int, evict: Callable[[RadixNode], bool], pages: int = 0) -> bool:
+        """Try to have room for `count` sliding parts beside the full parts of `pages` pages
+        still to be allocated: take back the unread ones, then `evict` least recently used
+        host copies (whole: any copy's layer pages serve). True if there is room now."""
+        host = self.host
+        if host.sliding_room(pages) >= count:
             return True
         if self._given_since_reclaim >= self.reclaim_after:
             self.reclaim()
-        skipped: list[RadixNode] = []
-        while free.num_free < count:
+        while host.sliding_room(pages) < count:
             node = self.residency.pop_evictable(Tier.HOST)
             if node is None:
                 break
-            if not self._holds_sliding(node.residence):
-                skipped.append(node)  # evicting it frees no sliding part
-                continue
             if not evict(node):
                 self.residency.refresh(node)
                 break
-        for node in skipped:
-            self.residency.refresh(node)
-        return free.num_free >= count
+        return host.sliding_room(pages) >= count
 
     def reclaim(self) -> int:
         """Free the sliding parts of host copies that no reuse point reads as the tree stands
@@ -102,10 +96,6 @@ class SlidingRoom:
                 record.set_gaps(Tier.HOST, gaps.union(dropped))
                 freed += len(dropped)
         return freed
-
-    def _holds_sliding(self, record: Residence) -> bool:
-        pages = record.copies.get(Tier.HOST, ())
-        return any(page in self.host.sliding_of for page in pages)
 
     @staticmethod
     def _read_from_host(record: Residence) -> bool:

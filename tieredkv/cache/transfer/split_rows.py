@@ -1,18 +1,21 @@
 """`SplitPageRows`: the pages of a `SplitHostPool` as the page copies see any CPU pool.
 
-The copies (`layout_copy`) move (pages, layers * 2, run) rows; a split host page keeps its
-full layers' rows in one arena and its sliding layers' rows, where it has them, in another:
+The copies (`layout_copy`) move (pages, layers * 2, run) rows; a split host page keeps each
+layer's rows in a layer page of its own, found in the pool's page table:
 
-  read   rows of the full arena, and of the page's sliding part or zeros where it has none
-  write  into the full arena, and into the page's sliding part or nowhere where it has none
+  read   each layer's rows from its layer page, zeros where the page has none (its sliding
+         layers, without a sliding part: the pool's zero layer page)
+  write  each layer's rows into its layer page, into a discarded one where it has none
 
 so a page without a sliding part arrives (in the device pool, a staging buffer, a store) with
-zeros in its sliding layers, which its copy's gaps say are not to be read.
+zeros in its sliding layers, which its copy's gaps say are not to be read. A run of pages is
+one gather (read) or one scatter (write) over the arena.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from tieredkv.cache.pools.split_host_pool import SplitHostPool
 from tieredkv.cache.transfer.layout_copy import PageRows
@@ -23,16 +26,17 @@ class SplitPageRows(PageRows):
 
     def __init__(self, pool: SplitHostPool) -> None:
         self.layer_major_layout = False
-        self._full = PageRows.page_major(pool.kv)  # (pages, full layers * 2, run)
-        self._sliding = PageRows.page_major(pool.sliding_kv)  # (slots, sliding layers * 2, run)
-        self._sliding_of = pool.sliding_of
-        parts = pool.parts
-        self._full_rows = _rows_of(parts.full_layers)
-        self._sliding_rows = _rows_of(parts.sliding_layers)
-        full = self._full.read(0, 0)
-        self._row_shape = (2 * parts.layout.num_layers, full.shape[2])
-        self._dtype = full.dtype
-        self._num_pages = pool.num_pages
+        # 2-byte elements where the dtype allows, as `PageRows`: numpy has no bfloat16
+        units = pool.units
+        view_dtype = torch.int16 if units.element_size() % 2 == 0 else torch.uint8
+        flat = units.view(view_dtype).numpy()
+        self._units = flat.reshape(flat.shape[0], 2, -1)  # (layer pages, K and V, run)
+        self._table = pool.table
+        self._zero_unit, self._discard_unit = pool.zero_unit, pool.discard_unit
+        self._layers = pool.layout.num_layers
+        self._run = self._units.shape[2]
+        self._dtype = self._units.dtype
+        self._num_pages = pool.max_pages
 
     @property
     def num_pages(self) -> int:
@@ -42,26 +46,17 @@ class SplitPageRows(PageRows):
         raise AssertionError("a split host pool's pages are not one view: read and write them")
 
     def read(self, first: int, count: int) -> np.ndarray:
-        rows = np.zeros((count, *self._row_shape), dtype=self._dtype)
-        rows[:, self._full_rows] = self._full.read(first, count)
-        for index in range(count):
-            slot = self._sliding_of.get(first + index)
-            if slot is not None:
-                rows[index, self._sliding_rows] = self._sliding.read(slot, 1)[0]
-        return rows
+        table = self._table[first : first + count]
+        units = np.where(table < 0, self._zero_unit, table).ravel()  # one gather, no mask
+        rows = np.take(self._units, units, axis=0)  # (count * layers, 2, run)
+        return rows.reshape(count, 2 * self._layers, self._run)
 
     def write(self, first: int, rows: np.ndarray) -> None:
-        self._full.write(first, rows[:, self._full_rows])
-        for index in range(len(rows)):
-            slot = self._sliding_of.get(first + index)
-            if slot is not None:
-                self._sliding.write(slot, rows[index : index + 1, self._sliding_rows])
+        count = len(rows)
+        table = self._table[first : first + count]
+        units = np.where(table < 0, self._discard_unit, table).ravel()
+        self._units[units] = rows.reshape(count * self._layers, 2, self._run)
 
     def put(self, page: int, data: memoryview) -> None:
-        rows = np.frombuffer(data, dtype=self._dtype).reshape(1, *self._row_shape)
+        rows = np.frombuffer(data, dtype=self._dtype).reshape(1, 2 * self._layers, self._run)
         self.write(page, rows)
-
-
-def _rows_of(layers: tuple[int, ...]) -> np.ndarray:
-    """The rows (2 * layer + 0 for K, + 1 for V) of `layers`, in order."""
-    return np.array([2 * layer + kv for layer in layers for kv in (0, 1)], dtype=np.intp)

@@ -1,6 +1,7 @@
-"""The host tier in two arenas: more pages than whole pages fit in the same bytes, each page's
-full layers kept, its sliding layers kept where it has a sliding part (zeros read back where it
-has none), through the copies every transfer uses, both ways and with the device's layout."""
+"""The host tier a layer page at a time: as many pages as whole pages where every page keeps its
+sliding part and more where fewer do, each page's full layers kept, its sliding layers kept
+where it has a sliding part (zeros read back where it has none), through the copies every
+transfer uses, both ways and with the device's layout."""
 
 from __future__ import annotations
 
@@ -25,21 +26,27 @@ def parts_of(dtype: torch.dtype = torch.float32) -> PageParts:
     return PageParts.of(MODEL, PageLayout.for_model(MODEL, 4, dtype))
 
 
-def test_the_same_bytes_hold_more_pages() -> None:
+def test_the_same_bytes_hold_whole_pages_or_more_full_parts() -> None:
     parts = parts_of()
     capacity = 100 * parts.layout.page_bytes
-    pool = SplitHostPool.from_bytes(parts, capacity, sliding_share=0.25, pin_memory=False)
+    pool = SplitHostPool.from_bytes(parts, capacity, pin_memory=False)
     assert HostPool.from_bytes(parts.layout, capacity).num_pages == 100
-    # a page: 1/3 full part, 2/3 sliding part; a quarter of the pages with a sliding part
-    assert pool.num_pages == 200 and pool.num_sliding_pages == 50
-    assert pool.capacity_bytes <= capacity
-    assert pool.kv.shape == (200, 2, 2, 4, 2, 16) and pool.sliding_kv.shape == (50, 4, 2, 4, 2, 16)
+    # a page: 2 full layers and 4 sliding ones; 600 layer pages
+    assert pool.num_units == 600 and pool.capacity_bytes == capacity
+    assert pool.num_pages == pool.num_free == 300  # with no sliding part at all
+    pages = pool.alloc(50)
+    assert pool.attach_sliding(pages) == pages  # 50 whole pages: 300 layer pages
+    assert pool.num_free == 150 and pool.num_pages == 200
+    assert pool.sliding_room() == 75 and pool.sliding_room(pages=150) == 0
+    assert pool.used_bytes == 50 * parts.layout.page_bytes
+    pool.detach_sliding(pages[:10])
+    assert pool.num_free == 170 and pool.num_sliding_held == 40
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_pages_keep_their_full_part_and_the_sliding_part_they_were_given(dtype) -> None:
     parts = parts_of(dtype)
-    pool = SplitHostPool(parts, num_pages=8, num_sliding_pages=2, pin_memory=False)
+    pool = SplitHostPool(parts, num_units=4 * 2 + 2 * 4, pin_memory=False)  # 4 pages, 2 whole
     rows = SplitPageRows(pool)
     pages = pool.alloc(4)
     assert pool.attach_sliding([pages[1], pages[3], pages[0]]) == [pages[1], pages[3]]
@@ -54,12 +61,13 @@ def test_pages_keep_their_full_part_and_the_sliding_part_they_were_given(dtype) 
     assert not back[[0, 2]][:, sliding].any()  # no sliding part: zeros
     assert pool.used_bytes == 4 * parts.full_bytes + 2 * parts.sliding_bytes
     pool.free(pages[:2])
-    assert pool.sliding_free.num_free == 1 and pool.lacking([pages[3]]) == frozenset()
+    assert pool.sliding_room() == 2 and pool.lacking([pages[3]]) == frozenset()  # 8 freed
+    assert pool.units[pool.zero_unit].count_nonzero() == 0  # what a missing layer reads
 
 
 def test_copies_with_a_layer_major_device_pool() -> None:
     parts = parts_of()
-    pool = SplitHostPool(parts, num_pages=6, num_sliding_pages=3, pin_memory=False)
+    pool = SplitHostPool(parts, num_units=5 * 2 + 3 * 4, pin_memory=False)
     pages = pool.alloc(5)
     pool.attach_sliding(pages[2:])
     layout = parts.layout
@@ -74,9 +82,9 @@ def test_copies_with_a_layer_major_device_pool() -> None:
     assert not again[sliding][:, :, :2].any()
 
 
-def test_a_store_payload_lands_in_both_arenas() -> None:
+def test_a_store_payload_lands_in_its_layer_pages() -> None:
     parts = parts_of()
-    pool = SplitHostPool(parts, num_pages=2, num_sliding_pages=1, pin_memory=False)
+    pool = SplitHostPool(parts, num_units=2 * 2 + 4, pin_memory=False)
     pages = pool.alloc(2)
     pool.attach_sliding([pages[0]])
     payload = torch.randn(*parts.layout.page_shape)
