@@ -95,10 +95,12 @@ def test_the_host_tier_splits_gemma3_pages_unless_asked_and_reports_each_kind(
         host, kinds = health["capacity"]["tiers"]["host"], health["layer_kinds"]
         token_bytes = kinds["full"]["token_bytes"] + kinds["sliding"]["token_bytes"]
         whole_pages = host["bytes"] // (PAGE_SIZE * token_bytes)
+        assert host["tokens"] == whole_pages * PAGE_SIZE
         if whole:
-            assert host["pages"] == whole_pages
+            assert host["pages"] == whole_pages and "up_to_tokens" not in host
         else:  # pages without their sliding part need only their full layers' bytes
             assert host["pages"] > whole_pages
+            assert host["up_to_tokens"] == host["pages"] * PAGE_SIZE
         assert kinds["sliding"]["tokens_by_tier"]["host"] <= kinds["full"]["tokens_by_tier"]["host"]
     finally:
         server.stop()

@@ -2,7 +2,10 @@
 model and its tiers: logged once at start-up and served in `/health` as `capacity`.
 
 A tier's tokens are its pages times the page size, for this model's layout and dtype (bytes per
-token = 2 x layers x kv_heads x head_dim x dtype bytes). The memory figure adds the loaded
+token = 2 x layers x kv_heads x head_dim x dtype bytes). A host tier that keeps the sliding
+layers of a model's pages only where a next turn reads them holds more pages than its bytes hold
+whole ones: its tokens are those of whole pages, and `up_to_tokens` those of pages without any
+sliding layer. The memory figure adds the loaded
 weights, the tiers that live in this process's RAM (the device tier too on a CPU-only machine)
 and the attention workspace; the Python runtime and its libraries come on top of it.
 """
@@ -31,12 +34,15 @@ def capacity_summary(
         if tier is Tier.REMOTE:
             tiers[tier.label] = {"shared": True}
             continue
-        pages = cache.tier_num_pages(tier)
+        pages, capacity = cache.tier_num_pages(tier), cache.tier_capacity_bytes(tier)
+        whole_pages = min(pages, capacity // layout.page_bytes)
         tiers[tier.label] = {
-            "bytes": cache.tier_capacity_bytes(tier),
+            "bytes": capacity,
             "pages": pages,
-            "tokens": pages * layout.page_size,
+            "tokens": whole_pages * layout.page_size,
         }
+        if pages > whole_pages:
+            tiers[tier.label]["up_to_tokens"] = pages * layout.page_size
     if cache.tier_enabled(Tier.DISK):
         path = cache.config.disk_cache_dir / STORE_FILE
         tiers[Tier.DISK.label] |= {
@@ -60,6 +66,8 @@ def capacity_lines(summary: dict, bytes_per_token: int) -> list[str]:
             lines.append(f"  {label}: shared store, sized by its own maxmemory")
             continue
         line = f"  {label}: {tier['bytes'] / GIB:.2f} GiB, {tier['tokens']:,} tokens"
+        if "up_to_tokens" in tier:
+            line += f" (up to {tier['up_to_tokens']:,} without sliding-window layers)"
         if "path" in tier:
             line += f", {tier['path']} ({tier['allocated_bytes'] / GIB:.2f} GiB allocated)"
         lines.append(line)
