@@ -76,24 +76,35 @@ def gemma3_1b_shape(window: int = 512) -> ModelConfig:
     )  # fmt: skip
 
 
-def _settle(cache: TieredCache) -> None:
+def settle(cache: TieredCache) -> None:
+    """Apply every transfer in flight."""
     cache.poll()
     while cache.transfer_queue.in_flight:
         time.sleep(0.001)
         cache.poll()
 
 
-def _request(cache: TieredCache, prompt: list[int], sequence: list[int]) -> None:
+def run_request(cache: TieredCache, prompt: list[int], sequence: list[int]) -> None:
     """A request that computes `sequence` (its prompt, then its answer) and inserts its full
-    pages a prefill chunk at a time, then with the answer; pages the tree already holds are
-    its, the request's copies of them go back."""
+    pages a prefill chunk at a time, then with the answer, holding a lock on its deepest node
+    as the engine's requests do; pages the tree already holds are its, the request's copies of
+    them go back."""
+    locked = None
     for end in [*range(CHUNK, len(prompt), CHUNK), len(prompt), len(sequence)]:
         while (pages := cache.allocate(end // PAGE_SIZE)) is None:
-            _settle(cache)
+            settle(cache)
         result = cache.insert(sequence[:end], "default", pages)
         taken = set(result.device_pages)
         cache.free([page for page in pages if page not in taken])
-        _settle(cache)
+        if result.node is not None and result.node is not locked:
+            cache.lock(result.node)
+            if locked is not None:
+                cache.unlock(locked)
+            locked = result.node
+        settle(cache)
+    if locked is not None:
+        cache.unlock(locked)
+    settle(cache)
 
 
 def replay(model: ModelConfig, split: bool, workload: Workload, args: argparse.Namespace) -> dict:
@@ -119,9 +130,9 @@ def replay(model: ModelConfig, split: bool, workload: Workload, args: argparse.N
                 reusable += len(history) - len(history) % PAGE_SIZE
                 from_host += match.host.num_pages * PAGE_SIZE
             sequence = [*prompt, *(rng.randrange(1, 256) for _ in range(workload.answer_tokens))]
-            _request(cache, prompt, sequence)
+            run_request(cache, prompt, sequence)
             histories[chat] = sequence
-    _settle(cache)
+    settle(cache)
     integrity = cache.check_integrity()
     pages, sliding = cache.tier_parts_held(Tier.HOST)
     record = {

@@ -29,59 +29,34 @@ import argparse
 import datetime
 import random
 import tempfile
-import time
 from pathlib import Path
 
 import redis as redis_py
 import torch
 
 from benchmarks.redis_server import RedisServer
-from benchmarks.sliding_history import PAGE_SIZE, Workload, gemma3_1b_shape
+from benchmarks.sliding_history import (
+    CHUNK,
+    PAGE_SIZE,
+    Workload,
+    gemma3_1b_shape,
+    run_request,
+)
 from tieredkv.bench.result_file import machine_line, write_result
 from tieredkv.cache.build import build_cache
 from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.remote.keys import KEY_PREFIX
 from tieredkv.cache.sliding_pages import LayerKinds
 from tieredkv.cache.tier import Tier
-from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig, WritePolicy
 from tieredkv.model_config import ModelConfig
 
 REPO = Path(__file__).resolve().parent.parent
-CHUNK = 512  # the engine's prefill chunk: one insert (one node) per chunk
 FLUSH_S = 120.0
 # counts, not timings: a look-up that runs past its budget on a busy machine would turn the
 # store degraded and count as no reuse, so the budgets are generous (as the serve tests' are)
 BUDGET_SCALE = 20.0
 WORKLOADS = (Workload("long", 16, 8, 256, 128), Workload("short", 64, 4, 64, 32))
-
-
-def _settle(cache: TieredCache) -> None:
-    cache.poll()
-    while cache.transfer_queue.in_flight:
-        time.sleep(0.001)
-        cache.poll()
-
-
-def _request(cache: TieredCache, prompt: list[int], sequence: list[int]) -> None:
-    """A request computing `sequence` that inserts its pages a prefill chunk at a time and then
-    with its answer, holding a lock on its deepest node as the engine's requests do."""
-    locked = None
-    for end in [*range(CHUNK, len(prompt), CHUNK), len(prompt), len(sequence)]:
-        while (pages := cache.allocate(end // PAGE_SIZE)) is None:
-            _settle(cache)
-        result = cache.insert(sequence[:end], "default", pages)
-        taken = set(result.device_pages)
-        cache.free([page for page in pages if page not in taken])
-        if result.node is not None and result.node is not locked:
-            cache.lock(result.node)
-            if locked is not None:
-                cache.unlock(locked)
-            locked = result.node
-        _settle(cache)
-    if locked is not None:
-        cache.unlock(locked)
-    _settle(cache)
 
 
 def _replica(redis: RedisServer, model: ModelConfig | None, args: argparse.Namespace):
@@ -127,7 +102,7 @@ def replay(
         for chat, history in enumerate(histories):
             prompt = [*history, *(rng.randrange(1, 256) for _ in range(workload.user_tokens))]
             sequence = [*prompt, *(rng.randrange(1, 256) for _ in range(workload.answer_tokens))]
-            _request(first, prompt, sequence)
+            run_request(first, prompt, sequence)
             assert store.flush_writes(FLUSH_S)  # a turn's compute time lets its writes finish
             histories[chat] = sequence
     values, value_bytes = _stored(redis)
