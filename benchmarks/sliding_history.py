@@ -87,15 +87,16 @@ def settle(cache: TieredCache) -> None:
 def run_request(cache: TieredCache, prompt: list[int], sequence: list[int]) -> None:
     """A request that computes `sequence` (its prompt, then its answer) and inserts its full
     pages a prefill chunk at a time, then with the answer, holding a lock on its deepest node
-    as the engine's requests do; pages the tree already holds are its, the request's copies of
-    them go back."""
-    locked = None
+    as the engine's requests do. Its page table starts with the tree's device pages for what
+    the tree held (the pages it computed for those go back) and grows by new pages only."""
+    locked, table = None, []
     for end in [*range(CHUNK, len(prompt), CHUNK), len(prompt), len(sequence)]:
-        while (pages := cache.allocate(end // PAGE_SIZE)) is None:
+        while (new := cache.allocate(end // PAGE_SIZE - len(table))) is None:
             settle(cache)
-        result = cache.insert(sequence[:end], "default", pages)
-        taken = set(result.device_pages)
-        cache.free([page for page in pages if page not in taken])
+        result = cache.insert(sequence[:end], "default", [*table, *new])
+        table = list(result.device_pages[: result.num_pages])
+        taken = set(table)
+        cache.free([page for page in new if page not in taken])
         if result.node is not None and result.node is not locked:
             cache.lock(result.node)
             if locked is not None:
