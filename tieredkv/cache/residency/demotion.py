@@ -119,6 +119,7 @@ class Demoter:
                 chain.append(ancestor)
                 ancestor = ancestor.parent
             chain.reverse()
+            self._drop_orphans_reached(chain)
         num_pages = sum(n.num_pages for n in chain)
         if num_pages > self.pools.num_free(lower):
             with self.residency.pinned(node):  # the chain's own lower copies must stay
@@ -130,6 +131,22 @@ class Demoter:
             self.transfers.start_copy(chain[:-1], lower, frees_source=False)
         self.transfers.start_copy([node], lower, frees_source=frees_source)
         return True
+
+    def _drop_orphans_reached(self, chain: list[RadixNode]) -> None:
+        """Before `chain` is written to disk: a page of it whose record a restart found lost
+        has the chain the disk still holds after it hanging from its key, unmatched; that
+        chain's copies go (as a flush would drop them), so no page is recorded twice. A
+        namespace's root key is never a page's key."""
+        orphans = self.residency.rebuilt_roots
+        if not orphans:
+            return
+        tree = self.residency.tree
+        for node in chain:
+            for key in orphans.intersection(tree.page_keys(node)):
+                orphans.discard(key)
+                root = tree.roots.get(key)
+                if root is not None:
+                    self.flush([root])
 
     def sliding_room_for(self, node: RadixNode, pages: int = 0) -> bool:
         """In a split host pool, free sliding parts for the pages of `node` a copy to host gives

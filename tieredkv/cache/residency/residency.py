@@ -53,6 +53,9 @@ class Residency:
         `sliding_window`: the model's longest sliding window (None: no sliding layer)."""
         self.tree = tree
         self.sliding_window = sliding_window
+        # the keys the disk's rebuilt chains hang from (`warm_restart`): a namespace's root, or
+        # a page whose record was lost, which a live path may compute again
+        self.rebuilt_roots: set[bytes] = set()
         self.pools = pools
         self.counters = counters
         self._policy = LruEvictionPolicy()

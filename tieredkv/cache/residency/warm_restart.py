@@ -10,7 +10,9 @@ records no root reaches are freed. Single-child chains are merged back into runs
 
 A chain whose parent page was lost is indistinguishable from one under a namespace root (both
 hang from a key no record has): it is kept, unmatched, with the oldest access time, so it is the
-first thing the disk tier drops.
+first thing the disk tier drops. The keys chains hang from are remembered
+(`Residency.rebuilt_roots`): a live path that computes the lost page again would otherwise
+write a second record of the pages after it, and report them stored twice (`Demoter`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def rebuild_from_disk(tree: RadixTree, disk: DiskStore, residency: Residency) ->
             root = tree.root(parent_key, create=True)
             assert root is not None
             stack.append((root, parent_key))
+            residency.rebuilt_roots.add(parent_key)
     attached: list[RadixNode] = []
     while stack:
         parent, parent_key = stack.pop()
