@@ -4,7 +4,8 @@ default: full-attention layers for every page, sliding layers where a next turn 
 
 The cache under test is the real one (`build_cache`: device and host pools, write-through,
 demotion, the split host pool's sliding arena, its reclaim and eviction, the match cut where a
-window would read a missing sliding part); no model runs, since what a tier holds and what a
+window would read a missing sliding part; the device tier keeps whole pages, so the host is
+measured alone); no model runs, since what a tier holds and what a
 match reuses depend on pages and the tree, not on the values in them. The model is Gemma 3 1B's
 layer shape (26 layers, a global one every sixth, 512-token windows) with small heads, so the
 host tier is a few MiB; the bytes scale with the heads, the ratios do not.
@@ -117,6 +118,7 @@ def replay(model: ModelConfig, split: bool, workload: Workload, args: argparse.N
         host_cache_bytes=args.host_pages * layout.page_bytes,
         write_policy=WritePolicy.WRITE_THROUGH,
         host_whole_pages=not split,
+        device_whole_pages=True,  # the host measured alone (`sliding_device`: the device)
     )
     cache = build_cache(config, layout, b"sliding-history", "cpu", model=model)
     rng = random.Random(args.seed)

@@ -6,7 +6,8 @@ remote tier stores for a model without sliding layers).
 The caches under test are the real ones (`build_cache` with a remote tier on a real
 `redis-server`: write-through to Redis at insert, the writes a running sequence holds back
 until its lock goes, the look-up of a second replica with the cut where a window would read a
-missing sliding part); no model runs, since what Redis holds and what a match reuses depend on
+missing sliding part; the device tier keeps whole pages, so the remote tier is measured
+alone); no model runs, since what Redis holds and what a match reuses depend on
 pages and the tree, not on the values in them. The model is Gemma 3 1B's layer shape
 (`sliding_history.gemma3_1b_shape`). "Whole pages" is the same layout built without the model's
 layer kinds, so its remote tier keeps whole pages and no rule applies.
@@ -68,6 +69,7 @@ def _replica(redis: RedisServer, model: ModelConfig | None, args: argparse.Names
         write_policy=WritePolicy.WRITE_THROUGH,
         remote_cache_url=redis.url,
         remote_budget_scale=BUDGET_SCALE,
+        device_whole_pages=True,  # the remote tier measured alone
     )
     cache = build_cache(config, layout, b"sliding-remote", "cpu", model=model)
     assert cache.pools.remote is not None and cache.pools.remote.store.wait_healthy(10.0)

@@ -207,6 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the host holds more history of conversations several windows long)",
     )
     add(
+        "--device-whole-pages",
+        action="store_true",
+        help="models with sliding-window layers: every device page keeps all its layers (by "
+        "default a page's sliding layers are freed once neither a running sequence's window "
+        "nor a next turn's reads them, so the device holds more long history)",
+    )
+    add(
         "--session-think-time",
         type=float,
         default=EngineConfig.session_think_time_s,

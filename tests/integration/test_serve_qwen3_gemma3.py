@@ -76,15 +76,16 @@ def test_greedy_completion_and_logprobs_equal_transformers(served) -> None:
     assert expected.check(server, ids)["cached_tokens_by_tier"]["device"] > 0
 
 
-@pytest.mark.parametrize("whole", [False, True], ids=["split-by-default", "host-whole-pages"])
-def test_the_host_tier_splits_gemma3_pages_unless_asked_and_reports_each_kind(
+@pytest.mark.parametrize("whole", [False, True], ids=["split-by-default", "whole-pages"])
+def test_the_device_and_host_tiers_split_gemma3_pages_unless_asked_and_report_each_kind(
     tmp_path: Path, whole: bool
 ) -> None:
-    """By default the host tier stores a Gemma 3 page a layer at a time (more pages in the same
-    bytes as fewer keep their sliding layers), reported per layer kind in /health;
-    `--host-whole-pages` keeps whole pages; completions equal transformers' either way."""
+    """By default the device and host tiers store a Gemma 3 page a layer at a time (more pages
+    in the same bytes as fewer keep their sliding layers), reported per layer kind in /health;
+    `--host-whole-pages` and `--device-whole-pages` keep whole pages; completions equal
+    transformers' either way."""
     model_dir = tiny_family_model(tmp_path, "gemma3")
-    flags = ["--host-whole-pages"] if whole else []
+    flags = ["--host-whole-pages", "--device-whole-pages"] if whole else []
     server = ServerProcess(["--model", str(model_dir), *ARGS, *flags], tmp_path / "host.log")
     try:
         ids = prompt_of(60, seed=15)
@@ -102,6 +103,13 @@ def test_the_host_tier_splits_gemma3_pages_unless_asked_and_reports_each_kind(
             assert host["pages"] > whole_pages
             assert host["up_to_tokens"] == host["pages"] * PAGE_SIZE
         assert kinds["sliding"]["tokens_by_tier"]["host"] <= kinds["full"]["tokens_by_tier"]["host"]
+        device = health["capacity"]["tiers"]["device"]
+        device_whole_pages = device["bytes"] // (PAGE_SIZE * token_bytes)
+        assert device["tokens"] == device_whole_pages * PAGE_SIZE
+        if whole:
+            assert "up_to_tokens" not in device
+        else:  # pages are allocated whole; those that lost their sliding part take less
+            assert device["up_to_tokens"] > device["tokens"]
     finally:
         server.stop()
 

@@ -6,10 +6,13 @@ first one's pages as a cached prefix, then batched decode steps. Interpreted on 
 CUDA.
 """
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
 from tests.model_factory import make_tiny_model_dir
+from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.model.loader import LoadedModel, load_model
 from tieredkv.model.runner import ModelRunner, PagedSequence
 
@@ -28,13 +31,18 @@ def tiny_model(tmp_path_factory):
     return model
 
 
-def run_script(runner: ModelRunner) -> tuple[torch.Tensor, list[list[int]]]:
-    """Every forward's logits, stacked (forwards, vocab), and each sequence's greedy tokens."""
+def run_script(
+    runner: ModelRunner, after_prefill: Callable[[DevicePool], None] | None = None
+) -> tuple[torch.Tensor, list[list[int]]]:
+    """Every forward's logits, stacked (forwards, vocab), and each sequence's greedy tokens.
+    `after_prefill` is called with the pool once the first sequence's prompt is computed."""
     pool = runner.pool
     prompt = torch.randint(3, 300, (45,), generator=torch.Generator().manual_seed(1)).tolist()
     a = PagedSequence(0, list(prompt))
     logits = [runner.forward([a.next_chunk(pool, 20)])]  # prefill: 20 tokens over two pages
     logits.append(runner.forward([a.next_chunk(pool)]))  # the other 25 after that prefix
+    if after_prefill is not None:
+        after_prefill(pool)
     # b's first 32 tokens are a's: it points at a's first two pages and computes only its suffix
     b = PagedSequence(1, [*prompt[:32], 5, 6, 7, 8, 9], kv_len=32, page_ids=a.page_ids[:2])
     logits.append(runner.forward([b.next_chunk(pool)]))

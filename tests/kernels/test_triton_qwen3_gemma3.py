@@ -6,9 +6,13 @@ import pytest
 import torch
 import transformers
 
-from tests.kernels.test_triton_forward import DECODE_STEPS, make_runner, run_script
+from tests.kernels.test_triton_forward import DECODE_STEPS, PAGE_SIZE, make_runner, run_script
 from tests.unit.model.test_qwen3_gemma3_forward import tiny_family_model
+from tieredkv.cache.page_layout import PageLayout
+from tieredkv.cache.page_parts import PageParts
+from tieredkv.cache.pools.split_device_pool import SplitDevicePool
 from tieredkv.model.loader import load_model
+from tieredkv.model.runner import ModelRunner
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])
@@ -36,3 +40,29 @@ def test_forward_through_triton_equals_torch_and_transformers(
             pad_token_id=0,
         )
     assert tokens[0] == generated[0, len(prompt) :].tolist()  # the first sequence's decodes
+
+
+def test_a_split_device_pool_through_triton_equals_whole_pages(
+    triton_kernels, device, tmp_path
+) -> None:
+    """Gemma 3 with a 16-token window on a pool kept a layer at a time: the kernels read each
+    layer through its own page table, and a page whose sliding part was freed once both
+    sequences' windows passed it is read by neither (zeros there change nothing)."""
+    model_dir = tiny_family_model(tmp_path, "gemma3", sliding_window=16)
+    model = load_model(model_dir, dtype=torch.float32)
+    layout = PageLayout.for_model(model.config, PAGE_SIZE, torch.float32)
+    split = SplitDevicePool.from_bytes(
+        PageParts.of(model.config, layout), 16 * layout.page_bytes, device
+    )
+    runner = ModelRunner(model.config, model.weights, split, 128, attention_backend="triton")
+    page_zero = [0]
+
+    def passed(pool) -> None:  # after a's prefill: every later query reads keys 17 and on
+        if pool is split and 0 in split.sliding_of:
+            split.detach_sliding(page_zero)
+
+    logits, tokens = run_script(runner, after_prefill=passed)
+    expected_logits, expected_tokens = run_script(make_runner(model, "torch", device))
+    assert 0 not in split.sliding_of
+    torch.testing.assert_close(logits, expected_logits, atol=1e-4, rtol=1e-4)
+    assert tokens == expected_tokens

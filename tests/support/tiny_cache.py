@@ -52,6 +52,7 @@ def make_cache(
     retention_pages: int | None = None,
     model: ModelConfig | None = None,
     split_host: bool = False,
+    split_device: bool = False,
 ) -> tuple[TieredCache, ManualTransferExecutor]:
     """A cache whose transfers run only when the test completes their tickets."""
     executor = executor or ManualTransferExecutor()
@@ -64,6 +65,7 @@ def make_cache(
         write_policy=write_policy,
         namespace_share=namespace_share,
         host_whole_pages=not split_host,  # whole host pages unless asked
+        device_whole_pages=not split_device,  # and whole device pages
         retention_budget_bytes=(
             None if retention_pages is None else retention_pages * layout.page_bytes
         ),
@@ -99,9 +101,9 @@ def fill_device_pages(
 ) -> None:
     """Write the expected contents of the full pages of `tokens` into device `pages`."""
     for page, contents in zip(pages, expected_pages(tokens, namespace, cache.layout), strict=False):
-        cache.device_pool.kv[:, :, page] = contents
+        cache.device_pool.write_page(page, contents)
 
 
 def device_page(cache: TieredCache, page: int) -> torch.Tensor:
     """A device page as (layers, 2, page_size, kv_heads, head_dim)."""
-    return cache.device_pool.kv[:, :, page].clone()
+    return cache.device_pool.read_page(page)

@@ -27,6 +27,7 @@ from tieredkv.cache.page_parts import PageParts
 from tieredkv.cache.pins import Pinning, PinRegistry
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
+from tieredkv.cache.pools.split_device_pool import SplitDevicePool
 from tieredkv.cache.pools.split_host_pool import SplitHostPool
 from tieredkv.cache.remote.connection import RemoteTimeouts
 from tieredkv.cache.remote.remote_tier import RemoteTier
@@ -38,6 +39,7 @@ from tieredkv.cache.residency.page_events import PageEvents
 from tieredkv.cache.residency.promotion import Promoter
 from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.residency.residency import Residency
+from tieredkv.cache.residency.sliding_reclaim import DeviceSliding
 from tieredkv.cache.residency.warm_restart import rebuild_from_disk
 from tieredkv.cache.retention import Retention
 from tieredkv.cache.sliding_pages import LayerKinds
@@ -90,7 +92,7 @@ def build_cache(
     remote = _open_remote(config, layout, fingerprint, parts)
     sliding_window = None if model is None else LayerKinds.of(model, layout).window
     pools = TierPools(
-        DevicePool.from_bytes(layout, config.device_cache_bytes, device),
+        _device_pool(config, layout, parts, device),
         _host_pool(config, layout, parts),
         disk,
         remote,
@@ -115,6 +117,8 @@ def build_cache(
     )
     write_through = config.write_policy is WritePolicy.WRITE_THROUGH
     demoter = Demoter(pools, residency, transfers, write_through)
+    if isinstance(pools.device, SplitDevicePool) and sliding_window is not None:
+        demoter.device_sliding = DeviceSliding(residency, pools.device, sliding_window)
     index.after_insert = demoter.path_inserted
     index.after_unlock = demoter.path_unlocked
     promoter = Promoter(residency, transfers, demoter, index, counters, clock)
@@ -158,6 +162,20 @@ def _flush_generations(
     if remote is not None:
         SharedGenerations(remote.store, generations).start()
     return generations
+
+
+def _device_pool(
+    config: CacheConfig, layout: PageLayout, parts: PageParts | None, device: torch.device
+) -> DevicePool:
+    """For a model with sliding layers, a device pool that stores pages a layer at a time and
+    frees their sliding part once nothing reads it (`SplitDevicePool`); whole pages with
+    `--device-whole-pages` and for every other model."""
+    if parts is None or not parts.has_sliding:
+        return DevicePool.from_bytes(layout, config.device_cache_bytes, device)
+    if config.device_whole_pages:
+        capacity = config.device_cache_bytes
+        return DevicePool.from_bytes(layout, capacity, device, parts.sliding_layers)
+    return SplitDevicePool.from_bytes(parts, config.device_cache_bytes, device)
 
 
 def _host_pool(config: CacheConfig, layout: PageLayout, parts: PageParts | None) -> HostPool:

@@ -198,6 +198,8 @@ class CacheHandle:
         self._tree_pages = result.num_pages
         if result.duplicate_pages:
             self._cache.free(result.duplicate_pages)
+        if self._locked is not None and self._tree_pages:
+            self._cache.window_passed(self._locked, self._tree_pages * self._cache.page_size)
 
     def release(self) -> None:
         """Free the private pages and the lock (a done promotion is taken first). The handle

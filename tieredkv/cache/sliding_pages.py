@@ -158,6 +158,16 @@ def tree_kept_sliding(node: TreeNode, window: int, page_size: int) -> np.ndarray
     return kept
 
 
+def unread_sliding(node: TreeNode, held: Iterable[int], window: int, page_size: int) -> list[int]:
+    """The indexes among `held` (pages of `node` whose copy holds the sliding part) that no
+    reuse point reads as the tree stands (`tree_kept_sliding`): the parts a tier may free."""
+    held = list(held)
+    if not held:
+        return []
+    kept = tree_kept_sliding(node, window, page_size)
+    return [index for index in held if not kept[index]]
+
+
 def _reach_before_end(node: TreeNode, span: int) -> int:
     """How many tokens before `node`'s end a reuse point at or below it keeps (`span` before
     each; descendants further than `span` below reach no further than their own node)."""

@@ -15,7 +15,7 @@ from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.free_list import PagePool
 from tieredkv.cache.pools.host_pool import HostPool
-from tieredkv.cache.pools.split_host_pool import SplitHostPool
+from tieredkv.cache.pools.layer_pages import LayerPages
 from tieredkv.cache.remote.remote_tier import REMOTE_ERROR_REASONS
 from tieredkv.cache.tier import Tier
 
@@ -80,6 +80,12 @@ class TierPools(Mapping[Tier, PagePool]):
     def num_free(self, tier: Tier) -> int:
         return self._pools[tier].num_free if tier in self._pools else 0
 
+    def max_pages(self, tier: Tier) -> int:
+        """The most pages `tier` can hold: a pool kept a layer at a time holds more the fewer
+        sliding parts it keeps, up to its pages without any."""
+        pool = self._pools.get(tier)
+        return 0 if pool is None else getattr(pool, "max_pages", pool.num_pages)
+
     def alloc(self, tier: Tier, count: int) -> list[int]:
         """`count` pages of `tier`, all or nothing (OutOfPagesError)."""
         return self._pools[tier].alloc(count)
@@ -90,22 +96,25 @@ class TierPools(Mapping[Tier, PagePool]):
 
     def used_bytes(self, tier: Tier) -> int:
         """Allocated pages (copies, requests' pages, and destinations in flight) in bytes."""
-        if tier is Tier.HOST and isinstance(self.host, SplitHostPool):
-            return self.host.used_bytes
+        pool = self._pools.get(tier)
+        if isinstance(pool, LayerPages):  # a split pool: its layer pages
+            return pool.used_bytes
         return (self.num_pages(tier) - self.num_free(tier)) * self.layout.page_bytes
 
     def capacity_bytes(self, tier: Tier) -> int:
-        if tier is Tier.HOST and isinstance(self.host, SplitHostPool):
-            return self.host.capacity_bytes
+        pool = self._pools.get(tier)
+        if isinstance(pool, LayerPages):
+            return pool.capacity_bytes
         return self.num_pages(tier) * self.layout.page_bytes
 
     def parts_held(self, tier: Tier) -> tuple[int, int]:
-        """(allocated pages, sliding parts among them): a split host pool and a remote tier
-        that keeps parts hold a sliding part for some of their pages, every other pool one for
-        each."""
+        """(allocated pages, sliding parts among them): a split device or host pool and a
+        remote tier that keeps parts hold a sliding part for some of their pages, every other
+        pool one for each."""
         pages = self.num_pages(tier) - self.num_free(tier)
-        if tier is Tier.HOST and isinstance(self.host, SplitHostPool):
-            return pages, self.host.num_sliding_held
+        pool = self._pools.get(tier)
+        if isinstance(pool, LayerPages):
+            return pages, pool.num_sliding_held
         if tier is Tier.REMOTE and self.remote is not None:
             return pages, self.remote.num_sliding_held
         return pages, pages

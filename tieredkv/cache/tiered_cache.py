@@ -30,6 +30,7 @@ from tieredkv.cache.page_layout import PageLayout
 from tieredkv.cache.pins import Pin, Pinning, PinRegistry
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
+from tieredkv.cache.pools.split_device_pool import SplitDevicePool
 from tieredkv.cache.remote.lookup import remote_keys_past
 from tieredkv.cache.residency.demotion import Demoter
 from tieredkv.cache.residency.integrity import IntegrityResult, check_integrity
@@ -109,6 +110,20 @@ class TieredCache:
         finally:
             if last is not None:
                 self.index.unlock(last)
+
+    def device_pages_held(self, pages: list[int]) -> int:
+        """What device `pages` take, in whole pages: fewer where a split device pool freed their
+        sliding parts."""
+        device = self.pools.device
+        if isinstance(device, SplitDevicePool):
+            return device.held_page_equivalents(pages)
+        return len(pages)
+
+    def window_passed(self, node: PathEnd, computed: int) -> None:
+        """A running sequence holding the lock on `node` computed `computed` tokens: the device
+        frees the sliding parts its window passed that nothing else reads (a split pool)."""
+        if self.demoter.device_sliding is not None:
+            self.demoter.device_sliding.passed(node, computed)
 
     def lock(self, node: PathEnd) -> None:
         """Pin `node` and its ancestors: never evicted, demoted or merged until unlocked."""
@@ -244,6 +259,10 @@ class TieredCache:
     def tier_num_pages(self, tier: Tier) -> int:
         """The pages `tier` holds in all (a split host pool's are smaller than whole ones)."""
         return self.pools.num_pages(tier)
+
+    def tier_max_pages(self, tier: Tier) -> int:
+        """The most pages `tier` holds (`TierPools.max_pages`)."""
+        return self.pools.max_pages(tier)
 
     def tier_parts_held(self, tier: Tier) -> tuple[int, int]:
         """(allocated pages, sliding parts among them) in `tier` (`TierPools.parts_held`)."""

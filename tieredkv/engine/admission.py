@@ -24,7 +24,7 @@ shared length is found by a binary search, not a token-by-token scan.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tieredkv.cache.tier import Tier
 from tieredkv.engine.request import Request
@@ -89,7 +89,10 @@ class DeviceRoom:
         running: Sequence[Request],
         promoting: Sequence[Request],
         page_size: int,
+        held_pages: Callable[[list[int]], int] = len,
     ) -> None:
+        """`held_pages`: what pages held take, in whole pages (a split device pool's pages
+        without a sliding part take less)."""
         self.page_size = page_size
         held: set[int] = set()
         still_needed = 0
@@ -101,7 +104,7 @@ class DeviceRoom:
             device = request.kv.matched_tokens_by_tier[Tier.DEVICE] // page_size
             held_by_promotion = cached - device
             still_needed += held_by_promotion + max(0, prompt_pages(request, page_size) - cached)
-        self.free_pages = device_pages - len(held) - still_needed
+        self.free_pages = device_pages - held_pages(list(held)) - still_needed
 
     def need(self, request: Request) -> int:
         """Pages the waiting `request` would take: its prompt's, less its device match."""

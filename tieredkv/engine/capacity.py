@@ -2,10 +2,10 @@
 model and its tiers: logged once at start-up and served in `/health` as `capacity`.
 
 A tier's tokens are its pages times the page size, for this model's layout and dtype (bytes per
-token = 2 x layers x kv_heads x head_dim x dtype bytes). A host tier that keeps the sliding
-layers of a model's pages only where a next turn reads them holds more pages than its bytes hold
-whole ones: its tokens are those of whole pages, and `up_to_tokens` those of pages without any
-sliding layer. The memory figure adds the loaded
+token = 2 x layers x kv_heads x head_dim x dtype bytes). A device or host tier that keeps the
+sliding layers of a model's pages only where a window reads them holds more pages than its bytes
+hold whole ones: its tokens are those of whole pages, and `up_to_tokens` those of pages without
+any sliding layer. The memory figure adds the loaded
 weights, the tiers that live in this process's RAM (the device tier too on a CPU-only machine)
 and the attention workspace; the Python runtime and its libraries come on top of it.
 """
@@ -41,8 +41,9 @@ def capacity_summary(
             "pages": pages,
             "tokens": whole_pages * layout.page_size,
         }
-        if pages > whole_pages:
-            tiers[tier.label]["up_to_tokens"] = pages * layout.page_size
+        most = cache.tier_max_pages(tier)
+        if most > whole_pages:
+            tiers[tier.label]["up_to_tokens"] = most * layout.page_size
     if cache.tier_enabled(Tier.DISK):
         path = cache.config.disk_cache_dir / STORE_FILE
         tiers[Tier.DISK.label] |= {

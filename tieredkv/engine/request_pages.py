@@ -18,8 +18,10 @@ class RequestPages:
         self.cache = cache
         self.page_size = page_size
         self.reuse = reuse_prefixes
-        # the device tier's size in pages
+        # the device tier's size in pages, and what pages held take of it (a split device
+        # pool's pages without a sliding part take less than a page)
         self.device_pages = cache.tier_capacity_bytes(Tier.DEVICE) // cache.layout.page_bytes
+        self.held_pages = cache.device_pages_held
 
     def on_arrival(self, request: Request) -> None:
         """Match for the queue's priority (the disk part is prefetched if the request waits)."""

@@ -275,7 +275,8 @@ class Scheduler:
                 self._start_running(request)
 
     def _device_room(self) -> DeviceRoom:
-        return DeviceRoom(self.pages.device_pages, self._running, self._promoting, self.page_size)
+        held, pages = self.pages.held_pages, self.pages.device_pages
+        return DeviceRoom(pages, self._running, self._promoting, self.page_size, held)
 
     def _preempt_for(
         self, request: Request, room: DeviceRoom, plan: StepPlan, shares: SeatShares

@@ -59,9 +59,7 @@ class AttentionBackend(ABC):
 
     def store_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> None:
         """Write new tokens' K/V (T, kv_heads, head_dim) into their pool slots."""
-        kv_heads, head_dim = k.shape[1], k.shape[2]
-        self.pool.kv[layer, 0].view(-1, kv_heads, head_dim).index_copy_(0, batch.slot_mapping, k)
-        self.pool.kv[layer, 1].view(-1, kv_heads, head_dim).index_copy_(0, batch.slot_mapping, v)
+        self.pool.store(layer, k, v, batch.slot_mapping)
 
     @abstractmethod
     def begin_step(self, batch: ForwardBatch) -> None:
@@ -111,12 +109,14 @@ class PagedKernelAttention(AttentionBackend):
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
         self.store_kv(layer, k, v, batch)
-        k_pages, v_pages = self.pool.kv[layer, 0], self.pool.kv[layer, 1]
+        k_pages, v_pages = self.pool.layer_kv(layer)
+        assert self._page_table is not None
+        table = self.pool.layer_table(layer, self._page_table)
         scale, window = self.scale_for(q.shape[-1]), self.window_of(layer)
         if batch.is_decode_only:
             return self.kernels.paged_decode_attention(
-                q, k_pages, v_pages, self._page_table, self._kv_lens, scale, window
+                q, k_pages, v_pages, table, self._kv_lens, scale, window
             )
         return self.kernels.paged_prefill_attention(
-            q, k_pages, v_pages, self._page_table, batch.query_start, self._kv_lens, scale, window
+            q, k_pages, v_pages, table, batch.query_start, self._kv_lens, scale, window
         )

@@ -154,15 +154,15 @@ class Workspace:
         """Copy tokens begin..length of each run (pool start, workspace start page, count)
         from the pool, `layers` only: one strided block copy per run, layer and K/V."""
         page_size = pool.layout.page_size
-        src = _numpy_view(pool.kv)  # (layers, 2, pool pages, page_size, kv_heads, head_dim)
         dst = _numpy_view(self.kv)  # (layers, 2, kv_heads, capacity, head_dim)
         for first, at, count in runs:
             start, end = max(at * page_size, begin), min((at + count) * page_size, length)
             if start >= end:
                 continue
-            block = src[layers, :, first : first + count].reshape(
-                -1, 2, count * page_size, *src.shape[4:]
-            )  # (layers, 2, tokens, kv_heads, head_dim), a view: the pages are consecutive
+            run = _numpy_view(pool.layer_run(layers, first, count))
+            block = run.reshape(
+                -1, 2, count * page_size, *run.shape[4:]
+            )  # (layers, 2, tokens, kv_heads, head_dim), a view where the pages are one run
             skip = start - at * page_size
             tokens = block[:, :, skip : end - at * page_size].transpose(0, 1, 3, 2, 4)
             np.copyto(dst[layers, :, :, start:end], tokens)  # head-major

@@ -4,6 +4,8 @@ never hands a request the tree's gapped pages in place of its own."""
 
 from __future__ import annotations
 
+import torch
+
 from tests.support.sliding_drop import drop_sliding_parts
 from tests.support.tiny_cache import make_cache, tiny_layout
 from tests.unit.cache.cache_steps import compute, ok, settle
@@ -72,16 +74,64 @@ def test_promotion_carries_the_gaps_to_the_device_copy() -> None:
     ok(cache)
 
 
-def test_an_insert_stops_before_a_gapped_device_copy_of_pages_it_computed() -> None:
-    cache, history = history_on_host()
+def test_an_insert_fills_a_gapped_device_copy_from_the_pages_it_computed() -> None:
+    """A request that computed pages whose device copy lacks sliding parts gives the tree's
+    copy its sliding layers (under new stamps, for the workspaces) and takes the tree's pages,
+    as for any duplicate; the full layers the tree's readers use stay as they are."""
+    cache, executor = make_cache(LAYOUT, device_pages=32, host_pages=32, model=model(WINDOW))
+    history = list(range(100, 140))
+    compute(cache, history)
+    cache.evict(Tier.DEVICE, 32)  # to host, then back with the host copy's gaps
+    settle(cache, executor)
     drop_sliding_parts(cache.residency, cache.match([*history, 1]).last_node, Tier.HOST)
     ticket = cache.promote(cache.match([*history, 1]))
-    settle(cache, cache.transfer_queue.memory_executor)
+    settle(cache, executor)
+    path = cache.match([*history, 1]).last_node.path()  # split where the match was cut
+    tree_pages = [page for node in path for page in node.residence.copies[Tier.DEVICE]]
+    gaps, first = set(), 0
+    for node in path:
+        gaps.update(first + index for index in node.residence.device_gaps())
+        first += node.num_pages
+    assert gaps and ticket.done
+    device = cache.pools.device
+    stamps = device.stamps[tree_pages].copy()
+    full_before = device.kv[1][:, tree_pages].clone()
     pages = cache.allocate(10)  # a request that computed the whole history itself
+    device.kv[:, :, pages] = torch.randn_like(device.kv[:, :, pages])
     result = cache.insert(history, "default", pages)
-    assert result.num_pages == 0 and result.device_pages == ()  # it keeps its own pages
-    cache.free(pages)
-    assert ticket.done
+    assert result.num_pages == 10 and list(result.device_pages) == tree_pages
+    assert sorted(result.duplicate_pages) == sorted(pages)
+    assert all(node.residence.device_gaps() == frozenset() for node in path)
+    filled = [tree_pages[i] for i in sorted(gaps)]
+    mine = [pages[i] for i in sorted(gaps)]
+    assert torch.equal(device.kv[0][:, filled], device.kv[0][:, mine])  # the sliding layer
+    assert torch.equal(device.kv[1][:, tree_pages], full_before)  # the full one: untouched
+    restamped = [i for i, page in enumerate(tree_pages) if device.stamps[page] != stamps[i]]
+    assert restamped == sorted(gaps)
+    cache.free(list(result.duplicate_pages))
+    ok(cache)
+
+
+def test_an_insert_keeps_its_own_pages_where_a_split_device_has_no_room_to_fill() -> None:
+    cache, _ = make_cache(
+        LAYOUT, device_pages=16, host_pages=0, model=model(WINDOW), split_device=True
+    )
+    history = list(range(100, 140))
+    compute(cache, history)
+    node = cache.match([*history, 1]).last_node
+    drop_sliding_parts(cache.residency, node, Tier.DEVICE)  # marked only: no room is freed
+    gaps = node.residence.device_gaps()
+    device = cache.pools.device
+    pages = device.alloc(device.num_free)  # a request holding every free page
+    assert device.sliding_room() < len(gaps)
+    result = cache.insert(history, "default", pages[:10])
+    assert result.num_pages == 0 and result.device_pages == ()
+    kept_gaps, first = set(), 0
+    for path_node in cache.match([*history, 1]).last_node.path():  # split where the walk ended
+        kept_gaps.update(first + index for index in path_node.residence.device_gaps())
+        first += path_node.num_pages
+    assert kept_gaps == gaps  # nothing filled
+    device.free(pages)
     ok(cache)
 
 

@@ -128,6 +128,8 @@ def make_harness(tiny_model: LoadedModel, tmp_path: Path, write_policy: WritePol
         reuse: bool = True,
         max_queue: int = 256,
         split_host: bool = False,
+        split_device: bool = False,
+        attention_backend: str = "auto",
     ) -> Harness:
         layout = PageLayout.for_model(tiny_model.config, PAGE_SIZE, torch.float32)
         cache, executor = make_cache(
@@ -139,9 +141,14 @@ def make_harness(tiny_model: LoadedModel, tmp_path: Path, write_policy: WritePol
             write_policy=write_policy,
             model=tiny_model.config,
             split_host=split_host,
+            split_device=split_device,
         )
         runner = ModelRunner(
-            tiny_model.config, tiny_model.weights, cache.device_pool, MAX_MODEL_LEN
+            tiny_model.config,
+            tiny_model.weights,
+            cache.device_pool,
+            MAX_MODEL_LEN,
+            attention_backend=attention_backend,
         )
         config = EngineConfig(
             max_model_len=MAX_MODEL_LEN,

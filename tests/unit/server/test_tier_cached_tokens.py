@@ -112,14 +112,14 @@ def test_a_llama_reports_its_pages_as_full_tokens_and_no_sliding_ones(llama) -> 
     assert series["sliding"] == dict.fromkeys(TIER_LABELS, 0)
 
 
-def test_a_gemma3_split_host_reports_each_layer_kind_as_health_does(gemma3) -> None:
-    cache = CacheConfig(**SIZES)  # a split host pool: the default for sliding layers
+def test_a_gemma3_split_device_and_host_report_each_layer_kind_as_health_does(gemma3) -> None:
+    cache = CacheConfig(**SIZES)  # split device and host pools: the default for sliding layers
     with served(gemma3, cache) as (engine, client):
         complete_and_settle(engine, client)
         series, health = cached_tokens(client), tokens_by_tier_in_health(client)
     assert series == health
-    assert series["full"]["device"] == series["sliding"]["device"] == CACHED_TOKENS
-    # the split host pool keeps sliding parts only where the path's end reads them: the page
-    # of its window's 15 tokens and the margin's pages before it
-    assert series["full"]["host"] == CACHED_TOKENS
-    assert series["sliding"]["host"] == (1 + REUSE_MARGIN_PAGES) * PAGE_SIZE < CACHED_TOKENS
+    # both keep sliding parts only where the path's end reads them: the page of its window's
+    # 15 tokens and the margin's pages before it
+    for tier in ("device", "host"):
+        assert series["full"][tier] == CACHED_TOKENS
+        assert series["sliding"][tier] == (1 + REUSE_MARGIN_PAGES) * PAGE_SIZE < CACHED_TOKENS

@@ -41,6 +41,9 @@ class TreeEvents(Protocol):
         """`insert` offers `node`, which has no device copy, a request's `pages` as one. False
         when it cannot commit one now (a device copy in flight, or its parent has none)."""
 
+    def fill_device_gaps(self, node: RadixNode, pages: list[int]) -> bool:
+        """Give `node`'s device copy its missing sliding parts from a request's `pages`."""
+
     def new_device_copy(self, node: RadixNode, pages: list[int]) -> None:
         """`insert` made `node` for a request's `pages`: its device copy."""
 
@@ -183,9 +186,9 @@ class RadixIndex:
                 self.reclaim(mine)  # the tree had these pages on host or disk only: ours now
                 copied.append(node)
                 theirs = mine
-            elif mine != theirs and node.residence.device_gaps():
-                break  # the tree's copy lacks sliding parts the request's pages hold: keep ours
             elif mine != theirs:  # usually equal: the request's table starts with the tree's
+                if node.residence.device_gaps() and not self.events.fill_device_gaps(node, mine):
+                    break  # the tree's copy lacks parts ours hold and has no room: keep ours
                 duplicates.extend(a for a, b in zip(mine, theirs, strict=True) if a != b)
             tree_pages.extend(theirs)
             covered += node.num_pages

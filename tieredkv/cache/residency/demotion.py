@@ -26,7 +26,8 @@ from tieredkv.cache.residency.fair_share import Claim
 from tieredkv.cache.residency.node_transfers import NodeTransfers
 from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.residency.residency import Residency
-from tieredkv.cache.sliding_pages import REUSE_MARGIN_PAGES, tree_kept_sliding
+from tieredkv.cache.residency.sliding_reclaim import DeviceSliding, reclaim_remote
+from tieredkv.cache.sliding_pages import REUSE_MARGIN_PAGES
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tier_pools import TierPools
 
@@ -45,6 +46,8 @@ class Demoter:
         self.residency = residency
         self.transfers = transfers
         self.write_through_policy = write_through
+        # a split device pool's sliding parts, freed as no window reads them (None: whole pages)
+        self.device_sliding: DeviceSliding | None = None
 
     def make_room(self, tier: Tier, count: int, claimant: bytes | None = None) -> bool:
         """Try to have `count` free pages in `tier` now; `claimant`: the namespace root key of
@@ -54,6 +57,8 @@ class Demoter:
         free their pages when applied, see `TieredCache.poll`). True if `count` are free now."""
         pools, residency = self.pools, self.residency
         claim = Claim(claimant, count) if claimant is not None else None
+        if tier is Tier.DEVICE and self.device_sliding and count > pools.num_free(tier):
+            self.device_sliding.reclaim_if_due()
         while (needed := count - pools.num_free(tier) - self.transfers.pending_free(tier)) > 0:
             node = residency.pop_evictable(tier, claim)
             if node is None:
@@ -191,34 +196,14 @@ class Demoter:
 
     def path_unlocked(self, node: RadixNode) -> None:
         """After the last lock on `node` went: the pages of its path a running sequence kept
-        from the remote store (`_settled`) start there."""
+        from the remote store (`_settled`) start there, and the sliding parts no reuse point
+        reads leave the remote store and the device (`sliding_reclaim`)."""
         if self._keeps_remote_parts():
             self._write_remote(node, settled_only=False)
-            self._reclaim_remote(node)
-
-    def _reclaim_remote(self, end: RadixNode) -> None:
-        """Delete from the remote store the sliding parts of the path's remote copies that no
-        reuse point reads as the tree stands now (a turn the chat has since extended), as the
-        split host pool takes its back (`SlidingRoom.reclaim`). Copies locked or being read
-        keep theirs: a match was cut by the gaps it saw."""
-        remote, window = self.pools.remote, self.residency.sliding_window
-        assert remote is not None and window is not None
-        tree = self.residency.tree
-        for node in end.path():
-            record = node.residence
-            slots = record.copies.get(Tier.REMOTE)
-            reading = any(part.src_tier is Tier.REMOTE for part in record.inflight.values())
-            if slots is None or node.lock_count or reading:
-                continue
-            gaps = record.sliding_gaps.get(Tier.REMOTE, frozenset())
-            if len(gaps) == node.num_pages:
-                continue  # nothing left to take back (most of a long path, after a turn or two)
-            kept = tree_kept_sliding(node, window, tree.page_size)
-            dropped = [i for i in range(node.num_pages) if not kept[i] and i not in gaps]
-            if dropped:
-                keys = tree.page_keys(node)
-                remote.drop_sliding([keys[i] for i in dropped], [slots[i] for i in dropped])
-                record.set_gaps(Tier.REMOTE, gaps.union(dropped))
+            assert self.pools.remote is not None
+            reclaim_remote(self.residency, self.pools.remote, node)
+        if self.device_sliding is not None:
+            self.device_sliding.unlocked(node)
 
     def _write_remote(self, node: RadixNode, settled_only: bool) -> None:
         if not self.pools.healthy(Tier.REMOTE):

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.page_record import PageRecord
+from tieredkv.cache.pools.split_device_pool import SplitDevicePool
 from tieredkv.cache.pools.split_host_pool import SplitHostPool
 from tieredkv.cache.residency.residency import Commit, Residency
 from tieredkv.cache.residency.sliding_room import SlidingRoom
@@ -129,12 +130,16 @@ class NodeTransfers:
         self, node: RadixNode, src: Tier, dst: Tier, dst_pages: list[int]
     ) -> frozenset[int]:
         """The pages whose sliding part a copy of `node` to `dst_pages` does not carry: its
-        source's gaps, in a split host pool those the rule drops or no slot is left for, and
-        in a remote tier that keeps parts those the rule drops as the tree stands."""
+        source's gaps (a split device pool frees their parts at once), in a split host pool
+        those the rule drops or no slot is left for, and in a remote tier that keeps parts
+        those the rule drops as the tree stands."""
         gaps = node.residence.sliding_gaps.get(src, frozenset())
         room, window = self.sliding_room, self.residency.sliding_window
         if dst is Tier.HOST and room is not None:
             return room.give(node, gaps, dst_pages)
+        device = self.pools.device
+        if dst is Tier.DEVICE and gaps and isinstance(device, SplitDevicePool):
+            device.detach_sliding([dst_pages[index] for index in sorted(gaps)])  # nothing to hold
         remote = self.pools.remote
         if dst is Tier.REMOTE and window is not None and remote is not None and remote.keeps_parts:
             kept = tree_kept_sliding(node, window, self.residency.tree.page_size)

@@ -128,6 +128,17 @@ class Residency:
         self.commit_waiting_children(node)
         return True
 
+    def fill_device_gaps(self, node: RadixNode, pages: list[int]) -> bool:
+        """Give `node`'s device copy the sliding parts it lacks from `pages` (a request's own
+        pages for the node, which hold them); False (nothing done) without room for them."""
+        record = node.residence
+        gaps = sorted(record.device_gaps())
+        theirs = record.copies[Tier.DEVICE]
+        if not self.pools.device.fill_sliding([pages[i] for i in gaps], [theirs[i] for i in gaps]):
+            return False
+        record.set_gaps(Tier.DEVICE, frozenset())
+        return True
+
     def new_device_copy(self, node: RadixNode, pages: list[int]) -> None:
         node.residence.set_copy(Tier.DEVICE, pages)
         if self.events is not None:

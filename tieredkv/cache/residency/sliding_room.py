@@ -21,7 +21,7 @@ from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.pools.split_host_pool import SplitHostPool
 from tieredkv.cache.residency.residence import Residence
 from tieredkv.cache.residency.residency import Residency
-from tieredkv.cache.sliding_pages import tree_kept_sliding
+from tieredkv.cache.sliding_pages import tree_kept_sliding, unread_sliding
 from tieredkv.cache.tier import Tier
 
 
@@ -86,10 +86,7 @@ class SlidingRoom:
             if pages is None or node.lock_count or self._read_from_host(record):
                 continue
             attached = [index for index, page in enumerate(pages) if page in host.sliding_of]
-            if not attached:
-                continue
-            kept = tree_kept_sliding(node, self.window, self.page_size)
-            dropped = [index for index in attached if not kept[index]]
+            dropped = unread_sliding(node, attached, self.window, self.page_size)
             if dropped:
                 host.detach_sliding([pages[index] for index in dropped])
                 gaps = record.sliding_gaps.get(Tier.HOST, frozenset())

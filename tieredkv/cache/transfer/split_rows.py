@@ -1,6 +1,7 @@
-"""`SplitPageRows`: the pages of a `SplitHostPool` as the page copies see any CPU pool.
+"""`SplitPageRows`: the pages of a pool kept a layer at a time (`SplitHostPool`, a CPU
+`SplitDevicePool`) as the page copies see any CPU pool.
 
-The copies (`layout_copy`) move (pages, layers * 2, run) rows; a split host page keeps each
+The copies (`layout_copy`) move (pages, layers * 2, run) rows; a split page keeps each
 layer's rows in a layer page of its own, found in the pool's page table:
 
   read   each layer's rows from its layer page, zeros where the page has none (its sliding
@@ -17,23 +18,24 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tieredkv.cache.pools.split_host_pool import SplitHostPool
+from tieredkv.cache.pools.layer_pages import LayerPages
 from tieredkv.cache.transfer.layout_copy import PageRows
 
 
 class SplitPageRows(PageRows):
-    """(pages, layers * 2, run) rows of a split host pool; no view spans its pages."""
+    """(pages, layers * 2, run) rows of a split pool; no view spans its pages."""
 
-    def __init__(self, pool: SplitHostPool) -> None:
+    def __init__(self, pool: LayerPages) -> None:
         self.layer_major_layout = False
         # 2-byte elements where the dtype allows, as `PageRows`: numpy has no bfloat16
-        units = pool.units
+        units = pool.units  # type: ignore[attr-defined]
+        assert units.device.type == "cpu", "rows of a pool in CPU memory"
         view_dtype = torch.int16 if units.element_size() % 2 == 0 else torch.uint8
         flat = units.view(view_dtype).numpy()
         self._units = flat.reshape(flat.shape[0], 2, -1)  # (layer pages, K and V, run)
         self._table = pool.table
         self._zero_unit, self._discard_unit = pool.zero_unit, pool.discard_unit
-        self._layers = pool.layout.num_layers
+        self._layers = pool.parts.layout.num_layers
         self._run = self._units.shape[2]
         self._dtype = self._units.dtype
         self._num_pages = pool.max_pages
@@ -43,7 +45,7 @@ class SplitPageRows(PageRows):
         return self._num_pages
 
     def span(self, first: int, count: int) -> np.ndarray:
-        raise AssertionError("a split host pool's pages are not one view: read and write them")
+        raise AssertionError("a split pool's pages are not one view: read and write them")
 
     def read(self, first: int, count: int) -> np.ndarray:
         table = self._table[first : first + count]

@@ -34,6 +34,7 @@ import torch
 
 from tieredkv.cache.pools.device_pool import DevicePool
 from tieredkv.cache.pools.host_pool import HostPool
+from tieredkv.cache.pools.split_device_pool import SplitDevicePool
 from tieredkv.cache.pools.split_host_pool import SplitHostPool
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.transfer.executors import TransferJob
@@ -106,7 +107,13 @@ class TransferJobs:
         self._host_rows = SplitPageRows(host_pool) if split else PageRows.page_major(host_pool.kv)
         self._host_in_place = not split  # a split pool's pages are not one run of bytes
         # the device pool seen page by page: only where it lives in CPU memory
-        self._device_rows = None if self.staged else PageRows.layer_major(device_pool.kv)
+        self._device_rows: PageRows | None = None
+        if not self.staged:
+            self._device_rows = (
+                SplitPageRows(device_pool)
+                if isinstance(device_pool, SplitDevicePool)
+                else PageRows.layer_major(device_pool.kv)
+            )
         self._helpers = ThreadPoolExecutor(HELPER_THREADS, thread_name_prefix=HELPER_THREAD_PREFIX)
         self._copy_helper = None if self.staged else self._helpers
         # called with device pages whose verified KV a store read just put in the pool (on
@@ -179,9 +186,12 @@ class TransferJobs:
                 PageRows.page_major(staging), list(range(len(pages))), self._rows(tier), pages
             )
             return staging
-        kv = self.device_pool.kv
         gathered = self.staging.device_buffer(len(pages))  # (n, *page_shape) on the device
-        self.kernels.gather_pages(kv, _index(pages, kv.device), out=gathered)
+        if isinstance(self.device_pool, SplitDevicePool):
+            self.device_pool.gather_pages(pages, gathered)
+        else:
+            kv = self.device_pool.kv
+            self.kernels.gather_pages(kv, _index(pages, kv.device), out=gathered)
         staging.copy_(gathered)  # synchronous: the staging is complete on return
         return staging
 
@@ -192,11 +202,14 @@ class TransferJobs:
                 self._rows(tier), pages, PageRows.page_major(staging), list(range(len(pages)))
             )
             return
-        kv = self.device_pool.kv
         arrived = self.staging.device_buffer(len(pages))
         arrived.copy_(staging, non_blocking=True)
         self.staging.fence(slot)  # the staging's next user waits for this copy
-        self.kernels.scatter_pages(kv, _index(pages, kv.device), arrived)
+        if isinstance(self.device_pool, SplitDevicePool):
+            self.device_pool.scatter_pages(pages, arrived)
+        else:
+            kv = self.device_pool.kv
+            self.kernels.scatter_pages(kv, _index(pages, kv.device), arrived)
 
     def _in_place(self, tier: Tier, pages: list[int]) -> torch.Tensor | None:
         """The host pages themselves, (n, *page_shape), when they are one consecutive run."""

@@ -55,7 +55,7 @@ def written(remote: RemoteTier, seed: int = 5):
 
 def page_of(transfer_jobs: TransferJobs, tier: Tier, page: int) -> torch.Tensor:
     if tier is Tier.DEVICE:
-        return transfer_jobs.device_pool.kv[:, :, page].contiguous().view(torch.int16)
+        return transfer_jobs.device_pool.read_page(page).contiguous().view(torch.int16)
     return transfer_jobs.host_pool.kv[page].view(torch.int16)
 
 
