@@ -48,10 +48,11 @@ from tieredkv.model_config import ModelConfig
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_request(cache: TieredCache, prompt: list[int], sequence: list[int]) -> None:
+def run_request(cache: TieredCache, prompt: list[int], sequence: list[int]) -> int:
     """A request through a `CacheHandle`: its match's device pages start its page table, then
     it computes the rest of `prompt` a prefill chunk at a time and its answer (`sequence`),
-    reserving and inserting as the engine does, and releases its pages."""
+    reserving and inserting as the engine does, and releases its pages. Returns what its page
+    table took of the device at its end, in whole pages."""
     handle = CacheHandle(cache, "default")
     while not handle.promote(prompt):
         settle(cache)  # demotions started for room
@@ -64,8 +65,10 @@ def run_request(cache: TieredCache, prompt: list[int], sequence: list[int]) -> N
             settle(cache)
         handle.insert(sequence[:end])
         settle(cache)
+    held = cache.device_pages_held(handle.page_table)
     handle.release()
     settle(cache)
+    return held
 
 
 def replay(model: ModelConfig, split: bool, workload: Workload, args: argparse.Namespace) -> dict:
@@ -81,7 +84,7 @@ def replay(model: ModelConfig, split: bool, workload: Workload, args: argparse.N
     cache = build_cache(config, layout, b"sliding-device", "cpu", model=model)
     rng = random.Random(args.seed)
     histories: list[list[int]] = [[] for _ in range(workload.chats)]
-    reused = reusable = 0
+    reused = reusable = running_peak = 0
     for turn in range(workload.turns):
         for chat, history in enumerate(histories):
             prompt = [*history, *(rng.randrange(1, 256) for _ in range(workload.user_tokens))]
@@ -89,7 +92,7 @@ def replay(model: ModelConfig, split: bool, workload: Workload, args: argparse.N
                 reused += cache.match(prompt).matched_len
                 reusable += len(history) - len(history) % PAGE_SIZE
             sequence = [*prompt, *(rng.randrange(1, 256) for _ in range(workload.answer_tokens))]
-            run_request(cache, prompt, sequence)
+            running_peak = max(running_peak, run_request(cache, prompt, sequence))
             histories[chat] = sequence
     settle(cache)
     integrity = cache.check_integrity()
@@ -103,6 +106,8 @@ def replay(model: ModelConfig, split: bool, workload: Workload, args: argparse.N
         "reused_tokens": reused,
         "reusable_tokens": reusable,
         "reuse_of_reusable": reused / reusable if reusable else 0.0,
+        "running_peak_pages": running_peak,
+        "longest_sequence_pages": len(max(histories, key=len)) // PAGE_SIZE,
         "integrity_ok": integrity.ok,
     }
     cache.close()
@@ -153,11 +158,14 @@ def render_markdown(results: list[dict]) -> str:
         f"{summary['sliding_layers']} sliding with a {summary['window']}-token window), "
         f"chats and requests; one device tier of the bytes of "
         f"{summary['device_whole_tokens']:,} tokens of whole pages, no tier below. The limit: "
-        "a turn reuses at most its history in whole pages (reusable).",
+        "a turn reuses at most its history in whole pages (reusable). A running chat's pages: "
+        "the most a request's page table took of the device at its end, in whole pages, "
+        "against its sequence's pages.",
         "",
         "| chats | tokens a chat | history, all chats | device pages | device tokens, "
-        "full layers | device tokens, sliding layers | reused / reusable, turns 2+ |",
-        "|---|---|---|---|---|---|---|",
+        "full layers | device tokens, sliding layers | reused / reusable, turns 2+ | "
+        "a running chat's pages |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for record in result["records"]:
         chat_tokens = record["turns"] * (record["user_tokens"] + record["answer_tokens"])
@@ -166,7 +174,8 @@ def render_markdown(results: list[dict]) -> str:
             f"{record['chats'] * chat_tokens:,} | {'split' if record['split'] else 'whole'} | "
             f"{record['device_full_tokens']:,} | {record['device_sliding_tokens']:,} | "
             f"{record['reuse_of_reusable']:.1%} ({record['reused_tokens']:,} / "
-            f"{record['reusable_tokens']:,}) |"
+            f"{record['reusable_tokens']:,}) | {record['running_peak_pages']:,} of "
+            f"{record['longest_sequence_pages']:,} |"
         )
     return "\n".join(lines) + "\n"
 

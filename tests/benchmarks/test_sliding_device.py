@@ -26,6 +26,9 @@ def test_long_chats_keep_more_history_split_than_whole(tmp_path: Path) -> None:
     assert whole["reusable_tokens"] == split["reusable_tokens"] > 0
     assert split["reused_tokens"] > whole["reused_tokens"]
     assert split["reused_tokens"] <= split["reusable_tokens"]
+    # a running chat holds its whole sequence in whole pages, split only its window's parts
+    assert whole["running_peak_pages"] == whole["longest_sequence_pages"] == 192
+    assert split["running_peak_pages"] < whole["running_peak_pages"] / 2
     write_result(
         tmp_path / "sliding_device" / "x", "sliding_device",
         settings={**vars(ARGS), "page_size": 16, "prefill_chunk": 512},
