@@ -21,25 +21,16 @@ pages (`reusable`).
 from __future__ import annotations
 
 import argparse
-import datetime
 import random
 from pathlib import Path
 
 import torch
 
-from benchmarks.sliding_history import (
-    CHUNK,
-    PAGE_SIZE,
-    WORKLOADS,
-    Workload,
-    gemma3_1b_shape,
-    settle,
-)
-from tieredkv.bench.result_file import machine_line, write_result
+from benchmarks.sliding_history import CHUNK, PAGE_SIZE, Workload, run_and_write, settle
+from tieredkv.bench.result_file import machine_line
 from tieredkv.cache.build import build_cache
 from tieredkv.cache.cache_handle import CacheHandle
 from tieredkv.cache.page_layout import PageLayout
-from tieredkv.cache.sliding_pages import LayerKinds
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
 from tieredkv.config import CacheConfig
@@ -120,26 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device-pages", type=int, default=2304, help="whole pages' bytes")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    model = gemma3_1b_shape()
-    kinds = LayerKinds.of(model, PageLayout.for_model(model, PAGE_SIZE, torch.float32))
-    records = []
-    for workload in WORKLOADS:
-        for split in (False, True):
-            record = replay(model, split, workload, args)
-            print(record, flush=True)
-            records.append(record)
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M")
-    out = args.out or REPO / "benchmarks" / "results" / "sliding_device" / stamp
-    summary = {
-        "full_layers": kinds.full_layers,
-        "sliding_layers": kinds.sliding_layers,
-        "window": kinds.window,
-        "device_whole_tokens": args.device_pages * PAGE_SIZE,
-    }
-    settings = {key: value for key, value in vars(args).items() if key != "out"}
-    settings |= {"page_size": PAGE_SIZE, "prefill_chunk": CHUNK}
-    write_result(out, "sliding_device", settings=settings, summary=summary, records=records)
-    print(f"wrote {out}")
+    run_and_write("sliding_device", replay, args, {"device_whole_tokens": args.device_pages})
     return 0
 
 

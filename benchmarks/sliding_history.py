@@ -5,10 +5,10 @@ default: full-attention layers for every page, sliding layers where a next turn 
 The cache under test is the real one (`build_cache`: device and host pools, write-through,
 demotion, the split host pool's sliding arena, its reclaim and eviction, the match cut where a
 window would read a missing sliding part; the device tier keeps whole pages, so the host is
-measured alone); no model runs, since what a tier holds and what a
-match reuses depend on pages and the tree, not on the values in them. The model is Gemma 3 1B's
-layer shape (26 layers, a global one every sixth, 512-token windows) with small heads, so the
-host tier is a few MiB; the bytes scale with the heads, the ratios do not.
+measured alone, and `sliding_device` measures the device); no model runs, since what a tier
+holds and what a match reuses depend on pages and the tree, not on the values in them. The
+model is Gemma 3 1B's layer shape (26 layers, a global one every sixth, 512-token windows) with
+small heads, so the host tier is a few MiB; the bytes scale with the heads, the ratios do not.
 
 Workload: chats interleaved turn by turn (every chat's turn 1, then every chat's turn 2, ...),
 each turn a user message and an answer; a turn's request inserts its prompt a prefill chunk at a
@@ -26,6 +26,7 @@ import argparse
 import datetime
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -162,9 +163,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-pages", type=int, default=2304, help="whole pages' bytes")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    run_and_write("sliding_history", replay, args, {"host_whole_tokens": args.host_pages})
+    return 0
+
+
+Replay = Callable[[ModelConfig, bool, Workload, argparse.Namespace], dict]
+
+
+def run_and_write(name: str, replay: Replay, args: argparse.Namespace, whole: dict) -> Path:
+    """Every workload with whole pages, then split, through `replay`; the result is written
+    under `benchmarks/results/<name>` (or `args.out`), its summary the model's layer kinds and
+    `whole` (a key each: whole pages, turned into tokens)."""
     model = gemma3_1b_shape()
-    layout = PageLayout.for_model(model, PAGE_SIZE, torch.float32)
-    kinds = LayerKinds.of(model, layout)
+    kinds = LayerKinds.of(model, PageLayout.for_model(model, PAGE_SIZE, torch.float32))
     records = []
     for workload in WORKLOADS:
         for split in (False, True):
@@ -172,18 +183,18 @@ def main(argv: list[str] | None = None) -> int:
             print(record, flush=True)
             records.append(record)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M")
-    out = args.out or REPO / "benchmarks" / "results" / "sliding_history" / stamp
+    out = args.out or REPO / "benchmarks" / "results" / name / stamp
     summary = {
         "full_layers": kinds.full_layers,
         "sliding_layers": kinds.sliding_layers,
         "window": kinds.window,
-        "host_whole_tokens": args.host_pages * PAGE_SIZE,
+        **{key: pages * PAGE_SIZE for key, pages in whole.items()},
     }
     settings = {key: value for key, value in vars(args).items() if key != "out"}
     settings |= {"page_size": PAGE_SIZE, "prefill_chunk": CHUNK}
-    write_result(out, "sliding_history", settings=settings, summary=summary, records=records)
+    write_result(out, name, settings=settings, summary=summary, records=records)
     print(f"wrote {out}")
-    return 0
+    return out
 
 
 def render_markdown(results: list[dict]) -> str:

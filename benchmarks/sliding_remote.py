@@ -7,8 +7,8 @@ The caches under test are the real ones (`build_cache` with a remote tier on a r
 `redis-server`: write-through to Redis at insert, the writes a running sequence holds back
 until its lock goes, the look-up of a second replica with the cut where a window would read a
 missing sliding part; the device tier keeps whole pages, so the remote tier is measured
-alone); no model runs, since what Redis holds and what a match reuses depend on
-pages and the tree, not on the values in them. The model is Gemma 3 1B's layer shape
+alone); no model runs, since what Redis holds and what a match reuses depend on pages and the
+tree, not on the values in them. The model is Gemma 3 1B's layer shape
 (`sliding_history.gemma3_1b_shape`). "Whole pages" is the same layout built without the model's
 layer kinds, so its remote tier keeps whole pages and no rule applies.
 

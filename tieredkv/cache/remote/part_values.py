@@ -35,9 +35,11 @@ def sliding_key(page_key: bytes) -> bytes:
     return hashlib.blake2b(page_key, digest_size=KEY_BYTES, person=_SLIDING_PERSON).digest()
 
 
-def _rows(pages: torch.Tensor) -> np.ndarray:
-    """(n, bytes) uint8 rows of a CPU tensor of pages (or of parts of pages)."""
-    return pages.contiguous().reshape(pages.shape[0], -1).view(torch.uint8).numpy()
+def page_rows(pages: torch.Tensor) -> np.ndarray:
+    """(n, bytes) uint8 rows of a contiguous CPU tensor of pages (or of parts of pages), a view:
+    what is written into them lands in `pages`."""
+    assert pages.is_contiguous(), "rows are a view of contiguous pages"
+    return pages.reshape(pages.shape[0], -1).view(torch.uint8).numpy()
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,8 @@ class RemotePageParts:
     def values(self, records: Sequence[PageRecord], pages: torch.Tensor) -> list[RemotePage]:
         """The values of page-major `pages` (n, *page_shape): each page's full part, and its
         sliding part where `record.sliding_held`."""
-        full = _rows(self.parts.gather(pages, sliding=False))
-        sliding = _rows(self.parts.gather(pages, sliding=True))
+        full = page_rows(self.parts.gather(pages, sliding=False).contiguous())
+        sliding = page_rows(self.parts.gather(pages, sliding=True).contiguous())
         values = []
         for index, record in enumerate(records):
             values.append(RemotePage(record.key, record.parent_key, record.tokens, full[index]))

@@ -30,7 +30,7 @@ from tieredkv.cache.page_parts import PageParts
 from tieredkv.cache.page_record import PageRecord
 from tieredkv.cache.pools.free_list import PageFreeList, PagePool
 from tieredkv.cache.remote.delivery import PageSink
-from tieredkv.cache.remote.part_values import RemotePageParts, sliding_key
+from tieredkv.cache.remote.part_values import RemotePageParts, page_rows, sliding_key
 from tieredkv.cache.remote.record import RefusalReason, RemotePage
 from tieredkv.cache.remote.store import RemoteStore
 from tieredkv.cache.tier import Tier
@@ -39,11 +39,6 @@ logger = logging.getLogger(__name__)
 
 REMOTE_INDEX_PAGES = 1 << 18  # remote pages one replica indexes (96 GiB of bf16 default-model KV)
 REMOTE_ERROR_REASONS = (*(reason.value for reason in RefusalReason), "unavailable")
-
-
-def _rows(pages: torch.Tensor) -> torch.Tensor:
-    """(n, page_bytes) uint8 view of page-major pages."""
-    return pages.reshape(pages.shape[0], -1).view(torch.uint8)
 
 
 class RemoteTier(PagePool):
@@ -132,7 +127,7 @@ class RemoteTier(PagePool):
         if self.page_parts is not None:
             self.store.put(self.page_parts.values(records, payload))
             return
-        rows = _rows(payload.contiguous()).numpy()
+        rows = page_rows(payload.contiguous())
         self.store.put(
             [
                 RemotePage(record.key, record.parent_key, record.tokens, row.tobytes())
@@ -165,7 +160,7 @@ class RemoteTier(PagePool):
     ) -> list[bool]:
         """Fill out[i] with the page named by records[i] (as `read_pages_into`)."""
         assert len(slots) == len(records) == out.shape[0], "one record and page per slot"
-        rows = _rows(out).numpy()  # CPU: host pages or the transfer jobs' host staging
+        rows = page_rows(out)  # CPU: host pages or the transfer jobs' host staging
 
         def into_out(index: int, data: memoryview) -> None:
             rows[index] = np.frombuffer(data, dtype=np.uint8)

@@ -49,8 +49,7 @@ class DeviceSliding:
         path: free the sliding parts its window has passed where it is the only lock on the
         node and no reuse point reads them. Returns the parts freed."""
         limit = computed - self.window + 1  # its next queries read no key before this one
-        freed, start = 0, computed
-        path = end.path()
+        freed, path = 0, end.path()
         starts, offset = [], 0
         for node in path:
             starts.append(offset)
