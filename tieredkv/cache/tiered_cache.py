@@ -171,6 +171,9 @@ class TieredCache:
         for ticket in self.transfer_queue.drain():
             committed += self.transfers.apply(ticket)
             finished.extend(self.promoter.transfer_applied(ticket))
+            if ticket.src_tier is Tier.DEVICE and self.demoter.device_sliding is not None:
+                # a copy being read kept its sliding parts: the rule may free them now
+                self.demoter.device_sliding.read_done([part.node for part in ticket.parts])
         if start_write_through and self.config.write_policy is WritePolicy.WRITE_THROUGH:
             for node, tier in committed:
                 if tier is not Tier.DEVICE:

@@ -10,6 +10,7 @@ from tests.unit.cache.test_sliding_gaps import LAYOUT, WINDOW, model
 from tieredkv.cache.pools.split_device_pool import SplitDevicePool
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tiered_cache import TieredCache
+from tieredkv.config import WritePolicy
 
 HISTORY = list(range(100, 140))  # 10 pages of 4 tokens
 
@@ -98,4 +99,20 @@ def test_a_promotion_from_a_copy_with_gaps_gives_those_pages_no_sliding_part() -
     settle(cache, executor)
     assert middle.residence.device_gaps() == gaps
     assert cache.pools.device.num_sliding_held == held_before + 10 - len(gaps)
+    ok(cache)
+
+
+def test_a_copy_being_read_keeps_its_parts_until_the_transfer_is_applied() -> None:
+    cache, executor = make_cache(
+        LAYOUT, device_pages=16, host_pages=32, model=model(WINDOW), split_device=True,
+        write_policy=WritePolicy.WRITE_THROUGH,
+    )  # fmt: skip
+    compute(cache, HISTORY)  # its write-through copy to host starts, reading the device copy
+    middle = node_ending_at(cache, HISTORY[:24])
+    assert executor.pending()
+    cache.lock(middle)
+    cache.unlock(middle)  # the rule drops pages 0 .. 5, but a transfer is reading them
+    assert middle.residence.device_gaps() == frozenset()
+    settle(cache, executor)  # applied: the rule applies now
+    assert middle.residence.device_gaps() == set(range(6))
     ok(cache)

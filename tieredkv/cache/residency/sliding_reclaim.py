@@ -13,7 +13,7 @@ does it is freed (the page joins its device copy's gaps, `Residence.sliding_gaps
 So the device keeps the sliding parts of each running sequence's last window and of the
 windows before the tree's reuse points, and the other layer pages hold other pages' layers. A
 copy being read (a transfer from the device in flight) keeps its parts: it was started with
-the gaps it had.
+the gaps it had; once the transfer is applied the rule applies to it (`read_done`).
 
 The remote store's sliding values are taken back the same way when a path's last lock goes
 (`reclaim_remote`): a turn the chat has since extended is no reuse point any more.
@@ -66,6 +66,11 @@ class DeviceSliding:
     def unlocked(self, end: RadixNode) -> int:
         """The last lock on `end` went: free the path's sliding parts no reuse point reads."""
         return sum(self._free(node) for node in end.path() if not node.lock_count)
+
+    def read_done(self, nodes: list[RadixNode]) -> int:
+        """Transfers reading the device copies of `nodes` were applied: the parts they kept
+        while being read go where no lock holds the node and no reuse point reads them."""
+        return sum(self._free(node) for node in nodes if node.attached and not node.lock_count)
 
     def reclaim_if_due(self) -> int:
         """Before evicting device copies for room: free the sliding parts of unlocked copies
