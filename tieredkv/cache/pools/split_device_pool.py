@@ -6,7 +6,7 @@ longer reads the sliding part of a page its window has passed, and a continuatio
 path reads it only within the window before a reuse point. The pool keeps its pages in one
 arena of layer pages (`layer_pages.LayerPages`, as the split host pool): a page is allocated
 whole (a sequence computes every layer of it) and its sliding part is detached once no reader
-is left (`residency.device_sliding`); the layer pages it frees hold other pages' layers. So the
+is left (`residency.sliding_reclaim`); the layer pages it frees hold other pages' layers. So the
 device holds up to `(full + sliding) / full` times more long history than whole pages.
 
 | what         | storage                                                          |
@@ -155,7 +155,8 @@ class SplitDevicePool(LayerPages, DevicePool):
         into_units = table[targets].ravel()
         assert (into_units >= 0).all(), f"copy into pages {targets} without every layer"
         into = torch.from_numpy(into_units.astype(np.int64)).to(self.device)
-        self.units.index_copy_(0, into, self.units[torch.from_numpy(from_units).long()])
+        from_index = torch.from_numpy(from_units.astype(np.int64)).to(self.device)
+        self.units.index_copy_(0, into, self.units.index_select(0, from_index))
 
     def gather_pages(self, pages: list[int], out: torch.Tensor) -> torch.Tensor:
         """Pages `pages` into `out`, (n, layers, 2, page_size, kv_heads, head_dim) on the device,
