@@ -28,22 +28,34 @@ SLIDING = list(PARTS.sliding_layers)
 FULL = list(PARTS.full_layers)
 
 
-def pools(num_pages: int = 10) -> tuple[SplitDevicePool, DevicePool]:
+CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    ],
+)
+DEVICES = pytest.mark.parametrize("device", ["cpu", CUDA])
+CUDA_STAGED = pytest.param("cuda", True, marks=CUDA.marks)
+
+
+def pools(num_pages: int = 10, device: str = "cpu") -> tuple[SplitDevicePool, DevicePool]:
     """A split pool and a whole-page one of the same bytes."""
     return (
-        SplitDevicePool.from_bytes(PARTS, num_pages * LAYOUT.page_bytes, "cpu"),
-        DevicePool(LAYOUT, num_pages, "cpu"),
+        SplitDevicePool.from_bytes(PARTS, num_pages * LAYOUT.page_bytes, device),
+        DevicePool(LAYOUT, num_pages, device),
     )
 
 
 def store_random(split: SplitDevicePool, whole: DevicePool, count: int) -> tuple[list, list]:
     """`count` pages of each, the same random KV stored in every layer through `store`."""
     pages, whole_pages = split.alloc(count), whole.alloc(count)
-    slots = torch.tensor([p * 4 + o for p in pages for o in range(4)])
-    whole_slots = torch.tensor([p * 4 + o for p in whole_pages for o in range(4)])
+    device = split.device
+    slots = torch.tensor([p * 4 + o for p in pages for o in range(4)], device=device)
+    whole_slots = torch.tensor([p * 4 + o for p in whole_pages for o in range(4)], device=device)
     generator = torch.Generator().manual_seed(count)
     for layer in range(LAYOUT.num_layers):
-        k, v = (torch.randn(count * 4, 2, 16, generator=generator) for _ in range(2))
+        k, v = (torch.randn(count * 4, 2, 16, generator=generator).to(device) for _ in range(2))
         split.store(layer, k, v, slots)
         whole.store(layer, k, v, whole_slots)
     return pages, whole_pages
@@ -64,10 +76,11 @@ def test_pages_are_whole_and_detached_sliding_parts_make_room() -> None:
     assert split.num_free == 10 and split.unit_free.num_free == 60
 
 
-def test_attention_and_workspaces_read_what_a_whole_page_pool_holds() -> None:
-    split, whole = pools()
+@DEVICES
+def test_attention_and_workspaces_read_what_a_whole_page_pool_holds(device: str) -> None:
+    split, whole = pools(device=device)
     pages, whole_pages = store_random(split, whole, 5)
-    table = torch.tensor([pages], dtype=torch.int32)
+    table = torch.tensor([pages], dtype=torch.int32, device=device)
     for layer in range(LAYOUT.num_layers):
         run = split.layer_run(slice(layer, layer + 1), pages[0], 5)
         assert torch.equal(run, whole.layer_run(slice(layer, layer + 1), whole_pages[0], 5))
@@ -78,13 +91,15 @@ def test_attention_and_workspaces_read_what_a_whole_page_pool_holds() -> None:
     split.detach_sliding(pages[:2])
     for layer in SLIDING:  # read as the zero layer page; written into the discarded one
         assert not split.layer_run(slice(layer, layer + 1), pages[0], 2).any()
-    split.store(SLIDING[0], torch.ones(4, 2, 16), torch.ones(4, 2, 16), torch.arange(4))
+    ones = torch.ones(4, 2, 16, device=device)
+    split.store(SLIDING[0], ones, ones, torch.arange(4, device=device))
     assert not split.read_page(pages[0]).any(dim=(1, 2, 3, 4))[SLIDING].any()
     assert torch.equal(split.read_page(pages[0])[FULL], whole.read_page(whole_pages[0])[FULL])
 
 
-def test_a_copy_of_pages_copies_every_layer_zeros_for_a_missing_part() -> None:
-    split, whole = pools()
+@DEVICES
+def test_a_copy_of_pages_copies_every_layer_zeros_for_a_missing_part(device: str) -> None:
+    split, whole = pools(device=device)
     pages, whole_pages = store_random(split, whole, 3)
     split.detach_sliding(pages[:1])
     targets = split.alloc(3)
@@ -95,9 +110,9 @@ def test_a_copy_of_pages_copies_every_layer_zeros_for_a_missing_part() -> None:
     assert not split.read_page(targets[0])[SLIDING].any()
 
 
-@pytest.mark.parametrize("staged", [False, True])
-def test_transfers_move_the_same_bytes_as_from_a_whole_page_pool(staged: bool) -> None:
-    split, whole = pools()
+@pytest.mark.parametrize(("device", "staged"), [("cpu", False), ("cpu", True), CUDA_STAGED])
+def test_transfers_move_the_same_bytes_as_from_a_whole_page_pool(device: str, staged: bool) -> None:
+    split, whole = pools(device=device)
     pages, whole_pages = store_random(split, whole, 4)
     split.detach_sliding(pages[1:2])
     down, back = HostPool(LAYOUT, 8), HostPool(LAYOUT, 8)
@@ -116,6 +131,6 @@ def test_transfers_move_the_same_bytes_as_from_a_whole_page_pool(staged: bool) -
         expected = down.kv[index].clone()
         if index == 2:
             expected[SLIDING] = 0
-        assert torch.equal(split.read_page(page), expected)
+        assert torch.equal(split.read_page(page).cpu(), expected)
     jobs.close()
     whole_jobs.close()
