@@ -116,3 +116,17 @@ def test_a_copy_being_read_keeps_its_parts_until_the_transfer_is_applied() -> No
     settle(cache, executor)  # applied: the rule applies now
     assert middle.residence.device_gaps() == set(range(6))
     ok(cache)
+
+
+def test_a_device_short_of_room_frees_unread_parts_before_evicting() -> None:
+    cache, _ = split_cache()
+    compute(cache, HISTORY)  # inserted unlocked and never unlocked: every part still held
+    node = cache.match([*HISTORY, 1]).last_node
+    device = cache.pools.device
+    assert device.num_free == 6  # 32 layer pages, 20 held
+    pages = cache.allocate(8)  # the walk frees the 6 parts no reuse point reads: no eviction
+    assert pages is not None and len(pages) == 8
+    assert node.residence.device_gaps() == set(range(6))
+    assert len(node.residence.copies[Tier.DEVICE]) == 10
+    cache.free(pages)
+    ok(cache)

@@ -86,9 +86,7 @@ class SplitDevicePool(LayerPages, DevicePool):
         columns = self._sliding
         into = self.table[np.ix_(np.array(targets, dtype=np.intp), columns)].ravel()
         from_units = self.table[np.ix_(np.array(sources, dtype=np.intp), columns)].ravel()
-        index = torch.from_numpy(into.astype(np.int64)).to(self.device)
-        from_index = torch.from_numpy(from_units.astype(np.int64)).to(self.device)
-        self.units.index_copy_(0, index, self.units.index_select(0, from_index))
+        self._copy_units(from_units, into)
         self.restamp(targets)
         return True
 
@@ -154,8 +152,12 @@ class SplitDevicePool(LayerPages, DevicePool):
         from_units = np.where(table[sources] < 0, self.zero_unit, table[sources]).ravel()
         into_units = table[targets].ravel()
         assert (into_units >= 0).all(), f"copy into pages {targets} without every layer"
-        into = torch.from_numpy(into_units.astype(np.int64)).to(self.device)
-        from_index = torch.from_numpy(from_units.astype(np.int64)).to(self.device)
+        self._copy_units(from_units, into_units)
+
+    def _copy_units(self, sources: np.ndarray, targets: np.ndarray) -> None:
+        """Layer page `targets[i]` becomes a copy of layer page `sources[i]`."""
+        into = torch.from_numpy(targets.astype(np.int64)).to(self.device)
+        from_index = torch.from_numpy(sources.astype(np.int64)).to(self.device)
         self.units.index_copy_(0, into, self.units.index_select(0, from_index))
 
     def gather_pages(self, pages: list[int], out: torch.Tensor) -> torch.Tensor:
