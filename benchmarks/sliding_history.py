@@ -69,12 +69,12 @@ WORKLOADS = (
 )
 
 
-def gemma3_1b_shape(window: int = 512) -> ModelConfig:
+def gemma3_1b_shape(window: int = 512, head_dim: int = 8) -> ModelConfig:
     """Gemma 3 1B's layers (26, every sixth global, the rest sliding) with small heads."""
     windows = tuple(None if (layer + 1) % 6 == 0 else window for layer in range(26))
     return ModelConfig(
         vocab_size=256, hidden_size=64, intermediate_size=64, num_layers=26, num_heads=1,
-        num_kv_heads=1, head_dim=8, layer_windows=windows, architecture="gemma3",
+        num_kv_heads=1, head_dim=head_dim, layer_windows=windows, architecture="gemma3",
     )  # fmt: skip
 
 
@@ -170,11 +170,18 @@ def main(argv: list[str] | None = None) -> int:
 Replay = Callable[[ModelConfig, bool, Workload, argparse.Namespace], dict]
 
 
-def run_and_write(name: str, replay: Replay, args: argparse.Namespace, whole: dict) -> Path:
-    """Every workload with whole pages, then split, through `replay`; the result is written
-    under `benchmarks/results/<name>` (or `args.out`), its summary the model's layer kinds and
-    `whole` (a key each: whole pages, turned into tokens)."""
-    model = gemma3_1b_shape()
+def run_and_write(
+    name: str,
+    replay: Replay,
+    args: argparse.Namespace,
+    whole: dict,
+    model: ModelConfig | None = None,
+) -> Path:
+    """Every workload with whole pages, then split, through `replay` on `model` (by default
+    `gemma3_1b_shape()`); the result is written under `benchmarks/results/<name>` (or
+    `args.out`), its summary the model's layer kinds and `whole` (a key each: whole pages,
+    turned into tokens)."""
+    model = model or gemma3_1b_shape()
     kinds = LayerKinds.of(model, PageLayout.for_model(model, PAGE_SIZE, torch.float32))
     records = []
     for workload in WORKLOADS:
@@ -190,7 +197,11 @@ def run_and_write(name: str, replay: Replay, args: argparse.Namespace, whole: di
         "window": kinds.window,
         **{key: pages * PAGE_SIZE for key, pages in whole.items()},
     }
-    settings = {key: value for key, value in vars(args).items() if key != "out"}
+    settings = {
+        key: str(value) if isinstance(value, Path) else value
+        for key, value in vars(args).items()
+        if key != "out"
+    }
     settings |= {"page_size": PAGE_SIZE, "prefill_chunk": CHUNK}
     write_result(out, name, settings=settings, summary=summary, records=records)
     print(f"wrote {out}")

@@ -214,6 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
         "nor a next turn's reads them, so the device holds more long history)",
     )
     add(
+        "--disk-whole-pages",
+        action="store_true",
+        help="models with sliding-window layers: every disk record holds a whole page (by "
+        "default a page's layers are records of their own and its sliding layers are written "
+        "only within the window a next turn reads, so the disk holds more long history)",
+    )
+    add(
         "--session-think-time",
         type=float,
         default=EngineConfig.session_think_time_s,

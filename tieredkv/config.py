@@ -90,6 +90,9 @@ class CacheConfig:
     # a model with sliding-window layers: every device page keeps all its layers (by default a
     # page's sliding layers are freed once no window reads them, see docs/architecture.md)
     device_whole_pages: bool = False
+    # a model with sliding-window layers: every disk record holds a whole page (by default a
+    # page's sliding layers are written only where a next turn's window reads them)
+    disk_whole_pages: bool = False
     # the CPU attention's workspaces, carved out of device_cache_bytes (None: what the running
     # sequences can need, see tieredkv.model.workspace_budget)
     workspace_bytes: int | None = None

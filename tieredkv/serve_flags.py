@@ -31,6 +31,7 @@ FLAG_OF_FIELD = {
     "CacheConfig.namespace_share": "--namespace-share",
     "CacheConfig.host_whole_pages": "--host-whole-pages",
     "CacheConfig.device_whole_pages": "--device-whole-pages",
+    "CacheConfig.disk_whole_pages": "--disk-whole-pages",
     "CacheConfig.pin_budget_bytes": "--pin-budget",
     "CacheConfig.pin_budget_total_bytes": "--pin-budget-total",
     "CacheConfig.retention_budget_bytes": "--retention-budget",

@@ -82,6 +82,7 @@ def _serve_settings(args: argparse.Namespace) -> ServeSettings:
         namespace_share=args.namespace_share,
         host_whole_pages=args.host_whole_pages,
         device_whole_pages=args.device_whole_pages,
+        disk_whole_pages=args.disk_whole_pages,
         remote_password=(
             password_from_env_or_file(args.remote_password_file) if args.remote_cache_url else None
         ),

@@ -77,16 +77,17 @@ def test_greedy_completion_and_logprobs_equal_transformers(served) -> None:
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["split-by-default", "whole-pages"])
-def test_the_device_and_host_tiers_split_gemma3_pages_unless_asked_and_report_each_kind(
+def test_every_local_tier_splits_gemma3_pages_unless_asked_and_reports_each_kind(
     tmp_path: Path, whole: bool
 ) -> None:
-    """By default the device and host tiers store a Gemma 3 page a layer at a time (more pages
-    in the same bytes as fewer keep their sliding layers), reported per layer kind in /health;
-    `--host-whole-pages` and `--device-whole-pages` keep whole pages; completions equal
-    transformers' either way."""
+    """By default the device, host and disk tiers store a Gemma 3 page a layer at a time (more
+    pages in the same bytes as fewer keep their sliding layers), reported per layer kind in
+    /health; `--host-whole-pages`, `--device-whole-pages` and `--disk-whole-pages` keep whole
+    pages; completions equal transformers' either way."""
     model_dir = tiny_family_model(tmp_path, "gemma3")
-    flags = ["--host-whole-pages", "--device-whole-pages"] if whole else []
-    server = ServerProcess(["--model", str(model_dir), *ARGS, *flags], tmp_path / "host.log")
+    flags = ["--host-whole-pages", "--device-whole-pages", "--disk-whole-pages"] if whole else []
+    disk = ["--disk-cache-dir", str(tmp_path / "disk"), "--disk-cache-size", "16MiB"]
+    server = ServerProcess(["--model", str(model_dir), *ARGS, *disk, *flags], tmp_path / "host.log")
     try:
         ids = prompt_of(60, seed=15)
         expected = Expected(model_dir, ids)
@@ -110,6 +111,11 @@ def test_the_device_and_host_tiers_split_gemma3_pages_unless_asked_and_report_ea
             assert "up_to_tokens" not in device
         else:  # pages are allocated whole; those that lost their sliding part take less
             assert device["up_to_tokens"] > device["tokens"]
+        disk_tier = health["capacity"]["tiers"]["disk"]
+        if whole:  # a whole-page record a page
+            assert "up_to_tokens" not in disk_tier and disk_tier["tokens"] > 0
+        else:  # a record a layer: pages without their sliding layers take fewer
+            assert disk_tier["up_to_tokens"] > disk_tier["tokens"] > 0
     finally:
         server.stop()
 

@@ -4,6 +4,7 @@ namespace."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,10 +31,14 @@ def tiny_layout(page_size: int = 4) -> PageLayout:
     )
 
 
-def disk_bytes_for(layout: PageLayout, num_pages: int) -> int:
-    """A disk capacity holding at least `num_pages` records (0 disables the tier)."""
+def disk_bytes_for(layout: PageLayout, num_pages: int, layer_records: bool = False) -> int:
+    """A disk capacity holding at least `num_pages` records (0 disables the tier); with
+    `layer_records`, the layer records of `num_pages` whole pages (a split disk store)."""
     if num_pages == 0:
         return 0
+    if layer_records:
+        layer = dataclasses.replace(layout, num_layers=1)
+        return disk_bytes_for(layer, num_pages * layout.num_layers)
     record = header_bytes_for(layout.page_size) + align_up(layout.page_bytes)
     return SUPERBLOCK_BYTES + num_pages * record + align_up(1)
 
@@ -53,6 +58,7 @@ def make_cache(
     model: ModelConfig | None = None,
     split_host: bool = False,
     split_device: bool = False,
+    split_disk: bool = False,
 ) -> tuple[TieredCache, ManualTransferExecutor]:
     """A cache whose transfers run only when the test completes their tickets."""
     executor = executor or ManualTransferExecutor()
@@ -61,11 +67,12 @@ def make_cache(
         device_cache_bytes=device_pages * layout.page_bytes,
         host_cache_bytes=host_pages * layout.page_bytes,
         disk_cache_dir=disk_dir if disk_pages else None,
-        disk_cache_bytes=disk_bytes_for(layout, disk_pages),
+        disk_cache_bytes=disk_bytes_for(layout, disk_pages, layer_records=split_disk),
         write_policy=write_policy,
         namespace_share=namespace_share,
         host_whole_pages=not split_host,  # whole host pages unless asked
         device_whole_pages=not split_device,  # and whole device pages
+        disk_whole_pages=not split_disk,  # and whole-page disk records
         retention_budget_bytes=(
             None if retention_pages is None else retention_pages * layout.page_bytes
         ),

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from tieredkv.cache.disk.direct_io import DiskIOBackend
+from tieredkv.cache.disk.split_store import SplitDiskStore
 from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.flush_generations import FlushGenerations
 from tieredkv.cache.index.radix_index import RadixIndex
@@ -82,9 +83,8 @@ def build_cache(
     `page_listener` hears of every page landing in or leaving a local tier (`page_listener`):
     first that none is held, then the disk's rebuilt pages. `model`'s sliding-window layers,
     if any, bring in the sliding-page rule (`sliding_pages`), a remote tier that stores the
-    sliding part only where the rule keeps it (`remote.part_values`), disk records that say
-    which pages lack it, and a host pool that keeps sliding parts only where the rule does
-    (`_host_pool`).
+    sliding part only where the rule keeps it (`remote.part_values`), and a host pool and a
+    disk store that keep sliding parts only where the rule does (`_host_pool`, `_open_disk`).
     """
     device = torch.device(device)
     parts = None if model is None else PageParts.of(model, layout)
@@ -216,19 +216,21 @@ def _open_disk(
     fingerprint: bytes,
     io: DiskIOBackend | None,
     parts: PageParts | None,
-) -> DiskStore | None:
+) -> DiskStore | SplitDiskStore | None:
+    """For a model with sliding layers, a store whose records are a page's layers, its sliding
+    layers written only where a copy is given them (`SplitDiskStore`); whole-page records with
+    `--disk-whole-pages` (saying which pages lack their sliding layers) and for every other
+    model."""
     if not config.disk_enabled:
         return None
-    assert config.disk_cache_dir is not None
-    described = parts.describe() if parts is not None and parts.has_sliding else ""
-    return DiskStore(
-        config.disk_cache_dir,
-        fingerprint,
-        layout,
-        config.disk_cache_bytes,
-        io=io,
-        parts=described,
-    )
+    directory = config.disk_cache_dir
+    assert directory is not None
+    capacity = config.disk_cache_bytes
+    if parts is None or not parts.has_sliding:
+        return DiskStore(directory, fingerprint, layout, capacity, io=io)
+    if config.disk_whole_pages:
+        return DiskStore(directory, fingerprint, layout, capacity, io=io, parts=parts.describe())
+    return SplitDiskStore(directory, fingerprint, parts, capacity, io=io)
 
 
 def _open_remote(

@@ -38,6 +38,8 @@ class PageRecord:
     # whether the copy written or read keeps the page's sliding-window layers (a store that
     # keeps parts apart: the remote tier's `part_values`); every layer of a whole page does
     sliding_held: bool = field(default=True, kw_only=True, compare=False)
+    # a disk layer record (`disk.split_store`): the one layer of the page it holds; None: all
+    layer: int | None = field(default=None, kw_only=True, compare=False)
 
 
 def fingerprint_digest(fingerprint: bytes) -> bytes:

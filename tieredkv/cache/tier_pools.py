@@ -20,6 +20,7 @@ from tieredkv.cache.remote.remote_tier import REMOTE_ERROR_REASONS
 from tieredkv.cache.tier import Tier
 
 if TYPE_CHECKING:
+    from tieredkv.cache.disk.split_store import SplitDiskStore
     from tieredkv.cache.disk.store import DiskStore
     from tieredkv.cache.remote.remote_tier import RemoteTier
 
@@ -37,7 +38,7 @@ class TierPools(Mapping[Tier, PagePool]):
         self,
         device: DevicePool,
         host: HostPool,
-        disk: DiskStore | None,
+        disk: DiskStore | SplitDiskStore | None,
         remote: RemoteTier | None = None,
     ) -> None:
         self.device = device

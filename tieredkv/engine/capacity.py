@@ -3,9 +3,9 @@ model and its tiers: logged once at start-up and served in `/health` as `capacit
 
 A tier's tokens are its pages times the page size, for this model's layout and dtype (bytes per
 token = 2 x layers x kv_heads x head_dim x dtype bytes). A device or host tier that keeps the
-sliding layers of a model's pages only where a window reads them holds more pages than its bytes
-hold whole ones: its tokens are those of whole pages, and `up_to_tokens` those of pages without
-any sliding layer. The memory figure adds the loaded
+sliding layers of a model's pages only where a window reads them (device, host, disk) holds more
+pages than its bytes hold whole ones: its tokens are those of whole pages, and `up_to_tokens`
+those of pages without any sliding layer. The memory figure adds the loaded
 weights, the tiers that live in this process's RAM (the device tier too on a CPU-only machine)
 and the attention workspace; the Python runtime and its libraries come on top of it.
 """

@@ -48,7 +48,7 @@ def split_cache(host_pages: int = 40):
         write_policy=WritePolicy.WRITE_THROUGH,
     )  # fmt: skip
     host = cache.pools.host
-    assert isinstance(host, SplitHostPool) and cache.demoter.transfers.sliding_room is not None
+    assert isinstance(host, SplitHostPool) and Tier.HOST in cache.demoter.transfers.sliding_rooms
     assert host.num_units == 2 * host_pages
     return cache, executor, host
 
@@ -67,7 +67,7 @@ def test_parts_an_extended_path_no_longer_reads_are_taken_back() -> None:
     compute(cache, turn2)
     settle(cache, executor)
     assert host.num_sliding_held == 8  # each copy was a leaf when written
-    room = cache.demoter.transfers.sliding_room
+    room = cache.demoter.transfers.sliding_rooms[Tier.HOST]
     assert room.reclaim() == 4  # turn 1's end is the middle of the path now
     assert host.num_sliding_held == 4
     assert host.used_bytes == (20 + 4) * host.unit_bytes  # 20 pages, 4 with their part

@@ -129,6 +129,7 @@ def make_harness(tiny_model: LoadedModel, tmp_path: Path, write_policy: WritePol
         max_queue: int = 256,
         split_host: bool = False,
         split_device: bool = False,
+        split_disk: bool = False,
         attention_backend: str = "auto",
     ) -> Harness:
         layout = PageLayout.for_model(tiny_model.config, PAGE_SIZE, torch.float32)
@@ -142,6 +143,7 @@ def make_harness(tiny_model: LoadedModel, tmp_path: Path, write_policy: WritePol
             model=tiny_model.config,
             split_host=split_host,
             split_device=split_device,
+            split_disk=split_disk,
         )
         runner = ModelRunner(
             tiny_model.config,
@@ -180,9 +182,10 @@ def prompt(length: int, seed: int) -> list[int]:
     return torch.randint(3, 300, (length,), generator=generator).tolist()
 
 
-def pushed_to_disk(make_harness, history: list[int]):
-    """A harness whose only copy of `history` (bar a page or so) is on disk."""
-    harness = make_harness(device_pages=70, host_pages=8, disk_pages=256)
+def pushed_to_disk(make_harness, history: list[int], **options):
+    """A harness whose only copy of `history` (bar a page or so) is on disk (`options`: the
+    harness's, such as `split_disk`)."""
+    harness = make_harness(device_pages=70, host_pages=8, disk_pages=256, **options)
     harness.submit("first", history, max_tokens=2)
     harness.run()
     for i in range(6):  # other conversations push it down through host to disk

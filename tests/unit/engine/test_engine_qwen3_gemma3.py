@@ -60,9 +60,11 @@ def test_reuse_from_host_equals_transformers(make_harness, hf_model) -> None:
     assert harness.tokens("again") == hf_greedy(hf_model, again, 8)
 
 
-def test_reuse_from_disk_equals_transformers(make_harness, hf_model) -> None:
+@pytest.mark.parametrize("split_disk", [False, True])
+def test_reuse_from_disk_equals_transformers(make_harness, hf_model, split_disk: bool) -> None:
+    """From whole-page records and, for Gemma 3 (sliding layers), from layer records."""
     history = prompt(60, seed=60)
-    harness = pushed_to_disk(make_harness, history)
+    harness = pushed_to_disk(make_harness, history, split_disk=split_disk)
     again = [*history, 7, 8]
     harness.submit("again", again, max_tokens=8)
     harness.run()

@@ -17,6 +17,7 @@ from tests.unit.cache.cache_steps import settle
 from tests.unit.engine.conftest import PAGE_SIZE, Harness, prompt
 from tests.unit.engine.test_sliding_window_engine import MODELS, hf_greedy
 from tests.unit.model.test_qwen3_gemma3_forward import tiny_family_model
+from tieredkv.cache.disk.split_store import SplitDiskStore
 from tieredkv.cache.page_parts import PageParts
 from tieredkv.cache.pools.host_pool import HostPool
 from tieredkv.cache.pools.split_host_pool import SplitHostPool
@@ -147,16 +148,21 @@ def test_a_split_host_pool_stores_no_dropped_part_and_holds_more_history(
     reuse_and_diverge(harness, history, hf_model, longest_window(tiny_model), dropped)
 
 
+@pytest.mark.parametrize("split_disk", [False, True])
 def test_a_split_host_pool_writes_its_gaps_to_the_disk_below(
-    make_harness, hf_model, tiny_model
+    make_harness, hf_model, tiny_model, split_disk: bool
 ) -> None:
-    """With a disk below, the split host pool's copies go down with their gaps in the records;
-    a history that left host is reused from disk as transformers would continue it, the match
-    cut where a window would read a part the records say is missing."""
+    """With a disk below, the split host pool's copies go down with their gaps in the records
+    (whole-page records flagged, or, split, no record of the missing layers); a history that
+    left host is reused from disk as transformers would continue it, the match cut where a
+    window would read a part the records say is missing."""
     history = prompt(140, seed=260)
-    harness = make_harness(device_pages=48, host_pages=96, disk_pages=800, split_host=True)
+    harness = make_harness(
+        device_pages=48, host_pages=96, disk_pages=800, split_host=True, split_disk=split_disk
+    )
     cache = harness.cache
     assert isinstance(cache.pools.host, SplitHostPool)
+    assert isinstance(cache.pools.disk, SplitDiskStore) == split_disk
     pushed_to_host(harness, history, others=8)
     while not cache.evict(Tier.HOST, cache.tier_num_pages(Tier.HOST)):  # down to disk
         settle(cache, harness.executor)  # write-back: freed once the copies down are applied
@@ -169,6 +175,10 @@ def test_a_split_host_pool_writes_its_gaps_to_the_disk_below(
         gapped.update(first + i for i in node.residence.sliding_gaps.get(Tier.DISK, ()))
         first += node.num_pages
     assert gapped  # written from host copies without the parts the rule dropped
+    copies = [n.residence for n in cache.residency.tree.iter_nodes()]
+    gaps = sum(len(r.sliding_gaps.get(Tier.DISK, ())) for r in copies if Tier.DISK in r.copies)
+    pages, sliding = cache.tier_parts_held(Tier.DISK)
+    assert sliding == (pages - gaps if split_disk else pages)  # split: none stored for a gap
     harness.submit("again", again, max_tokens=8)
     harness.run()
     assert harness.usage("again").cached_tokens == 140  # from disk (prefetched through host)

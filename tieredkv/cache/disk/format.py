@@ -15,8 +15,10 @@ Headers live together so the warm-restart scan is one sequential read. A header:
 | 0        | 4    | magic b"TKVR" (all-zero header: free slot)                     |
 | 4        | 1    | codec (`page_record.CODECS`: 0 raw, 1 lz4)                     |
 | 5        | 1    | flags: bit 0 set when the page's sliding-window layers are not |
-|          |      | held (zeros, never read: `PageRecord.sliding_held`); others 0  |
-| 6        | 2    | reserved, zero                                                 |
+|          |      | held (zeros, never read: `PageRecord.sliding_held`); bit 1 set |
+|          |      | in a layer record (one layer of the page: `split_store`);      |
+|          |      | others 0                                                       |
+| 6        | 2    | the layer a layer record holds (`PageRecord.layer`), else zero |
 | 8        | 4    | payload_len (bytes stored, ≤ record_bytes)                     |
 | 12       | 4    | reserved, zero                                                 |
 | 16       | 16   | page key = page_key(parent_key, tokens)                        |
@@ -47,8 +49,11 @@ ALIGN_BYTES = 4096  # O_DIRECT-safe alignment of offsets, lengths and buffers
 SUPERBLOCK_BYTES = ALIGN_BYTES
 SUPERBLOCK_MAGIC = b"TKVSTORE"
 RECORD_MAGIC = b"TKVR"
-_HEADER_FIXED = struct.Struct("<4sBB2xI4x16s16s")  # magic, codec, flags, payload_len, key, parent
+# magic, codec, flags, layer, payload_len, key, parent
+_HEADER_FIXED = struct.Struct("<4sBBHI4x16s16s")
 SLIDING_ABSENT = 1  # flags bit: the record holds the page without its sliding-window layers
+LAYER_RECORD = 2  # flags bit: the record holds one layer of the page, the one the header names
+_KNOWN_FLAGS = SLIDING_ABSENT | LAYER_RECORD
 # magic, version, header_bytes, record_bytes, num_slots, payload_offset, page_size, dtype,
 # fingerprint digest, layout length, layout text
 _SUPERBLOCK = struct.Struct("<8sIIQQQI16s32sH512s")
@@ -158,12 +163,19 @@ class RecordHeader:
     record_checksum: int
     fields: bytes  # the stored header bytes the record checksum starts with
     sliding_held: bool = True  # False: the page's sliding-window layers are not in the record
+    layer: int | None = None  # a layer record's layer; None: the record holds every layer
 
 
 def _fields(
-    codec: int, flags: int, payload_len: int, key: bytes, parent: bytes, tokens: np.ndarray
+    codec: int,
+    flags: int,
+    layer: int,
+    payload_len: int,
+    key: bytes,
+    parent: bytes,
+    tokens: np.ndarray,
 ) -> bytes:
-    fixed = _HEADER_FIXED.pack(RECORD_MAGIC, codec, flags, payload_len, key, parent)
+    fixed = _HEADER_FIXED.pack(RECORD_MAGIC, codec, flags, layer, payload_len, key, parent)
     return fixed + tokens.tobytes()
 
 
@@ -175,12 +187,14 @@ def encode_header(
     tokens: tuple[int, ...],
     payload: memoryview,
     sliding_held: bool = True,
+    layer: int | None = None,
 ) -> bytes:
     """The full header for a record whose stored payload is `payload` (`sliding_held` False:
-    the page's sliding-window layers are zeros no reader may use)."""
-    flags = 0 if sliding_held else SLIDING_ABSENT
+    the page's sliding-window layers are zeros no reader may use; `layer`: the record holds
+    that layer of the page only)."""
+    flags = (0 if sliding_held else SLIDING_ABSENT) | (0 if layer is None else LAYER_RECORD)
     tokens_array = np.asarray(tokens, dtype="<i4")
-    fields = _fields(codec, flags, len(payload), key, parent_key, tokens_array)
+    fields = _fields(codec, flags, layer or 0, len(payload), key, parent_key, tokens_array)
     with_sum = fields + struct.pack("<Q", record_checksum(fields, payload))
     return (with_sum + xxhash.xxh3_64_digest(with_sum)).ljust(header_bytes, b"\0")
 
@@ -194,13 +208,15 @@ def decode_header(data: bytes | memoryview, page_size: int) -> RecordHeader | No
         return None
     if xxhash.xxh3_64_digest(data[:end]) != data[end:]:
         return None
-    _, codec, flags, payload_len, key, parent = _HEADER_FIXED.unpack_from(data)
-    if codec not in CODEC_NAMES or flags & ~SLIDING_ABSENT:
+    _, codec, flags, layer, payload_len, key, parent = _HEADER_FIXED.unpack_from(data)
+    if codec not in CODEC_NAMES or flags & ~_KNOWN_FLAGS or (layer and not flags & LAYER_RECORD):
         return None
     tokens = tuple(np.frombuffer(data, dtype="<i4", count=page_size, offset=48).tolist())
     (checksum,) = struct.unpack_from("<Q", data, end - 8)
     held = not flags & SLIDING_ABSENT
-    return RecordHeader(codec, payload_len, key, parent, tokens, checksum, data[: end - 8], held)
+    layer_of = layer if flags & LAYER_RECORD else None
+    fields = data[: end - 8]
+    return RecordHeader(codec, payload_len, key, parent, tokens, checksum, fields, held, layer_of)
 
 
 def payload_ok(header: RecordHeader, payload: memoryview) -> bool:

@@ -48,5 +48,9 @@ def _live_record(
     if header.payload_len > block.record_bytes or payload_end > intact_bytes:
         return None
     return PageRecord(
-        header.key, header.parent_key, header.tokens, sliding_held=header.sliding_held
+        header.key,
+        header.parent_key,
+        header.tokens,
+        sliding_held=header.sliding_held,
+        layer=header.layer,
     )

@@ -66,10 +66,12 @@ PagesVerified = Callable[[int, int, list[bool]], None]
 
 def _serves(header: RecordHeader, expected: PageRecord | bytes) -> bool:
     """The record is the page asked for, and holds the layers the reader's copy counts on (a
-    record without its sliding part never stands in for a copy that keeps it)."""
+    record without its sliding part never stands in for a copy that keeps it; a layer record,
+    the layer asked for)."""
     if not isinstance(expected, PageRecord):
-        return header.key == expected
-    return header.key == expected.key and (header.sliding_held or not expected.sliding_held)
+        return header.key == expected and header.layer is None
+    held = header.sliding_held or not expected.sliding_held
+    return header.key == expected.key and held and header.layer == expected.layer
 
 
 def _page_rows(pages: torch.Tensor, layout: PageLayout) -> np.ndarray:
@@ -199,7 +201,14 @@ class DiskStore(PagePool):
             stored = [self._file.encode(row, self.codec) for row in rows[start:end]]
             headers = b"".join(
                 encode_header(
-                    header_bytes, codec, r.key, r.parent_key, r.tokens, data, r.sliding_held
+                    header_bytes,
+                    codec,
+                    r.key,
+                    r.parent_key,
+                    r.tokens,
+                    data,
+                    r.sliding_held,
+                    r.layer,
                 )
                 for r, (codec, data) in zip(records[start:end], stored, strict=True)
             )

@@ -84,7 +84,7 @@ class LayerPages:
         pages = self.free_list.alloc(count)  # OutOfPagesError when there are no ids left
         if count and len(self._full):
             try:
-                units = self.unit_free.alloc(count * len(self._full))
+                units = self._alloc_units(count * len(self._full))
             except BaseException:
                 self.free_list.free(pages)
                 raise
@@ -99,7 +99,7 @@ class LayerPages:
         given = pages[: min(len(pages), self.sliding_room())]
         assert not any(page in self.sliding_of for page in given), f"{given} have sliding parts"
         if given:
-            units = self.unit_free.alloc(len(given) * len(self._sliding))
+            units = self._alloc_units(len(given) * len(self._sliding))
             rows = np.array(given, dtype=np.intp)
             self.table[np.ix_(rows, self._sliding)] = np.array(units).reshape(len(given), -1)
             self.sliding_of.update(given)
@@ -112,7 +112,7 @@ class LayerPages:
             return
         rows = np.array(pages, dtype=np.intp)
         units = self.table[np.ix_(rows, self._sliding)]
-        self.unit_free.free(units.ravel().tolist())
+        self._free_units(units.ravel().tolist())
         self.table[np.ix_(rows, self._sliding)] = -1
         self.sliding_of.difference_update(pages)
         self._table_changed(rows)
@@ -129,10 +129,18 @@ class LayerPages:
         rows = np.array(pages, dtype=np.intp)
         units = self.table[np.ix_(rows, self._full)]
         if units.size:
-            self.unit_free.free(units.ravel().tolist())
+            self._free_units(units.ravel().tolist())
         self.table[rows] = -1
         self.free_list.free(pages)
         self._table_changed(rows)
+
+    def _alloc_units(self, count: int) -> list[int]:
+        """`count` layer pages (a store takes them in ascending order: runs move in one call)."""
+        return self.unit_free.alloc(count)
+
+    def _free_units(self, units: list[int]) -> None:
+        """Give layer pages back (a store first makes their records misses)."""
+        self.unit_free.free(units)
 
     def _table_changed(self, rows: np.ndarray) -> None:
         """Hook: the page table's `rows` changed (a pool that keeps a copy of it refreshes

@@ -130,10 +130,11 @@ class Demoter:
             with self.residency.pinned(node):  # the chain's own lower copies must stay
                 if not self.make_room(lower, num_pages, claimant=node.root_key):
                     return False
-        if lower is Tier.HOST:  # best effort: pages given no sliding part are gaps
-            self.sliding_room_for(node, num_pages)
-        if len(chain) > 1:
-            self.transfers.start_copy(chain[:-1], lower, frees_source=False)
+        # best effort: pages given no sliding part are gaps
+        self.sliding_room_for(chain, num_pages, lower)
+        if len(chain) > 1:  # the ancestors' sliding parts leave room for the node's full parts
+            ancestors = chain[:-1]
+            self.transfers.start_copy(ancestors, lower, False, reserve_pages=node.num_pages)
         self.transfers.start_copy([node], lower, frees_source=frees_source)
         return True
 
@@ -153,24 +154,25 @@ class Demoter:
                 if root is not None:
                     self.flush([root])
 
-    def sliding_room_for(self, node: RadixNode, pages: int = 0) -> bool:
-        """In a split host pool, free sliding parts for the pages of `node` a copy to host gives
-        one (`sliding_room`) beside the full parts of `pages` pages still to be allocated, as
-        far as copies may leave now: a demotion's, a prefetch's. True when there is room
-        (always without a split host pool); copies that must first move down free theirs
-        later."""
-        room = self.transfers.sliding_room
+    def sliding_room_for(
+        self, chain: list[RadixNode], pages: int = 0, tier: Tier = Tier.HOST
+    ) -> bool:
+        """In a split host pool or disk store, free sliding parts for the pages of `chain` (a
+        path's nodes, the deepest last) a copy to `tier` gives one (`sliding_room`) beside the
+        full parts of `pages` pages still to be allocated, as far as copies may leave now: a
+        demotion's, a prefetch's. True when there is room (always in a tier without layer
+        pages); copies that must first move down free theirs later."""
+        room = self.transfers.sliding_rooms.get(tier)
         if room is None:
             return True
-        source = node.residence.copy_source(Tier.HOST)
-        gaps = (
-            frozenset() if source is None else node.residence.sliding_gaps.get(source, frozenset())
-        )
-        with self.residency.pinned(node):
-            return room.make_room(len(room.wanted(node, gaps)), self._evict_from_host, pages)
-
-    def _evict_from_host(self, node: RadixNode) -> bool:
-        return self._evict(node, Tier.HOST)
+        wanted = 0
+        for node in chain:
+            source = node.residence.copy_source(tier)
+            record = node.residence
+            gaps = frozenset() if source is None else record.sliding_gaps.get(source, frozenset())
+            wanted += len(room.wanted(node, gaps))
+        with self.residency.pinned(chain[-1]):
+            return room.make_room(wanted, lambda victim: self._evict(victim, tier), pages)
 
     def write_through(self, node: RadixNode, tier: Tier) -> None:
         """After `node` got a copy in `tier`, start a background copy to the next tier down

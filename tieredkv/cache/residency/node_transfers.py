@@ -21,8 +21,8 @@ from collections.abc import Callable
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.radix_tree import RadixTree
 from tieredkv.cache.page_record import PageRecord
+from tieredkv.cache.pools.layer_pages import LayerPages
 from tieredkv.cache.pools.split_device_pool import SplitDevicePool
-from tieredkv.cache.pools.split_host_pool import SplitHostPool
 from tieredkv.cache.residency.residency import Commit, Residency
 from tieredkv.cache.residency.sliding_room import SlidingRoom
 from tieredkv.cache.sliding_pages import tree_kept_sliding
@@ -67,10 +67,13 @@ class NodeTransfers:
         self.transfer_queue = transfer_queue
         self.clock = clock
         self._pending_free = dict.fromkeys(Tier, 0)  # source pages in-flight demotions free
-        host, window = self.pools.host, residency.sliding_window
-        split = isinstance(host, SplitHostPool) and window is not None
-        # a split host pool's sliding parts (None: every host page holds all its layers)
-        self.sliding_room = SlidingRoom(residency, host, window) if split else None
+        # the sliding parts of a split host pool and a split disk store (a tier without one:
+        # every page there holds all its layers)
+        self.sliding_rooms: dict[Tier, SlidingRoom] = {}
+        window = residency.sliding_window
+        for tier, pool in ((Tier.HOST, self.pools.host), (Tier.DISK, self.pools.disk)):
+            if isinstance(pool, LayerPages) and window is not None:
+                self.sliding_rooms[tier] = SlidingRoom(residency, pool, window, tier)
 
     def pending_free(self, tier: Tier) -> int:
         """Pages of `tier` that demotions in flight free when applied."""
@@ -83,11 +86,13 @@ class NodeTransfers:
     # --- starting --------------------------------------------------------------------------
 
     def start_copy(
-        self, nodes: list[RadixNode], dst: Tier, frees_source: bool
+        self, nodes: list[RadixNode], dst: Tier, frees_source: bool, reserve_pages: int = 0
     ) -> list[TransferTicket]:
         """Copy each node's fastest committed copy to `dst` (room must already be free); a
         demotion (`frees_source`) frees each source when applied. A copy that frees nothing
         reads the copy `Residence.copy_source` names (a store is written from host).
+        `reserve_pages`: pages a copy started next allocates in `dst`; the sliding parts given
+        here leave the layer pages of their full parts free.
 
         One ticket per source tier; nodes keep their order (parents first)."""
         by_source: dict[Tier, list[RadixNode]] = {}
@@ -96,10 +101,15 @@ class NodeTransfers:
             source = record.fastest_copy() if frees_source else record.copy_source(dst)
             assert source is not None and source != dst and dst not in record.inflight, node
             by_source.setdefault(source, []).append(node)
-        return [self._submit(src, dst, group, frees_source) for src, group in by_source.items()]
+        tickets = []
+        to_come = sum(node.num_pages for node in nodes) + reserve_pages
+        for src, group in by_source.items():
+            to_come -= sum(node.num_pages for node in group)  # the groups after this one's
+            tickets.append(self._submit(src, dst, group, frees_source, to_come))
+        return tickets
 
     def _submit(
-        self, src: Tier, dst: Tier, nodes: list[RadixNode], frees_source: bool
+        self, src: Tier, dst: Tier, nodes: list[RadixNode], frees_source: bool, reserve_pages: int
     ) -> TransferTicket:
         num_pages = sum(node.num_pages for node in nodes)
         ticket = self.transfer_queue.new_ticket(src, dst, num_pages, frees_source)
@@ -111,7 +121,7 @@ class NodeTransfers:
             part_dst = dst_pages[offset : offset + node.num_pages]
             record = node.residence
             part = TransferPart(node, ticket, src, dst, list(record.copies[src]), part_dst, offset)
-            part.sliding_gaps = self._gaps_of_copy(node, src, dst, part_dst)
+            part.sliding_gaps = self._gaps_of_copy(node, src, dst, part_dst, reserve_pages)
             if dst is Tier.REMOTE and part.sliding_gaps and self.pools.remote is not None:
                 self.pools.remote.note_gaps(part_dst[index] for index in part.sliding_gaps)
             record.set_inflight(dst, part)
@@ -127,16 +137,16 @@ class NodeTransfers:
         return ticket
 
     def _gaps_of_copy(
-        self, node: RadixNode, src: Tier, dst: Tier, dst_pages: list[int]
+        self, node: RadixNode, src: Tier, dst: Tier, dst_pages: list[int], reserve_pages: int = 0
     ) -> frozenset[int]:
         """The pages whose sliding part a copy of `node` to `dst_pages` does not carry: its
-        source's gaps (a split device pool frees their parts at once), in a split host pool
-        those the rule drops or no slot is left for, and in a remote tier that keeps parts
-        those the rule drops as the tree stands."""
+        source's gaps (a split device pool frees their parts at once), in a split host pool or
+        disk store those the rule drops or no slot is left for, and in a remote tier that keeps
+        parts those the rule drops as the tree stands."""
         gaps = node.residence.sliding_gaps.get(src, frozenset())
-        room, window = self.sliding_room, self.residency.sliding_window
-        if dst is Tier.HOST and room is not None:
-            return room.give(node, gaps, dst_pages)
+        room, window = self.sliding_rooms.get(dst), self.residency.sliding_window
+        if room is not None:
+            return room.give(node, gaps, dst_pages, reserve_pages)
         device = self.pools.device
         if dst is Tier.DEVICE and gaps and isinstance(device, SplitDevicePool):
             device.detach_sliding([dst_pages[index] for index in sorted(gaps)])  # nothing to hold

@@ -278,7 +278,7 @@ class Promoter:
             # gaps, and the match would be cut there: the promotion reads it from the store
             # straight to the device instead
             for index, node in enumerate(chosen):
-                if not self.demoter.sliding_room_for(node, num_pages):
+                if not self.demoter.sliding_room_for([node], num_pages):
                     chosen = chosen[:index]
                     break
             return self.transfers.start_copy(chosen, Tier.HOST, frees_source=False)

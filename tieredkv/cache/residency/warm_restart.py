@@ -24,6 +24,7 @@ from tieredkv.cache.index.page_key import token_bytes
 from tieredkv.cache.tier import Tier
 
 if TYPE_CHECKING:
+    from tieredkv.cache.disk.split_store import SplitDiskStore
     from tieredkv.cache.disk.store import DiskStore
     from tieredkv.cache.index.radix_node import RadixNode
     from tieredkv.cache.index.radix_tree import RadixTree
@@ -33,7 +34,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def rebuild_from_disk(tree: RadixTree, disk: DiskStore, residency: Residency) -> int:
+def rebuild_from_disk(
+    tree: RadixTree, disk: DiskStore | SplitDiskStore, residency: Residency
+) -> int:
     """Attach every reachable record of `disk.scan()` to `tree`; returns the pages indexed."""
     by_key: dict[bytes, tuple[int, PageRecord]] = {}
     unusable: list[int] = []

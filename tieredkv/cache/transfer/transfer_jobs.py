@@ -44,6 +44,7 @@ from tieredkv.cache.transfer.split_rows import SplitPageRows
 from tieredkv.kernels.backend import select_backend
 
 if TYPE_CHECKING:
+    from tieredkv.cache.disk.split_store import SplitDiskStore
     from tieredkv.cache.disk.store import DiskStore, PagesVerified
     from tieredkv.cache.page_record import PageRecord
     from tieredkv.cache.remote.remote_tier import RemoteTier
@@ -88,14 +89,14 @@ class TransferJobs:
         self,
         device_pool: DevicePool,
         host_pool: HostPool,
-        disk: DiskStore | None,
+        disk: DiskStore | SplitDiskStore | None,
         staged: bool | None = None,
         remote: RemoteTier | None = None,
     ) -> None:
         self.device_pool = device_pool
         self.host_pool = host_pool
         self.disk = disk
-        self.stores: dict[Tier, DiskStore | RemoteTier] = {
+        self.stores: dict[Tier, DiskStore | SplitDiskStore | RemoteTier] = {
             tier: store for tier, store in ((Tier.DISK, disk), (Tier.REMOTE, remote)) if store
         }
         self.kernels = select_backend(device_pool.device)  # gather/scatter: Triton on CUDA
@@ -221,7 +222,7 @@ class TransferJobs:
         self,
         tier: Tier,
         pages: list[int],
-        store: DiskStore | RemoteTier,
+        store: DiskStore | SplitDiskStore | RemoteTier,
         slots: list[int],
         records: list[PageRecord],
     ) -> None:
@@ -244,7 +245,7 @@ class TransferJobs:
 
     def _from_store(
         self,
-        store: DiskStore | RemoteTier,
+        store: DiskStore | SplitDiskStore | RemoteTier,
         slots: list[int],
         records: list[PageRecord],
         tier: Tier,

@@ -142,7 +142,36 @@ def test_a_record_says_whether_it_holds_the_sliding_layers() -> None:
     assert raw[5] == 1 and whole.fields != without.fields  # under both checksums
     # a flag this build does not know, under valid checksums, is a corrupt header
     tokens = np.asarray((1, 2, 3, 4), dtype="<i4")
-    fields = disk_format._fields(0, 2, len(payload), key, parent, tokens)
+    unknown = _sealed(disk_format._fields(0, 4, 0, len(payload), key, parent, tokens), payload)
+    assert decode_header(unknown, PAGE_SIZE) is None
+
+
+def _sealed(fields: bytes, payload: memoryview) -> bytes:
+    """A header of `fields` under valid record and header checksums."""
     with_sum = fields + struct.pack("<Q", record_checksum(fields, payload))
-    unknown = with_sum + xxhash.xxh3_64_digest(with_sum)
-    assert decode_header(unknown.ljust(BLOCK.header_bytes, b"\0"), PAGE_SIZE) is None
+    return (with_sum + xxhash.xxh3_64_digest(with_sum)).ljust(BLOCK.header_bytes, b"\0")
+
+
+def test_a_layer_record_names_its_layer_under_both_checksums() -> None:
+    payload = memoryview(bytes(range(64)))
+    parent = b"\x01" * 16
+    key = page_key(parent, (1, 2, 3, 4))
+    raw = encode_header(BLOCK.header_bytes, 0, key, parent, (1, 2, 3, 4), payload, layer=3)
+    header = decode_header(raw, PAGE_SIZE)
+    assert header is not None and header.layer == 3 and header.sliding_held
+    assert raw[5] == disk_format.LAYER_RECORD and struct.unpack_from("<H", raw, 6) == (3,)
+    assert payload_ok(header, payload)
+    layer_zero = decode_header(
+        encode_header(BLOCK.header_bytes, 0, key, parent, (1, 2, 3, 4), payload, layer=0),
+        PAGE_SIZE,
+    )
+    assert layer_zero is not None and layer_zero.layer == 0  # the flag, not the value, says so
+    whole = decode_header(
+        encode_header(BLOCK.header_bytes, 0, key, parent, (1, 2, 3, 4), payload), PAGE_SIZE
+    )
+    assert whole is not None and whole.layer is None
+    assert len({header.fields, layer_zero.fields, whole.fields}) == 3
+    # a layer number without the flag, under valid checksums, is a corrupt header
+    tokens = np.asarray((1, 2, 3, 4), dtype="<i4")
+    stray = _sealed(disk_format._fields(0, 0, 3, len(payload), key, parent, tokens), payload)
+    assert decode_header(stray, PAGE_SIZE) is None
