@@ -149,8 +149,8 @@ class SplitDiskStore(LayerPages, PagePool):
         read = torch.zeros(len(layer_rows), dtype=torch.bool)
         if plan.slots:
             staged = self._staging(len(plan.slots))
-            unit_ok = self.records.read_pages(plan.slots, plan.records, staged)
-            np.logical_and.at(verified, plan.page_of, np.array(unit_ok, dtype=bool))
+            unit_ok = np.array(self.records.read_pages(plan.slots, plan.records, staged))
+            verified[plan.page_of[~unit_ok]] = False
             layer_rows.index_copy_(0, plan.rows, staged)
             read[plan.rows] = True
         read.view(len(pages), -1)[torch.from_numpy(~verified)] = False

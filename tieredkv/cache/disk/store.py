@@ -74,6 +74,10 @@ def _serves(header: RecordHeader, expected: PageRecord | bytes) -> bool:
     return header.key == expected.key and held and header.layer == expected.layer
 
 
+def _named(header: RecordHeader) -> tuple[bytes, bytes, tuple[int, ...]]:
+    return header.key, header.parent_key, header.tokens
+
+
 def _page_rows(pages: torch.Tensor, layout: PageLayout) -> np.ndarray:
     """A (n, page_bytes) uint8 view of a page-major CPU tensor, no copy."""
     assert pages.shape[1:] == layout.page_shape, f"{tuple(pages.shape)} vs {layout.page_shape}"
@@ -308,7 +312,12 @@ class DiskStore(PagePool):
     def _read_headers(self, first_slot: int, count: int) -> list[RecordHeader | None]:
         raw = self._file.read_headers(first_slot, count)
         headers = [decode_header(row, self.layout.page_size) for row in raw]
-        return [h if h is not None and chain_ok(h) else None for h in headers]
+        # a page's layer records name the same page: hash each (key, parent, tokens) once
+        chained: dict[tuple, bool] = {}
+        for header in headers:
+            if header is not None and (named := _named(header)) not in chained:
+                chained[named] = chain_ok(header)
+        return [h if h is not None and chained[_named(h)] else None for h in headers]
 
     def scan(self) -> list[tuple[int, PageRecord]]:
         """Warm restart: one sequential read of the header region. Returns every slot whose

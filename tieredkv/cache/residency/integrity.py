@@ -10,6 +10,8 @@
     token ids the packed run decodes to;
   - a transfer's source copy stays committed until its bytes arrive, and an arrived copy is
     committed as soon as its parent's copy allows;
+  - a copy in a pool kept a layer at a time has every page without a sliding part among its
+    gaps (a read counts on the part of every other page);
   - each namespace's page counts per tier (`Residence.usage` and `arriving`, what fair
     eviction reads) equal the pages of its nodes' copies and of its copies in flight.
 It walks the whole tree: for tests and the debug endpoint, never the hot path.
@@ -24,6 +26,7 @@ from tieredkv.cache.index.page_key import page_key
 from tieredkv.cache.index.radix_index import RadixIndex
 from tieredkv.cache.index.radix_node import RadixNode
 from tieredkv.cache.index.token_run import TOKEN_BYTES
+from tieredkv.cache.pools.layer_pages import LayerPages
 from tieredkv.cache.residency.residence import NO_COPY
 from tieredkv.cache.tier import Tier
 from tieredkv.cache.tier_pools import TierPools
@@ -160,6 +163,11 @@ def check_integrity(
         for tier, pages in record.copies.items():
             ledger.claim(tier, pages, "node", node)
             usage.setdefault(node.root_key, [0] * len(Tier))[tier] += len(pages)
+            pool = pools.get(tier)
+            if isinstance(pool, LayerPages):
+                unheld = pool.lacking(pages) - record.sliding_gaps.get(tier, frozenset())
+                if unheld:
+                    problems.append(f"{node}: {tier.label} pages {sorted(unheld)} lack a part")
         for tier in record.inflight:
             arriving.setdefault(node.root_key, [0] * len(Tier))[tier] += node.num_pages
         root = index.tree.roots.get(node.root_key, node).residence

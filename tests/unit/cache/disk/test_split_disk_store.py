@@ -12,6 +12,7 @@ import torch
 from tests.unit.cache.disk.disk_cases import FINGERPRINT, chain, flip_byte, random_pages, same_bytes
 from tieredkv.cache.disk.directory import STORE_FILE
 from tieredkv.cache.disk.error_reason import DiskErrorReason
+from tieredkv.cache.disk.format import encode_header
 from tieredkv.cache.disk.split_store import SplitDiskStore
 from tieredkv.cache.disk.store import DiskStore
 from tieredkv.cache.page_layout import PageLayout
@@ -161,3 +162,24 @@ def test_whole_page_and_layer_record_stores_set_each_other_aside(
     assert second.page_errors()[DiskErrorReason.FINGERPRINT] == 1
     assert list(tmp_path.glob(f"{STORE_FILE}.setaside-*"))
     second.close()
+
+
+def test_a_layer_record_naming_its_page_with_other_tokens_does_not_verify(tmp_path: Path) -> None:
+    """Each layer record's key must chain from its own parent and tokens, even beside records
+    of the same page that do (the chain check is hashed once per name, not once per key)."""
+    store, written_pages, _ = written(tmp_path, [True])
+    ((page, record),) = written_pages
+    slot = int(store.table[page, 1])
+    file = store.records._file
+    block = file.block
+    payload = (tmp_path / STORE_FILE).read_bytes()[
+        block.payload_offset + slot * block.record_bytes :
+    ][: PARTS.layer_page_bytes]
+    forged = tuple(token + 1 for token in record.tokens)
+    header = encode_header(
+        block.header_bytes, 0, record.key, record.parent_key, forged, memoryview(payload), layer=1
+    )
+    file.write_headers(slot, header)
+    flags, out = read(store, [page], [record])
+    assert flags == [False] and not out.any()
+    store.close()
