@@ -130,7 +130,9 @@ def render_markdown(results: list[dict]) -> str:
         f"{settings['device_pages']} and host {settings['host_pages']} whole pages, the disk "
         f"the file bytes of {summary['disk_whole_tokens']:,} tokens of whole-page records; "
         "write-through. The limit: a turn reuses at most its history in whole pages "
-        "(reusable).",
+        "(reusable). Each layer record carries a header of its own, so where every page keeps "
+        "its sliding layers (short chats, within one window) layer records hold a few percent "
+        "fewer tokens than whole ones.",
         "",
         "| chats | tokens a chat | history, all chats | disk records | disk tokens, full "
         "layers | disk tokens, sliding layers | reused / reusable, turns 2+ | of it from disk |",
