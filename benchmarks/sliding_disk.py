@@ -20,7 +20,6 @@ the code under test: its history in whole pages (`reusable`).
 from __future__ import annotations
 
 import argparse
-import random
 import tempfile
 from pathlib import Path
 
@@ -30,9 +29,8 @@ from benchmarks.sliding_history import (
     PAGE_SIZE,
     Workload,
     gemma3_1b_shape,
+    replay_chats,
     run_and_write,
-    run_request,
-    settle,
 )
 from tieredkv.bench.result_file import machine_line
 from tieredkv.cache.build import build_cache
@@ -69,31 +67,17 @@ def replay(model: ModelConfig, split: bool, workload: Workload, args: argparse.N
 
 
 def _replay_on(cache, workload: Workload, args: argparse.Namespace) -> dict:
-    rng = random.Random(args.seed)
-    histories: list[list[int]] = [[] for _ in range(workload.chats)]
-    reused = reusable = from_disk = 0
-    for turn in range(workload.turns):
-        for chat, history in enumerate(histories):
-            prompt = [*history, *(rng.randrange(1, 256) for _ in range(workload.user_tokens))]
-            match = cache.match(prompt)
-            if turn > 0:
-                reused += match.matched_len
-                reusable += len(history) - len(history) % PAGE_SIZE
-                from_disk += match.disk.num_pages * PAGE_SIZE
-            sequence = [*prompt, *(rng.randrange(1, 256) for _ in range(workload.answer_tokens))]
-            run_request(cache, prompt, sequence)
-            histories[chat] = sequence
-    settle(cache)
+    reuse = replay_chats(cache, workload, args.seed, Tier.DISK)
     pages, sliding = cache.tier_parts_held(Tier.DISK)
     return {
         "disk_file_bytes": cache.pools.disk.file_bytes,
         "disk_capacity_bytes": cache.tier_capacity_bytes(Tier.DISK),
         "disk_full_tokens": pages * PAGE_SIZE,
         "disk_sliding_tokens": sliding * PAGE_SIZE,
-        "reused_tokens": reused,
-        "reusable_tokens": reusable,
-        "reused_from_disk_tokens": from_disk,
-        "reuse_of_reusable": reused / reusable if reusable else 0.0,
+        "reused_tokens": reuse["reused_tokens"],
+        "reusable_tokens": reuse["reusable_tokens"],
+        "reused_from_disk_tokens": reuse["reused_from_tier_tokens"],
+        "reuse_of_reusable": reuse["reuse_of_reusable"],
         "disk_errors": sum(cache.disk_page_errors().values()),
         "integrity_ok": cache.check_integrity().ok,
     }

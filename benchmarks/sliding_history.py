@@ -110,6 +110,32 @@ def run_request(cache: TieredCache, prompt: list[int], sequence: list[int]) -> N
     settle(cache)
 
 
+def replay_chats(cache: TieredCache, workload: Workload, seed: int, tier: Tier) -> dict:
+    """`workload`'s chats interleaved turn by turn through `run_request`, each prompt matched
+    first; what turns 2+ reused of what they could, and how much of it from `tier`."""
+    rng = random.Random(seed)
+    histories: list[list[int]] = [[] for _ in range(workload.chats)]
+    reused = reusable = from_tier = 0
+    for turn in range(workload.turns):
+        for chat, history in enumerate(histories):
+            prompt = [*history, *(rng.randrange(1, 256) for _ in range(workload.user_tokens))]
+            match = cache.match(prompt)
+            if turn > 0:
+                reused += match.matched_len
+                reusable += len(history) - len(history) % PAGE_SIZE
+                from_tier += match.tokens_by_tier()[tier]
+            sequence = [*prompt, *(rng.randrange(1, 256) for _ in range(workload.answer_tokens))]
+            run_request(cache, prompt, sequence)
+            histories[chat] = sequence
+    settle(cache)
+    return {
+        "reused_tokens": reused,
+        "reusable_tokens": reusable,
+        "reused_from_tier_tokens": from_tier,
+        "reuse_of_reusable": reused / reusable if reusable else 0.0,
+    }
+
+
 def replay(model: ModelConfig, split: bool, workload: Workload, args: argparse.Namespace) -> dict:
     """`workload` on a fresh cache whose host tier has `args.host_pages` whole pages' bytes."""
     layout = PageLayout.for_model(model, PAGE_SIZE, torch.float32)
@@ -122,21 +148,7 @@ def replay(model: ModelConfig, split: bool, workload: Workload, args: argparse.N
         device_whole_pages=True,  # the host measured alone (`sliding_device`: the device)
     )
     cache = build_cache(config, layout, b"sliding-history", "cpu", model=model)
-    rng = random.Random(args.seed)
-    histories: list[list[int]] = [[] for _ in range(workload.chats)]
-    reused = reusable = from_host = 0
-    for turn in range(workload.turns):
-        for chat, history in enumerate(histories):
-            prompt = [*history, *(rng.randrange(1, 256) for _ in range(workload.user_tokens))]
-            match = cache.match(prompt)
-            if turn > 0:
-                reused += match.matched_len
-                reusable += len(history) - len(history) % PAGE_SIZE
-                from_host += match.host.num_pages * PAGE_SIZE
-            sequence = [*prompt, *(rng.randrange(1, 256) for _ in range(workload.answer_tokens))]
-            run_request(cache, prompt, sequence)
-            histories[chat] = sequence
-    settle(cache)
+    reuse = replay_chats(cache, workload, args.seed, Tier.HOST)
     integrity = cache.check_integrity()
     pages, sliding = cache.tier_parts_held(Tier.HOST)
     record = {
@@ -146,10 +158,10 @@ def replay(model: ModelConfig, split: bool, workload: Workload, args: argparse.N
         "host_pages": cache.tier_num_pages(Tier.HOST),
         "host_full_tokens": pages * PAGE_SIZE,
         "host_sliding_tokens": sliding * PAGE_SIZE,
-        "reused_tokens": reused,
-        "reusable_tokens": reusable,
-        "reused_from_host_tokens": from_host,
-        "reuse_of_reusable": reused / reusable if reusable else 0.0,
+        "reused_tokens": reuse["reused_tokens"],
+        "reusable_tokens": reuse["reusable_tokens"],
+        "reused_from_host_tokens": reuse["reused_from_tier_tokens"],
+        "reuse_of_reusable": reuse["reuse_of_reusable"],
         "integrity_ok": integrity.ok,
     }
     cache.close()
