@@ -4,14 +4,17 @@ each page with what it kept, and reads bring the pages back verified."""
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import torch
 
+from tests.support.fault_io import FaultInjectingIO
 from tests.support.manual_executor import ManualTransferExecutor
 from tests.support.tiny_cache import device_page, expected_pages, make_cache
 from tests.unit.cache.cache_steps import compute, ok, settle
 from tests.unit.cache.test_sliding_gaps import LAYOUT, WINDOW, model
+from tieredkv.cache.disk.error_reason import DiskErrorReason
 from tieredkv.cache.disk.split_store import SplitDiskStore
 from tieredkv.cache.index.match_results import MatchResult
 from tieredkv.cache.tier import Tier
@@ -124,4 +127,23 @@ def test_a_warm_restart_finds_what_each_page_kept(tmp_path: Path) -> None:
     assert disk_gaps(match) == set(range(16))  # only the path's end kept its window
     assert cache.match([*turn1, 7, 7]).matched_len == 0  # turn 1's end: cut
     promote_and_check(cache, executor, turn2)
+    cache.close()
+
+
+def test_a_full_disk_degrades_the_tier_and_keeps_the_device_copy(tmp_path: Path) -> None:
+    io = FaultInjectingIO(direct_io=False)
+    cache, executor = make_cache(
+        LAYOUT, device_pages=32, disk_pages=20, disk_dir=tmp_path, disk_io=io,
+        model=model(WINDOW), split_disk=True,
+    )  # fmt: skip
+    history = chat(100)
+    compute(cache, history)
+    io.fail_write(errno.ENOSPC)
+    cache.evict(Tier.DEVICE, 32)  # the demotion's write fails
+    settle(cache, executor)
+    assert not cache.tier_healthy(Tier.DISK)
+    assert cache.disk_page_errors()[DiskErrorReason.IO] >= 1
+    assert cache.tier_used_bytes(Tier.DISK) == 0  # the failed copy's layer records freed
+    assert cache.match([*history, 1]).device.num_pages == 10  # nothing computed was lost
+    ok(cache)
     cache.close()

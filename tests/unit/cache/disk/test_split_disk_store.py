@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.fault_io import FaultInjectingIO, SimulatedCrash
 from tests.unit.cache.disk.disk_cases import FINGERPRINT, chain, flip_byte, random_pages, same_bytes
 from tieredkv.cache.disk.directory import STORE_FILE
 from tieredkv.cache.disk.error_reason import DiskErrorReason
@@ -183,3 +184,51 @@ def test_a_layer_record_naming_its_page_with_other_tokens_does_not_verify(tmp_pa
     flags, out = read(store, [page], [record])
     assert flags == [False] and not out.any()
     store.close()
+
+
+def test_a_crash_at_any_write_leaves_only_pages_that_read_back_verified(tmp_path: Path) -> None:
+    """kill -9 after each possible number of writes of a batch (a page's full and sliding
+    layers are separate runs of slots, each written payload first, then headers): a restart
+    finds only pages whose found layers all verify, with the bytes that were written."""
+    payload = random_pages(3, seed=5, layout=LAYOUT)
+    records = chain(3, layout=LAYOUT)
+    writes = None
+    crash_at = cut = 0
+    while writes is None or crash_at <= writes:
+        directory = tmp_path / f"crash-{crash_at}"
+        io = FaultInjectingIO(direct_io=False)
+        store = SplitDiskStore(directory, FINGERPRINT, PARTS, CAPACITY, io=io)
+        pages = store.alloc(3)
+        filler = store.alloc(1)
+        store.attach_sliding(pages[::2])
+        store.free(filler)  # a free slot between the full layers and the sliding ones
+        before = io.num_writes
+        io.crash_after_writes(crash_at)
+        try:
+            store.write_pages(
+                pages,
+                [held(r, p in pages[::2]) for r, p in zip(records, pages, strict=True)],
+                payload,
+            )
+            writes = io.num_writes - before  # no crash: every write of the batch was done
+            store.close()
+        except SimulatedCrash:
+            pass
+        store = open_split(directory)
+        found = store.scan()
+        by_key = {record.key: (page, record) for page, record in found}
+        for index, record in enumerate(records):
+            if record.key not in by_key:
+                continue
+            page, kept = by_key[record.key]
+            flags, out = read(store, [page], [kept])
+            assert flags == [True], crash_at
+            cut += index != 1 and not kept.sliding_held  # written with its sliding layers
+            layers = list(range(4)) if kept.sliding_held else [3]
+            assert same_bytes(out[0, layers], payload[index, layers]), crash_at
+        if writes is not None and crash_at == writes:
+            assert len(found) == 3  # the batch that did not crash is all there
+        store.close()
+        crash_at += 1
+    assert writes is not None and writes >= 4  # payloads and headers of several runs
+    assert cut  # some crash found a page's full layers without its sliding ones
