@@ -26,7 +26,15 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.sliding_history import CHUNK, PAGE_SIZE, Workload, run_and_write, settle
+from benchmarks.sliding_history import (
+    CHUNK,
+    PAGE_SIZE,
+    Workload,
+    reuse_cell,
+    run_and_write,
+    settle,
+    workload_cells,
+)
 from tieredkv.bench.result_file import machine_line
 from tieredkv.cache.build import build_cache
 from tieredkv.cache.cache_handle import CacheHandle
@@ -140,14 +148,10 @@ def render_markdown(results: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for record in result["records"]:
-        chat_tokens = record["turns"] * (record["user_tokens"] + record["answer_tokens"])
         lines.append(
-            f"| {record['chats']} ({record['name']}) | {chat_tokens:,} | "
-            f"{record['chats'] * chat_tokens:,} | {'split' if record['split'] else 'whole'} | "
-            f"{record['device_full_tokens']:,} | {record['device_sliding_tokens']:,} | "
-            f"{record['reuse_of_reusable']:.1%} ({record['reused_tokens']:,} / "
-            f"{record['reusable_tokens']:,}) | {record['running_peak_pages']:,} of "
-            f"{record['longest_sequence_pages']:,} |"
+            f"{workload_cells(record)}{record['device_full_tokens']:,} | "
+            f"{record['device_sliding_tokens']:,} | {reuse_cell(record)} | "
+            f"{record['running_peak_pages']:,} of {record['longest_sequence_pages']:,} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -30,7 +30,9 @@ from benchmarks.sliding_history import (
     Workload,
     gemma3_1b_shape,
     replay_chats,
+    reuse_cell,
     run_and_write,
+    workload_cells,
 )
 from tieredkv.bench.result_file import machine_line
 from tieredkv.cache.build import build_cache
@@ -123,13 +125,10 @@ def render_markdown(results: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for record in result["records"]:
-        chat_tokens = record["turns"] * (record["user_tokens"] + record["answer_tokens"])
         lines.append(
-            f"| {record['chats']} ({record['name']}) | {chat_tokens:,} | "
-            f"{record['chats'] * chat_tokens:,} | {'layer' if record['split'] else 'whole'} | "
-            f"{record['disk_full_tokens']:,} | {record['disk_sliding_tokens']:,} | "
-            f"{record['reuse_of_reusable']:.1%} ({record['reused_tokens']:,} / "
-            f"{record['reusable_tokens']:,}) | {record['reused_from_disk_tokens']:,} |"
+            f"{workload_cells(record, 'layer')}{record['disk_full_tokens']:,} | "
+            f"{record['disk_sliding_tokens']:,} | {reuse_cell(record)} | "
+            f"{record['reused_from_disk_tokens']:,} |"
         )
     return "\n".join(lines) + "\n"
 

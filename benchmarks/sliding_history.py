@@ -220,6 +220,25 @@ def run_and_write(
     return out
 
 
+def workload_cells(record: dict, split_name: str = "split") -> str:
+    """A result row's first cells (this module's, `sliding_device`'s and `sliding_disk`'s): the
+    chats, a chat's tokens, all chats' history, whole or `split_name`."""
+    chat_tokens = record["turns"] * (record["user_tokens"] + record["answer_tokens"])
+    kind = split_name if record["split"] else "whole"
+    return (
+        f"| {record['chats']} ({record['name']}) | {chat_tokens:,} | "
+        f"{record['chats'] * chat_tokens:,} | {kind} | "
+    )
+
+
+def reuse_cell(record: dict) -> str:
+    """What turns 2+ reused of what they could: share (reused / reusable)."""
+    return (
+        f"{record['reuse_of_reusable']:.1%} ({record['reused_tokens']:,} / "
+        f"{record['reusable_tokens']:,})"
+    )
+
+
 def render_markdown(results: list[dict]) -> str:
     """The latest result: per workload, whole or split, what the host holds and what the next turns
     reused of what they could."""
@@ -244,13 +263,9 @@ def render_markdown(results: list[dict]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for record in result["records"]:
-        chat_tokens = record["turns"] * (record["user_tokens"] + record["answer_tokens"])
         lines.append(
-            f"| {record['chats']} ({record['name']}) | {chat_tokens:,} | "
-            f"{record['chats'] * chat_tokens:,} | {'split' if record['split'] else 'whole'} | "
-            f"{record['host_full_tokens']:,} | {record['host_sliding_tokens']:,} | "
-            f"{record['reuse_of_reusable']:.1%} ({record['reused_tokens']:,} / "
-            f"{record['reusable_tokens']:,}) |"
+            f"{workload_cells(record)}{record['host_full_tokens']:,} | "
+            f"{record['host_sliding_tokens']:,} | {reuse_cell(record)} |"
         )
     return "\n".join(lines) + "\n"
 
